@@ -1,0 +1,35 @@
+# Two commands a newcomer needs (see README): `make demo` and `make test`.
+# Both create .venv at the repo root on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# fbgemm-gpu-cpu on machines without a CUDA GPU, fbgemm-gpu with one.
+FBGEMM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+
+.PHONY: setup demo test test-all clean-data
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned, so nothing can pull a different (multi-GB CUDA) build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[$(FBGEMM_EXTRA),report,test]"
+	$(PY) -m pip install -q --no-deps torchrec==1.8.0
+	$(PY) -c "import torch, torchrec, fbgemm_gpu, polars, hydra; print('setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m recsys_hdet.train +experiment=demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# Includes the slow end-to-end runs.
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m "slow or not slow"
+
+clean-data:
+	rm -rf .cache/data

@@ -1,0 +1,219 @@
+"""One-pass reader of day-partitioned Parquet into TorchRec batches.
+
+Design:
+- The stream is the days in order (the production setting: one pass, never repeated). A day is
+  loaded whole (only the columns the model may see, plus labels), optionally shuffled within the
+  day by a generator seeded from ``(seed, day)``, and cut into global batches of
+  ``batch_size x world_size`` rows; rank ``r`` takes rows ``[r*B, (r+1)*B)`` of each global batch,
+  so the ranks' slices are disjoint and every rank runs the same number of steps (collectives in
+  the sharded model need that). The remainder of a day that does not fill a global batch is
+  dropped in training; in evaluation it is padded, with a mask, so every row is scored.
+- Features are read only from the names listed in ``meta.json`` under ``sparse`` and ``dense``;
+  labels from ``label_<task>``. Columns such as ``oracle_*`` and raw ids are never model inputs;
+  ``Batch.extras`` carries them for evaluation only when asked for.
+- Position = (day index, batch index within the day); ``state_dict``/``load_state_dict`` restore it.
+
+Limits: a day must fit in memory (days are tens of MB here); multi-day files are not split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import polars as pl
+import torch
+from torchrec import KeyedJaggedTensor
+
+LABEL_PREFIX = "label_"
+ORACLE_PREFIX = "oracle_"
+
+
+@dataclass
+class Batch:
+    dense: torch.Tensor  # [B, num_dense] float32
+    sparse: KeyedJaggedTensor  # keys = sparse feature names, B rows each
+    labels: torch.Tensor  # [B, num_tasks] float32
+    mask: torch.Tensor  # [B] bool, False on padding rows (evaluation only)
+    extras: Dict[str, torch.Tensor] = field(default_factory=dict)  # oracle/raw ids, eval only
+
+
+@dataclass
+class DatasetMeta:
+    root: str
+    sparse: Dict[str, Dict]  # name -> {"vocab": int, "multi": bool}
+    dense: List[str]
+    tasks: List[str]
+    days: Dict[str, Dict]  # "YYYYMMDD" -> {"file": str, "rows": int}
+    has_oracle: bool
+
+    @classmethod
+    def load(cls, root: str) -> "DatasetMeta":
+        path = os.path.join(root, "meta.json")
+        with open(path) as f:
+            meta = json.load(f)
+        return cls(
+            root=root,
+            sparse=meta["sparse"],
+            dense=list(meta["dense"]),
+            tasks=list(meta["tasks"]),
+            days=dict(sorted(meta["days"].items())),
+            has_oracle=bool(meta.get("has_oracle", False)),
+        )
+
+    def day_path(self, day: str) -> str:
+        return os.path.join(self.root, self.days[day]["file"])
+
+    @property
+    def single_features(self) -> List[str]:
+        return [n for n, s in self.sparse.items() if not s.get("multi", False)]
+
+    @property
+    def multi_features(self) -> List[str]:
+        return [n for n, s in self.sparse.items() if s.get("multi", False)]
+
+
+class _DayArrays:
+    """A day's rows as contiguous tensors, in stream order."""
+
+    def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str]) -> None:
+        label_cols = [LABEL_PREFIX + t for t in meta.tasks]
+        columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
+        df = pl.read_parquet(meta.day_path(day), columns=columns)
+        if shuffle:
+            rng = np.random.default_rng([seed, int(day)])
+            df = df[rng.permutation(df.height)]
+        self.rows = df.height
+        self.single = torch.from_numpy(df.select(meta.single_features).to_numpy().astype(np.int64))
+        self.multi_lengths: List[torch.Tensor] = []
+        self.multi_offsets: List[torch.Tensor] = []
+        self.multi_values: List[torch.Tensor] = []
+        for name in meta.multi_features:
+            lengths = torch.from_numpy(df[name].list.len().fill_null(0).to_numpy().astype(np.int64))
+            values = df[name].explode().drop_nulls().to_numpy().astype(np.int64)
+            self.multi_lengths.append(lengths)
+            self.multi_offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))
+            self.multi_values.append(torch.from_numpy(values))
+        self.dense = torch.from_numpy(df.select(meta.dense).to_numpy().astype(np.float32))
+        self.labels = torch.from_numpy(df.select(label_cols).to_numpy().astype(np.float32))
+        self.extras = {c: torch.from_numpy(df[c].to_numpy().copy()) for c in extras}
+
+
+class ParquetBatchStream:
+    """Iterates this rank's batches over ``days`` once. See the module docstring for the layout."""
+
+    def __init__(
+        self,
+        meta: DatasetMeta,
+        days: Sequence[str],
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shuffle_within_day: bool = True,
+        pad_last: bool = False,
+        extras: Sequence[str] = (),
+    ) -> None:
+        self.meta = meta
+        self.days = list(days)
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle_within_day
+        self.pad_last = pad_last
+        self.extras = list(extras)
+        self._day_index = 0
+        self._batch_index = 0
+
+    # -- sizes -------------------------------------------------------------------------------
+    def batches_in_day(self, day: str) -> int:
+        rows = int(self.meta.days[day]["rows"])
+        global_batch = self.batch_size * self.world_size
+        return -(-rows // global_batch) if self.pad_last else rows // global_batch
+
+    def __len__(self) -> int:
+        return sum(self.batches_in_day(d) for d in self.days)
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.batch_size * self.world_size
+
+    # -- position ----------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, int]:
+        return {"day_index": self._day_index, "batch_index": self._batch_index}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self._day_index = int(state["day_index"])
+        self._batch_index = int(state["batch_index"])
+
+    # -- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Batch]:
+        while self._day_index < len(self.days):
+            day = self.days[self._day_index]
+            n_batches = self.batches_in_day(day)
+            if self._batch_index < n_batches:
+                arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras)
+                while self._batch_index < n_batches:
+                    batch = self._make_batch(arrays, self._batch_index)
+                    self._batch_index += 1
+                    yield batch
+            self._day_index += 1
+            self._batch_index = 0
+
+    def _make_batch(self, a: _DayArrays, index: int) -> Batch:
+        B = self.batch_size
+        start = index * B * self.world_size + self.rank * B
+        stop = min(start + B, a.rows)
+        start = min(start, a.rows)
+        idx = torch.arange(start, stop)
+        pad = B - len(idx)
+        mask = torch.ones(B, dtype=torch.bool)
+        if pad:
+            # Padding repeats row 0 of the day (any valid row works) and is masked out.
+            idx = torch.cat([idx, torch.zeros(pad, dtype=torch.int64)])
+            mask[B - pad :] = False
+        return self._gather(a, idx, mask)
+
+    def _gather(self, a: _DayArrays, idx: torch.Tensor, mask: torch.Tensor) -> Batch:
+        single = a.single[idx]  # [B, F]
+        values = [single.t().reshape(-1)]
+        lengths = [torch.ones(single.numel(), dtype=torch.int32)]
+        for offsets, vals, lens in zip(a.multi_offsets, a.multi_values, a.multi_lengths):
+            row_lengths = lens[idx]
+            starts = offsets[idx]
+            # Concatenate each row's slice: positions start_i + [0, len_i).
+            rel = torch.arange(int(row_lengths.sum())) - torch.repeat_interleave(
+                row_lengths.cumsum(0) - row_lengths, row_lengths
+            )
+            values.append(vals[torch.repeat_interleave(starts, row_lengths) + rel])
+            lengths.append(row_lengths.to(torch.int32))
+        sparse = KeyedJaggedTensor(
+            keys=self.meta.single_features + self.meta.multi_features,
+            values=torch.cat(values),
+            lengths=torch.cat(lengths),
+        )
+        return Batch(
+            dense=a.dense[idx],
+            sparse=sparse,
+            labels=a.labels[idx],
+            mask=mask,
+            extras={k: v[idx] for k, v in a.extras.items()},
+        )
+
+
+def split_days(meta: DatasetMeta, eval_days: int, train_days: Optional[int] = None) -> tuple[List[str], List[str]]:
+    """Training days first, then the ``eval_days`` held-out days right after them."""
+    days = list(meta.days)
+    if eval_days < 1 or eval_days >= len(days):
+        raise ValueError(
+            f"data.eval_days={eval_days}: the data set at {meta.root} has {len(days)} days; "
+            f"need at least one training day and one held-out day"
+        )
+    train = days[: len(days) - eval_days]
+    if train_days is not None:
+        train = train[:train_days]
+    return train, days[len(days) - eval_days :]

@@ -1,0 +1,140 @@
+"""Per-parameter-group base schedules.
+
+:class:`OneCycle` is PyTorch's ``OneCycleLR`` as a pure function of the step (same phases, same
+anneal functions, same float arithmetic, so its values equal ``OneCycleLR``'s exactly; a test
+checks it step for step). A pure function is what HDET needs: the schedule's value at any step
+and its floor can be read without stepping an optimizer.
+
+:class:`GroupLRScheduler` applies one schedule per named group of a
+:class:`~recsys_hdet.components.optimizer.GroupedOptimizer`: ``lr`` in every group, and the
+cycled momentum as ``betas[0]`` in groups that have betas (Adam), as ``OneCycleLR`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
+
+
+def _annealing_cos(start: float, end: float, pct: float) -> float:
+    cos_out = math.cos(math.pi * pct) + 1
+    return end + (start - end) / 2.0 * cos_out
+
+
+def _annealing_linear(start: float, end: float, pct: float) -> float:
+    return (end - start) * pct + start
+
+
+@dataclass(frozen=True)
+class OneCycle:
+    max_lr: float
+    total_steps: int
+    pct_start: float = 0.3
+    anneal_strategy: str = "cos"
+    div_factor: float = 25.0
+    final_div_factor: float = 1e4
+    three_phase: bool = False
+    base_momentum: float = 0.85
+    max_momentum: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.total_steps < 1:
+            raise ValueError(f"total_steps={self.total_steps}: must be >= 1 (is the training data empty?)")
+        if not 0.0 <= self.pct_start <= 1.0:
+            raise ValueError(f"optim.schedule.pct_start={self.pct_start}: must be in [0, 1]")
+        if self.anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"optim.schedule.anneal_strategy={self.anneal_strategy!r}: 'cos' or 'linear'")
+
+    @property
+    def initial_lr(self) -> float:
+        return self.max_lr / self.div_factor
+
+    @property
+    def min_lr(self) -> float:
+        """The schedule's floor: where it ends."""
+        return self.initial_lr / self.final_div_factor
+
+    def _phases(self) -> List[tuple]:
+        t = self.total_steps
+        up = float(self.pct_start * t) - 1
+        if self.three_phase:
+            return [
+                (up, self.initial_lr, self.max_lr, self.max_momentum, self.base_momentum),
+                (float(2 * self.pct_start * t) - 2, self.max_lr, self.initial_lr, self.base_momentum, self.max_momentum),
+                (t - 1, self.initial_lr, self.min_lr, self.max_momentum, self.max_momentum),
+            ]
+        return [
+            (up, self.initial_lr, self.max_lr, self.max_momentum, self.base_momentum),
+            (t - 1, self.max_lr, self.min_lr, self.base_momentum, self.max_momentum),
+        ]
+
+    def __call__(self, step: int) -> tuple[float, float]:
+        """(lr, momentum) at ``step`` (0 = the first training step), as OneCycleLR computes them."""
+        anneal = _annealing_cos if self.anneal_strategy == "cos" else _annealing_linear
+        phases = self._phases()
+        start_step = 0.0
+        for i, (end_step, lr0, lr1, m0, m1) in enumerate(phases):
+            if step <= end_step or i == len(phases) - 1:
+                pct = (step - start_step) / (end_step - start_step)
+                return anneal(lr0, lr1, pct), anneal(m0, m1, pct)
+            start_step = end_step
+        raise AssertionError("unreachable")
+
+
+def build_one_cycle(schedule_cfg: Mapping[str, Any], max_lr: float, total_steps: int) -> OneCycle:
+    return OneCycle(
+        max_lr=float(max_lr),
+        total_steps=int(total_steps),
+        pct_start=float(schedule_cfg.get("pct_start", 0.3)),
+        anneal_strategy=str(schedule_cfg.get("anneal_strategy", "cos")),
+        div_factor=float(schedule_cfg.get("div_factor", 25.0)),
+        final_div_factor=float(schedule_cfg.get("final_div_factor", 1e4)),
+        three_phase=bool(schedule_cfg.get("three_phase", False)),
+        base_momentum=float(schedule_cfg.get("base_momentum", 0.85)),
+        max_momentum=float(schedule_cfg.get("max_momentum", 0.95)),
+    )
+
+
+class GroupLRScheduler:
+    """Writes each group's scheduled ``lr`` (and momentum) before every step.
+
+    ``groups`` maps a group name to its param_group dicts. Call :meth:`step` after the optimizer
+    step, as with any PyTorch scheduler; then push the values to the kernels (the optimizer's
+    ``apply_hparams``).
+    """
+
+    def __init__(
+        self,
+        groups: Mapping[str, List[Dict[str, Any]]],
+        schedules: Mapping[str, OneCycle],
+        cycle_momentum: bool = True,
+    ) -> None:
+        self.groups = groups
+        self.schedules = dict(schedules)
+        self.cycle_momentum = cycle_momentum
+        self.last_step = 0
+        self._apply()
+
+    def _apply(self) -> None:
+        for name, schedule in self.schedules.items():
+            lr, momentum = schedule(self.last_step)
+            for pg in self.groups.get(name, []):
+                pg["lr"] = lr
+                if self.cycle_momentum and "betas" in pg:
+                    pg["betas"] = (momentum, *pg["betas"][1:])
+
+    def step(self) -> None:
+        self.last_step += 1
+        self._apply()
+
+    def current_lrs(self) -> Dict[str, float]:
+        return {name: schedule(self.last_step)[0] for name, schedule in self.schedules.items()}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"last_step": self.last_step}
+
+    def load_state_dict(self, state: Mapping[str, Any], *, apply: Optional[bool] = True) -> None:
+        self.last_step = int(state["last_step"])
+        if apply:
+            self._apply()

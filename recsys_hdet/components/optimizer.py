@@ -1,0 +1,102 @@
+"""The model's optimizers, seen as one set of named parameter groups.
+
+- ``embedding``: TorchRec's fused embedding optimizer. It applies its update inside backward with
+  the learning rate last *pushed* into the kernel; a write into its ``param_groups`` alone would
+  reach the kernel one step late. :meth:`GroupedOptimizer.apply_hparams` pushes it right after
+  the schedule changes it, so the rate scheduled for step t is the rate applied at step t.
+  On CPU fbgemm's fused kernels offer (rowwise) Adagrad and SGD only, so the embedding optimizer
+  is configurable separately (rowwise Adagrad by default; Adam on CUDA).
+- ``transformer``, ``non_embedding``, ``no_decay``: one ``torch.optim.Adam`` (or AdamW) over the
+  dense parameters, one param group each, all-reduced by DDP.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+import torch
+from torch import nn
+
+from recsys_hdet.models.ranker import PARAM_GROUPS, dense_parameter_groups
+
+EMBEDDING_OPTIMIZERS = {
+    "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD",
+    "adagrad": "EXACT_ADAGRAD",
+    "sgd": "EXACT_SGD",
+    "adam": "ADAM",  # CUDA only in fbgemm
+}
+
+
+def fused_params(embedding_cfg: Mapping[str, Any], initial_lr: float) -> Dict[str, Any]:
+    """The ``fused_params`` for TorchRec's sharder, from ``optim.embedding``."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    name = embedding_cfg["type"]
+    if name not in EMBEDDING_OPTIMIZERS:
+        raise ValueError(f"optim.embedding.type={name!r}: choose one of {sorted(EMBEDDING_OPTIMIZERS)}")
+    params: Dict[str, Any] = {
+        "optimizer": getattr(EmbOptimType, EMBEDDING_OPTIMIZERS[name]),
+        "learning_rate": initial_lr,
+        "eps": float(embedding_cfg.get("eps", 1e-8)),
+    }
+    if name == "adam":
+        params["beta1"], params["beta2"] = (float(b) for b in embedding_cfg.get("betas", (0.9, 0.999)))
+    return params
+
+
+class GroupedOptimizer:
+    """Dense Adam and the fused embedding optimizer behind one list of named groups.
+
+    ``groups[name]`` is a list of param_group dicts (the fused optimizer has one per sharded
+    kernel). Schedules write ``lr`` (and ``betas``) into them, then call :meth:`apply_hparams`.
+    """
+
+    def __init__(self, model: nn.Module, dense_cfg: Mapping[str, Any], initial_lrs: Mapping[str, float]) -> None:
+        fused = getattr(model, "fused_optimizer", None)
+        if fused is None:
+            raise ValueError("the model has no fused embedding optimizer: wrap it in DistributedModelParallel first")
+        self.fused = fused
+        named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        dense_groups = dense_parameter_groups(named)
+        opt_cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[dense_cfg["type"]]
+        betas = tuple(float(b) for b in dense_cfg.get("betas", (0.9, 0.999)))
+        self.dense = opt_cls(
+            [
+                {"params": params, "name": name, "lr": initial_lrs[name], "weight_decay": float(wd)}
+                for name, params in dense_groups.items()
+                if params
+                for wd in [0.0 if name == "no_decay" else dense_cfg.get("weight_decay", 0.0)]
+            ],
+            lr=initial_lrs["transformer"],
+            betas=betas,
+            eps=float(dense_cfg.get("eps", 1e-8)),
+        )
+        self.groups: Dict[str, List[Dict[str, Any]]] = {g: [] for g in PARAM_GROUPS}
+        for pg in self.dense.param_groups:
+            self.groups[pg["name"]].append(pg)
+        for pg in self.fused.param_groups:
+            pg["lr"] = initial_lrs["embedding"]
+            self.groups["embedding"].append(pg)
+        self.apply_hparams()
+
+    def group_lrs(self) -> Dict[str, float]:
+        return {name: float(pgs[0]["lr"]) for name, pgs in self.groups.items() if pgs}
+
+    def apply_hparams(self) -> None:
+        """Pushes the fused groups' ``lr`` into the embedding kernels now (see the module docstring)."""
+        self.fused.step()
+
+    def step(self) -> None:
+        # The fused embedding update already happened in backward.
+        self.dense.step()
+
+    def zero_grad(self) -> None:
+        self.dense.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"dense": self.dense.state_dict(), "fused": self.fused.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.dense.load_state_dict(state["dense"])
+        self.fused.load_state_dict(state["fused"])
+        self.apply_hparams()

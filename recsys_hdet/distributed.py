@@ -1,0 +1,203 @@
+"""Process groups, the 2-D parallel layout, model sharding, and the local launcher.
+
+Layout (product.md): ``world = sharding_group_size x replicas``. Sharding group ``g`` is the
+contiguous block of ranks ``[g*S, (g+1)*S)``; the TorchRec planner shards the embedding tables
+within each group, so every group holds one full copy of the tables (TorchRec's own 2-D layout
+with ``use_inter_host_allreduce``, built here with ``ShardingEnv2D`` because TorchRec's
+``DMPCollection`` asserts CUDA). Rank ``r``'s replica group is the set of ranks that hold the
+same shards in the other groups: ``{r % S + g*S}``. Dense parameters are replicated on every rank
+and all-reduced over the whole world by DDP.
+
+The launcher: under torchrun (``RANK``/``WORLD_SIZE`` set) a process joins the job as it is; a
+plain ``python -m recsys_hdet.train`` on one machine starts ``trainer.nproc`` local workers itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Where this rank sits in the 2-D layout. Pure arithmetic: tested without process groups."""
+
+    rank: int
+    world_size: int
+    sharding_group_size: int
+
+    def __post_init__(self) -> None:
+        if self.sharding_group_size < 1 or self.world_size % self.sharding_group_size:
+            raise ValueError(
+                f"trainer.sharding_group_size={self.sharding_group_size} must divide the world size "
+                f"{self.world_size}"
+            )
+
+    @property
+    def replicas(self) -> int:
+        """How many full copies of the embedding tables the world holds."""
+        return self.world_size // self.sharding_group_size
+
+    @property
+    def sharding_group(self) -> int:
+        """Index of this rank's sharding group (= which embedding replica it belongs to)."""
+        return self.rank // self.sharding_group_size
+
+    def sharding_group_ranks(self) -> List[List[int]]:
+        s = self.sharding_group_size
+        return [list(range(g * s, (g + 1) * s)) for g in range(self.replicas)]
+
+    def replica_group_ranks(self) -> List[List[int]]:
+        s = self.sharding_group_size
+        return [[p + g * s for g in range(self.replicas)] for p in range(s)]
+
+
+@dataclass
+class ProcessGroups:
+    layout: ParallelLayout
+    device: torch.device
+    mesh: Any  # DeviceMesh with dims ("replicate", "shard")
+    world: dist.ProcessGroup
+    sharding: dist.ProcessGroup
+    replica: dist.ProcessGroup
+
+
+def backend_and_device(local_rank: int) -> tuple[str, torch.device]:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return "nccl", torch.device("cuda", local_rank)
+    return "gloo", torch.device("cpu")
+
+
+def init_process_groups(sharding_group_size: int) -> ProcessGroups:
+    """Initializes the default group from the environment (torchrun's variables) and the 2-D mesh."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend, device = backend_and_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    layout = ParallelLayout(dist.get_rank(), dist.get_world_size(), sharding_group_size)
+    mesh = DeviceMesh(device.type, layout.sharding_group_ranks(), mesh_dim_names=("replicate", "shard"))
+    return ProcessGroups(
+        layout=layout,
+        device=device,
+        mesh=mesh,
+        world=dist.group.WORLD,
+        sharding=mesh.get_group("shard"),
+        replica=mesh.get_group("replicate"),
+    )
+
+
+def shard_model(
+    model: nn.Module,
+    pgs: ProcessGroups,
+    fused_params: Dict[str, Any],
+    sharding_types: Sequence[str],
+) -> nn.Module:
+    """Wraps ``model`` in ``DistributedModelParallel`` with a planner-chosen plan per sharding group.
+
+    The plan is computed once (rank 0, for a topology of one sharding group) and broadcast; each
+    group then moves it onto its own ranks, as TorchRec's DMPCollection does. ``sharding_types``
+    restricts the planner to kernels that use the fused optimizer (on CPU: table_wise,
+    column_wise), so every table is trained by it.
+    """
+    from torch.distributed.remote_device import _remote_device
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import ShardingEnv2D
+
+    layout = pgs.layout
+    sharder = EmbeddingBagCollectionSharder(fused_params=fused_params)
+    constraints = {
+        table.name: ParameterConstraints(sharding_types=list(sharding_types))
+        for ebc in model.modules()
+        if hasattr(ebc, "embedding_bag_configs")
+        for table in ebc.embedding_bag_configs()
+    }
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=layout.sharding_group_size, compute_device=pgs.device.type),
+        constraints=constraints,
+    )
+    plan = planner.collective_plan(model, [sharder], pgs.world)
+    offset = layout.sharding_group * layout.sharding_group_size
+    for module_plan in plan.plan.values():
+        for param_sharding in module_plan.values():
+            param_sharding.ranks = [r + offset for r in param_sharding.ranks or []]
+            spec = param_sharding.sharding_spec
+            for shard in spec.shards if spec is not None else []:
+                shard.placement = _remote_device(f"rank:{shard.placement.rank() + offset}/{pgs.device}")
+    env = ShardingEnv2D(
+        sharding_pg=pgs.sharding,
+        replica_pg=pgs.replica,
+        global_pg=pgs.world,
+        device_mesh=pgs.mesh,
+        use_inter_host_allreduce=True,
+    )
+    return DistributedModelParallel(model, env=env, device=pgs.device, plan=plan, sharders=[sharder])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_entry(local_rank: int, nproc: int, port: int, fn: Callable[..., int], args: tuple) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+    )
+    code = fn(*args)
+    if code:
+        raise SystemExit(code)
+
+
+_FAILURE_GRACE_S = 10.0
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch(fn: Callable[..., int], args: tuple, nproc: int) -> int:
+    """Runs ``fn(*args)`` on ``nproc`` local workers (spawned) and returns the job's exit status.
+
+    ``fn`` returns a status code; the job's status is the first non-zero worker code (a worker
+    killed by a signal counts as 1), so a distinct status such as "diverged" reaches the shell.
+    """
+    if under_torchrun():
+        return fn(*args)
+    ctx = mp.start_processes(
+        _worker_entry, args=(nproc, _free_port(), fn, args), nprocs=nproc, join=False, start_method="spawn"
+    )
+    # A worker that dies leaves its peers blocked in a collective: give them a grace period to
+    # fail on their own, then stop them, so a crash never hangs the job.
+    failed_at: Optional[float] = None
+    while any(p.is_alive() for p in ctx.processes):
+        time.sleep(0.2)
+        if failed_at is None and any(p.exitcode not in (None, 0) for p in ctx.processes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > _FAILURE_GRACE_S:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+    codes: List[Optional[int]] = [p.exitcode for p in ctx.processes]
+    nonzero = [c for c in codes if c]
+    if not nonzero:
+        return 0
+    return nonzero[0] if nonzero[0] > 0 else 1

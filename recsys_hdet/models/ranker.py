@@ -1,0 +1,115 @@
+"""Multi-task feed ranker.
+
+Sparse features go through one TorchRec ``EmbeddingBagCollection`` (one table per feature, sharded
+by the planner once the model is wrapped in ``DistributedModelParallel``); dense features through a
+small MLP that projects them to one more token. A pre-norm self-attention block mixes the feature
+tokens (this is the "transformer" parameter group of the paper's backbone), a shared trunk reads the
+flattened tokens, and one tower per task emits a logit.
+
+Parameter groups (see :func:`parameter_group_of`):
+- ``embedding``: the EBC tables (trained by TorchRec's fused optimizer)
+- ``transformer``: weight matrices of the interaction block
+- ``no_decay``: every bias and normalization parameter
+- ``non_embedding``: every other dense weight (dense MLP, trunk, towers)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Sequence
+
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
+
+PARAM_GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    name: str
+    vocab: int
+    multi: bool = False
+
+
+def _mlp(sizes: Sequence[int], dropout: float) -> nn.Sequential:
+    layers: List[nn.Module] = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(fan_in, fan_out), nn.ReLU(), nn.Dropout(dropout)]
+    return nn.Sequential(*layers)
+
+
+class MultiTaskRanker(nn.Module):
+    def __init__(
+        self,
+        sparse_features: Sequence[SparseFeature],
+        num_dense: int,
+        tasks: Sequence[str],
+        embedding_dim: int = 16,
+        attention_heads: int = 2,
+        trunk: Sequence[int] = (256, 128),
+        tower: Sequence[int] = (64,),
+        dropout: float = 0.0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.feature_names = [f.name for f in sparse_features]
+        self.tasks = list(tasks)
+        tables = [
+            EmbeddingBagConfig(
+                name=f"t_{f.name}",
+                embedding_dim=embedding_dim,
+                num_embeddings=f.vocab,
+                feature_names=[f.name],
+                pooling=PoolingType.MEAN if f.multi else PoolingType.SUM,
+            )
+            for f in sparse_features
+        ]
+        # "meta" device: DistributedModelParallel materializes only the local shards.
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device(device))
+        self.dense_proj = nn.Sequential(nn.Linear(num_dense, embedding_dim), nn.ReLU())
+        self.interaction = nn.TransformerEncoderLayer(
+            d_model=embedding_dim,
+            nhead=attention_heads,
+            dim_feedforward=2 * embedding_dim,
+            dropout=dropout,
+            batch_first=True,
+            norm_first=True,
+        )
+        num_tokens = len(sparse_features) + 1
+        self.trunk = _mlp([num_tokens * embedding_dim, *trunk], dropout)
+        self.towers = nn.ModuleDict(
+            {t: nn.Sequential(_mlp([trunk[-1], *tower], dropout), nn.Linear(tower[-1], 1)) for t in tasks}
+        )
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        """Returns logits of shape [batch, num_tasks], tasks in ``self.tasks`` order."""
+        pooled = self.ebc(sparse)
+        tokens = [pooled[name] for name in self.feature_names] + [self.dense_proj(dense)]
+        x = torch.stack(tokens, dim=1)  # [B, F+1, D]
+        x = self.interaction(x)
+        h = self.trunk(x.flatten(1))
+        return torch.cat([self.towers[t](h) for t in self.tasks], dim=1)
+
+
+def parameter_group_of(name: str) -> str:
+    """Which of :data:`PARAM_GROUPS` a (possibly DMP/DDP-prefixed) parameter name belongs to."""
+    if ".ebc." in f".{name}" or "embedding_bags" in name:
+        return "embedding"
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf.endswith("bias") or ".norm" in name or leaf.startswith("norm"):
+        return "no_decay"
+    if ".interaction." in f".{name}":
+        return "transformer"
+    return "non_embedding"
+
+
+def dense_parameter_groups(named_params: Mapping[str, nn.Parameter] | Dict) -> Dict[str, List[nn.Parameter]]:
+    """Splits the dense (non-embedding) parameters into the three dense groups, in a fixed order."""
+    groups: Dict[str, List[nn.Parameter]] = {g: [] for g in PARAM_GROUPS if g != "embedding"}
+    for name, p in named_params.items():
+        group = parameter_group_of(name)
+        if group == "embedding":
+            continue
+        groups[group].append(p)
+    return groups

@@ -1,0 +1,90 @@
+"""``python -m recsys_hdet.train +experiment=NAME [overrides]``.
+
+The launching process resolves the Hydra config, validates it and the data (generating the
+built-in synthetic data set on first use), then starts ``trainer.nproc`` local workers, or, under
+torchrun, runs as one rank of the job. Bad config or data fail here, before any worker starts,
+with a message naming the field or file (exit status 2); a diverged run exits with 3.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from typing import Any, Dict
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from recsys_hdet.config import ConfigError, validate_config
+
+EXIT_BAD_INPUT = 2
+
+
+def _quiet() -> None:
+    """TorchRec and torch.distributed warn loudly on CPU; none of it is actionable for a user."""
+    import logging
+
+    warnings.filterwarnings("ignore")
+    for name in ("torchrec", "torch.distributed", "fbgemm_gpu"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
+    _quiet()
+    import torch
+    import torch.distributed as dist
+
+    from recsys_hdet.distributed import init_process_groups
+    from recsys_hdet.trainer import Trainer
+
+    cfg = OmegaConf.create(cfg_dict)
+    threads = cfg.trainer.get("threads_per_worker") or max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"]))
+    torch.set_num_threads(int(threads))
+    pgs = init_process_groups(int(cfg.trainer.sharding_group_size))
+    try:
+        return Trainer(cfg, run_dir, pgs, job_start).run()
+    finally:
+        dist.destroy_process_group()
+
+
+def prepare_data(cfg: DictConfig) -> str:
+    """Makes sure the processed data set exists (generating the synthetic one if configured) and is valid."""
+    from data_tools.prepare import ensure_dataset
+    from data_tools.validate import validate_processed
+
+    root = os.path.abspath(os.path.expanduser(str(cfg.data.root)))
+    if cfg.data.get("generator") is not None:
+        ensure_dataset(root, OmegaConf.to_container(cfg.data.generator), OmegaConf.to_container(cfg.data.vocab))
+    validate_processed(root)
+    return root
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from data_tools.errors import DataError
+
+    from recsys_hdet.distributed import launch, under_torchrun
+
+    job_start = time.time()
+    run_dir = hydra.core.hydra_config.HydraConfig.get().runtime.output_dir
+    try:
+        validate_config(cfg)
+        if not under_torchrun() or os.environ.get("RANK") == "0":
+            root = prepare_data(cfg)
+        else:
+            root = os.path.abspath(os.path.expanduser(str(cfg.data.root)))
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    cfg_dict["data"]["root"] = root
+    print(f"run directory: {run_dir}", flush=True)
+    code = launch(_worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
+    if code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

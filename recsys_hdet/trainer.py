@@ -1,0 +1,235 @@
+"""The training job on one rank: build, train one pass, evaluate, checkpoint, summarize.
+
+Read top to bottom: :meth:`Trainer.run` is the whole job. Rank 0 writes the artifacts of
+product.md (``metrics.jsonl``, ``summary.json``, ``checkpoint/``); every rank trains.
+Exit statuses: 0 completed, 3 diverged (see :data:`EXIT_DIVERGED`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from recsys_hdet.components.checkpoint import load_model, save_model
+from recsys_hdet.components.dataloader import ORACLE_PREFIX, DatasetMeta, ParquetBatchStream, split_days
+from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
+from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, write_json_atomic
+from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+from recsys_hdet.distributed import ProcessGroups, shard_model
+from recsys_hdet.models.ranker import PARAM_GROUPS, MultiTaskRanker, SparseFeature
+
+EXIT_DIVERGED = 3
+
+
+class Diverged(Exception):
+    pass
+
+
+def build_model(cfg: DictConfig, meta: DatasetMeta, device: str = "meta") -> MultiTaskRanker:
+    m = cfg.model
+    return MultiTaskRanker(
+        sparse_features=[SparseFeature(n, int(s["vocab"]), bool(s.get("multi", False))) for n, s in meta.sparse.items()],
+        num_dense=len(meta.dense),
+        tasks=list(cfg.tasks),
+        embedding_dim=int(m.embedding_dim),
+        attention_heads=int(m.attention_heads),
+        trunk=list(m.trunk),
+        tower=list(m.tower),
+        dropout=float(m.dropout),
+        device=device,
+    )
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, run_dir: str, pgs: ProcessGroups, job_start: float) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.pgs = pgs
+        self.rank = pgs.layout.rank
+        self.world = pgs.layout.world_size
+        self.job_start = job_start
+        self.tasks: List[str] = list(cfg.tasks)
+        self.task_weights = torch.tensor([float(cfg.tasks[t].weight) for t in self.tasks])
+
+    def log(self, msg: str) -> None:
+        if self.rank == 0:
+            print(msg, flush=True)
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        meta = DatasetMeta.load(cfg.data.root)
+        train_days, eval_days = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"))
+        train_stream = ParquetBatchStream(
+            meta, train_days, int(cfg.data.batch_size), self.rank, self.world, int(cfg.seed),
+            shuffle_within_day=bool(cfg.data.shuffle_within_day),
+        )
+        total_steps = len(train_stream)
+        if total_steps < 1:
+            raise ValueError(
+                f"data: {sum(meta.days[d]['rows'] for d in train_days)} training rows cannot fill one global "
+                f"batch of {train_stream.examples_per_step} (data.batch_size x trainer.nproc)"
+            )
+
+        # Same seed on every rank: replicated state starts identical (DDP also broadcasts rank 0's).
+        torch.manual_seed(int(cfg.seed))
+        lrs = {g: float(cfg.optim.lr[g]) for g in PARAM_GROUPS}
+        schedules = {g: build_one_cycle(cfg.optim.schedule, lrs[g], total_steps) for g in PARAM_GROUPS}
+        model = shard_model(
+            build_model(cfg, meta),
+            self.pgs,
+            fused_params(cfg.optim.embedding, schedules["embedding"](0)[0]),
+            list(cfg.model.sharding_types),
+        )
+        if cfg.trainer.get("warm_start"):
+            info = load_model(model, str(cfg.trainer.warm_start))
+            self.log(f"warm start from {cfg.trainer.warm_start} (step {info.get('steps')})")
+        optimizer = GroupedOptimizer(model, cfg.optim.dense, {g: s(0)[0] for g, s in schedules.items()})
+        scheduler = GroupLRScheduler(optimizer.groups, schedules, bool(cfg.optim.schedule.cycle_momentum))
+        optimizer.apply_hparams()
+
+        self.log(
+            f"training {total_steps} steps x {train_stream.examples_per_step} examples on days "
+            f"{train_days[0]}..{train_days[-1]}; layout {self.world} ranks = "
+            f"{self.pgs.layout.sharding_group_size} per sharding group x {self.pgs.layout.replicas} replicas"
+        )
+        status, train_loss, steps, train_seconds = self._train(model, optimizer, scheduler, train_stream, total_steps)
+        examples = steps * train_stream.examples_per_step
+        summary: Dict[str, Any] = {
+            "experiment": str(cfg.experiment),
+            "status": status,
+            "steps": steps,
+            "examples": examples,
+            "train_loss": train_loss,
+            "examples_per_sec": examples / max(train_seconds, 1e-9),
+        }
+        if status == "completed":
+            eval_metrics, oracle = self._evaluate(model, meta, eval_days)
+            summary["eval"] = eval_metrics
+            if oracle:
+                summary["oracle"] = oracle
+            if bool(cfg.trainer.checkpoint):
+                save_model(model, os.path.join(self.run_dir, "checkpoint"),
+                           {"steps": steps, "examples": examples, "experiment": str(cfg.experiment)})
+        rss = [0.0] * self.world
+        dist.all_gather_object(rss, peak_rss_mb())
+        summary["wall_seconds"] = time.time() - self.job_start
+        summary["peak_rss_mb"] = max(rss)
+        if self.rank == 0:
+            write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
+            self._print_summary(summary)
+        return 0 if status == "completed" else EXIT_DIVERGED
+
+    # ------------------------------------------------------------------------------------------
+    def _train(self, model, optimizer, scheduler, stream, total_steps):
+        """One pass. Returns (status, mean train loss per task and avg, steps, train seconds)."""
+        cfg = self.cfg.trainer
+        log_every = int(cfg.log_every)
+        diverge_loss = float(cfg.diverge_loss)
+        logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps) if self.rank == 0 else None
+        num_tasks = len(self.tasks)
+        # Per rank: [sum of per-task losses ..., non-finite count] since the last log, and over the pass.
+        window = torch.zeros(num_tasks + 1, dtype=torch.float64)
+        total = torch.zeros(num_tasks, dtype=torch.float64)
+        window_steps, step = 0, 0
+        status = "completed"
+        model.train()
+        start = time.monotonic()
+        window_start = start
+        for batch in stream:
+            logits = model(batch.dense, batch.sparse)
+            per_task = F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").mean(0)
+            loss = (per_task * self.task_weights).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step() if step + 1 < total_steps else None
+            optimizer.apply_hparams()
+            step += 1
+            window_steps += 1
+            detached = per_task.detach().double()
+            finite = bool(torch.isfinite(detached).all())
+            window[:num_tasks] += detached if finite else 0.0
+            window[num_tasks] += 0.0 if finite else 1.0
+            if step % log_every == 0 or step == total_steps:
+                # One small all-reduce per interval: every rank takes the same decision.
+                stats = torch.cat([window, torch.tensor([float(window_steps)], dtype=torch.float64)])
+                dist.all_reduce(stats)
+                good_steps = stats[-1] - stats[num_tasks]
+                mean = stats[:num_tasks] / good_steps.clamp(min=1)
+                total += stats[:num_tasks]
+                avg = float((mean * self.task_weights.double()).sum() / self.task_weights.sum())
+                now = time.monotonic()
+                if logger is not None:
+                    logger.log({
+                        "step": step,
+                        "examples": step * stream.examples_per_step,
+                        "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
+                        "lr": optimizer.group_lrs(),
+                        "examples_per_sec": window_steps * stream.examples_per_step / max(now - window_start, 1e-9),
+                    })
+                if stats[num_tasks] > 0 or not math.isfinite(avg) or avg > diverge_loss:
+                    reason = "a non-finite loss" if stats[num_tasks] > 0 or not math.isfinite(avg) else (
+                        f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}")
+                    self.log(f"DIVERGED at step {step}: {reason}. Stopping; no evaluation or checkpoint.")
+                    status = "diverged"
+                    break
+                window.zero_()
+                window_steps = 0
+                window_start = now
+        seconds = time.monotonic() - start
+        if logger is not None:
+            logger.close()
+        mean_total = total / max(step * self.world, 1)
+        train_loss = {t: float(mean_total[i]) for i, t in enumerate(self.tasks)}
+        train_loss["avg"] = float((mean_total * self.task_weights.double()).sum() / self.task_weights.sum())
+        return status, train_loss, step, seconds
+
+    # ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _evaluate(self, model, meta: DatasetMeta, eval_days: List[str]):
+        """Scores the held-out days on all ranks; rank 0 computes the metrics."""
+        extras = [ORACLE_PREFIX + t for t in self.tasks] if meta.has_oracle else []
+        stream = ParquetBatchStream(
+            meta, eval_days, int(self.cfg.trainer.eval_batch_size), self.rank, self.world,
+            int(self.cfg.seed), shuffle_within_day=False, pad_last=True, extras=extras,
+        )
+        model.eval()
+        probs, labels, oracle = [], [], []
+        for batch in stream:
+            p = torch.sigmoid(model(batch.dense, batch.sparse))
+            probs.append(p[batch.mask])
+            labels.append(batch.labels[batch.mask])
+            if extras:
+                oracle.append(torch.stack([batch.extras[c] for c in extras], dim=1)[batch.mask])
+        model.train()
+        local = (torch.cat(probs), torch.cat(labels), torch.cat(oracle) if oracle else None)
+        gathered: Optional[List[Any]] = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(local, gathered, dst=0)
+        if self.rank != 0:
+            return {}, {}
+        all_p = torch.cat([g[0] for g in gathered])
+        all_y = torch.cat([g[1] for g in gathered])
+        eval_metrics = {t: task_metrics(all_p[:, i], all_y[:, i]) for i, t in enumerate(self.tasks)}
+        oracle_out = {}
+        if extras:
+            all_o = torch.cat([g[2] for g in gathered])
+            oracle_out = {t: oracle_metrics(all_o[:, i], all_y[:, i]) for i, t in enumerate(self.tasks)}
+        return eval_metrics, oracle_out
+
+    def _print_summary(self, s: Dict[str, Any]) -> None:
+        print(f"{s['experiment']}: {s['status']} after {s['steps']} steps, {s['examples']} examples, "
+              f"{s['examples_per_sec']:.0f} ex/s, {s['wall_seconds']:.1f} s wall", flush=True)
+        print(f"train loss: " + " ".join(f"{k}={v:.4f}" for k, v in s["train_loss"].items()))
+        for task, m in s.get("eval", {}).items():
+            o = s.get("oracle", {}).get(task)
+            extra = f"  oracle NE {o['ne']:.4f} (gap {m['ne'] - o['ne']:+.4f})" if o else ""
+            print(f"held-out {task:>12}: AUC {m['auc']:.4f}  NE {m['ne']:.4f}  logloss {m['logloss']:.4f}  "
+                  f"calibration {m['calibration']:.3f}{extra}", flush=True)
