@@ -1,0 +1,1 @@
+"""recsys-hdet: multi-task feed ranking on TorchRec with HDET."""
