@@ -27,7 +27,7 @@ def _quiet() -> None:
     import logging
 
     warnings.filterwarnings("ignore")
-    for name in ("torchrec", "torch.distributed", "fbgemm_gpu"):
+    for name in ("torchrec", "torch", "fbgemm_gpu"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 

@@ -103,7 +103,7 @@ class Trainer:
         status, train_loss, steps, train_seconds = self._train(model, optimizer, scheduler, train_stream, total_steps)
         examples = steps * train_stream.examples_per_step
         summary: Dict[str, Any] = {
-            "experiment": str(cfg.experiment),
+            "experiment": str(cfg.experiment_name),
             "status": status,
             "steps": steps,
             "examples": examples,
@@ -117,7 +117,7 @@ class Trainer:
                 summary["oracle"] = oracle
             if bool(cfg.trainer.checkpoint):
                 save_model(model, os.path.join(self.run_dir, "checkpoint"),
-                           {"steps": steps, "examples": examples, "experiment": str(cfg.experiment)})
+                           {"steps": steps, "examples": examples, "experiment": str(cfg.experiment_name)})
         rss = [0.0] * self.world
         dist.all_gather_object(rss, peak_rss_mb())
         summary["wall_seconds"] = time.time() - self.job_start

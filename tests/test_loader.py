@@ -1,0 +1,127 @@
+import os
+import shutil
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from data_tools.schema import OUTCOME_COLUMNS
+from recsys_hdet.components.dataloader import DatasetMeta, ParquetBatchStream, split_days
+
+KEYS = ["time_ms", "user_id_raw", "video_id_raw"]
+
+
+def _stream(meta, rank=0, world=1, seed=0, days=None, **kw):
+    days = days if days is not None else list(meta.days)
+    return ParquetBatchStream(meta, days, batch_size=64, rank=rank, world_size=world, seed=seed, **kw)
+
+
+def _row_keys(batches):
+    return {tuple(int(b.extras[k][i]) for k in KEYS) for b in batches for i in range(len(b.labels))}
+
+
+def test_ranks_read_disjoint_slices_of_one_pass(tiny_dataset):
+    meta = DatasetMeta.load(tiny_dataset)
+    world = 3
+    streams = [_stream(meta, rank=r, world=world, extras=KEYS) for r in range(world)]
+    per_rank = [list(s) for s in streams]
+    assert len({len(b) for b in per_rank}) == 1, "every rank must run the same number of steps"
+    keys = [_row_keys(b) for b in per_rank]
+    for a in range(world):
+        for b in range(a + 1, world):
+            assert not keys[a] & keys[b]
+    total_rows = sum(d["rows"] for d in meta.days.values())
+    seen = sum(len(k) for k in keys)
+    # Only the remainder of each day that cannot fill a global batch is dropped.
+    assert total_rows - len(meta.days) * 64 * world < seen <= total_rows
+
+
+def test_eval_padding_scores_every_row_once(tiny_dataset):
+    meta = DatasetMeta.load(tiny_dataset)
+    day = list(meta.days)[-1]
+    world = 2
+    seen = []
+    for r in range(world):
+        for b in _stream(meta, rank=r, world=world, days=[day], pad_last=True, shuffle_within_day=False, extras=KEYS):
+            seen += [tuple(int(b.extras[k][i]) for k in KEYS) for i in torch.nonzero(b.mask).flatten().tolist()]
+    assert len(seen) == meta.days[day]["rows"]
+    assert len(set(seen)) == len(seen)
+
+
+def test_deterministic_for_a_seed_and_shuffled_by_it(tiny_dataset):
+    meta = DatasetMeta.load(tiny_dataset)
+    a = next(iter(_stream(meta, seed=1)))
+    b = next(iter(_stream(meta, seed=1)))
+    c = next(iter(_stream(meta, seed=2)))
+    assert torch.equal(a.dense, b.dense) and torch.equal(a.sparse.values(), b.sparse.values())
+    assert torch.equal(a.labels, b.labels)
+    assert not torch.equal(a.dense, c.dense)
+
+
+def test_position_saves_and_restores(tiny_dataset):
+    meta = DatasetMeta.load(tiny_dataset)
+    s = _stream(meta, world=2, rank=1)
+    it = iter(s)
+    first_day_batches = s.batches_in_day(list(meta.days)[0])
+    for _ in range(first_day_batches + 3):  # cross a day boundary
+        next(it)
+    state = s.state_dict()
+    expected = next(it)
+    resumed = _stream(meta, world=2, rank=1)
+    resumed.load_state_dict(state)
+    got = next(iter(resumed))
+    assert state["day_index"] == 1
+    assert torch.equal(expected.dense, got.dense)
+    assert torch.equal(expected.sparse.values(), got.sparse.values())
+    assert torch.equal(expected.sparse.lengths(), got.sparse.lengths())
+    remaining = sum(1 for _ in it)
+    assert remaining == sum(1 for _ in resumed)
+
+
+def test_batch_layout_matches_meta(tiny_dataset):
+    meta = DatasetMeta.load(tiny_dataset)
+    b = next(iter(_stream(meta)))
+    assert b.sparse.keys() == meta.single_features + meta.multi_features
+    assert b.dense.shape == (64, len(meta.dense)) and b.dense.dtype == torch.float32
+    assert b.labels.shape == (64, 3)
+    jt = b.sparse.to_dict()
+    for name in meta.single_features:
+        assert torch.all(jt[name].lengths() == 1)
+        assert int(jt[name].values().max()) < meta.sparse[name]["vocab"]
+    tag = jt["tag"]
+    assert int(tag.lengths().sum()) == tag.values().numel()
+
+
+def test_loader_never_feeds_labels_oracle_or_outcomes_as_features(tiny_dataset, tmp_path):
+    meta = DatasetMeta.load(tiny_dataset)
+    features = set(meta.sparse) | set(meta.dense)
+    forbidden = {c for c in pl.read_parquet_schema(meta.day_path(list(meta.days)[0]))
+                 if c.startswith(("label_", "oracle_")) or c.endswith("_raw")} | set(OUTCOME_COLUMNS)
+    assert forbidden and not features & forbidden
+
+    # Rewrite the labels and oracle columns: the features the model sees must not change.
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dataset, copy)
+    rng = np.random.default_rng(0)
+    for day, info in meta.days.items():
+        path = copy / info["file"]
+        df = pl.read_parquet(path)
+        df = df.with_columns(
+            [pl.Series(c, rng.integers(0, 2, df.height).astype(np.float32)) for c in df.columns if c.startswith("label_")]
+            + [pl.Series(c, rng.random(df.height).astype(np.float32)) for c in df.columns if c.startswith("oracle_")]
+        )
+        df.write_parquet(path)
+    original = next(iter(_stream(meta, seed=3)))
+    changed = next(iter(_stream(DatasetMeta.load(str(copy)), seed=3)))
+    assert torch.equal(original.dense, changed.dense)
+    assert torch.equal(original.sparse.values(), changed.sparse.values())
+    assert not torch.equal(original.labels, changed.labels)
+
+
+def test_split_days_needs_a_training_and_a_held_out_day(tiny_dataset):
+    meta = DatasetMeta.load(tiny_dataset)
+    train, held = split_days(meta, 1)
+    assert train == list(meta.days)[:-1] and held == list(meta.days)[-1:]
+    with pytest.raises(ValueError, match="data.eval_days=3"):
+        split_days(meta, 3)
