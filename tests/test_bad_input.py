@@ -1,0 +1,96 @@
+"""Bad config and bad data fail before training, with the field or file named, leaving no outputs."""
+import os
+import shutil
+
+import polars as pl
+import pytest
+
+from conftest import run_train
+
+
+def _assert_clean_failure(proc, run_dir, *needles):
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+    for artifact in ("summary.json", "metrics.jsonl", "checkpoint"):
+        assert not os.path.exists(os.path.join(run_dir, artifact))
+
+
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        ("optim.lr.transformer=-0.001", ["optim.lr.transformer", "-0.001", "> 0"]),
+        ("trainer.nproc=0", ["trainer.nproc", "0", ">= 1"]),
+        ("trainer.sharding_group_size=3", ["trainer.sharding_group_size", "must divide"]),
+        ("model.dropout=1.5", ["model.dropout", "1.5"]),
+        ("tasks.like.weight=-1", ["tasks.like.weight", "-1"]),
+        ("data.eval_days=0", ["data.eval_days", ">= 1"]),
+    ],
+)
+def test_invalid_config_value_is_named(tmp_path, data_cache, override, needles):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=tiny", override, data_cache=data_cache, timeout=120)
+    _assert_clean_failure(proc, run_dir, *needles)
+
+
+def test_unknown_experiment_is_named(tmp_path, data_cache):
+    proc = run_train(tmp_path / "run", "+experiment=no_such_preset", data_cache=data_cache, timeout=120)
+    assert proc.returncode != 0
+    assert "experiment/no_such_preset" in proc.stderr
+    assert "demo" in proc.stderr, "Hydra lists the available presets"
+    assert not os.path.exists(tmp_path / "run" / "summary.json")
+
+
+def _broken_copy(tiny_dataset, data_cache, tmp_path, name):
+    """A copy of the tiny data set under a data cache of its own (so the fixture's stays intact)."""
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_dataset, cache / "tiny")
+    shutil.copytree(tiny_dataset + ".raw", cache / "tiny.raw") if os.path.exists(tiny_dataset + ".raw") else None
+    return str(cache), cache / "tiny"
+
+
+def _first_day(root):
+    return sorted(p for p in os.listdir(root) if p.endswith(".parquet"))[0]
+
+
+def test_corrupt_parquet_is_named_before_training(tmp_path, data_cache, tiny_dataset):
+    cache, root = _broken_copy(tiny_dataset, data_cache, tmp_path, "corrupt")
+    day = _first_day(root)
+    with open(root / day, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00garbage\x00" * 50)
+    proc = run_train(tmp_path / "run", "data=tiny", "data.generator=null", data_cache=cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run", day)
+
+
+def test_negative_id_and_nan_dense_are_named(tmp_path, data_cache, tiny_dataset):
+    cache, root = _broken_copy(tiny_dataset, data_cache, tmp_path, "values")
+    day = _first_day(root)
+    df = pl.read_parquet(root / day)
+    df = df.with_columns(
+        pl.when(pl.int_range(pl.len()) == 5).then(-3).otherwise(pl.col("video_id")).alias("video_id"),
+    )
+    df.write_parquet(root / day)
+    proc = run_train(tmp_path / "run", "data=tiny", "data.generator=null", data_cache=cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run", day, "video_id")
+
+    dense = [c for c in df.columns if c.startswith("log_")][0]
+    df = pl.read_parquet(tiny_dataset + "/" + day).with_columns(
+        pl.when(pl.int_range(pl.len()) == 7).then(float("nan")).otherwise(pl.col(dense)).alias(dense)
+    )
+    df.write_parquet(root / day)
+    proc = run_train(tmp_path / "run2", "data=tiny", "data.generator=null", data_cache=cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run2", day, dense)
+
+
+def test_missing_column_and_empty_partition_are_named(tmp_path, data_cache, tiny_dataset):
+    cache, root = _broken_copy(tiny_dataset, data_cache, tmp_path, "schema")
+    day = _first_day(root)
+    pl.read_parquet(root / day).drop("label_like").write_parquet(root / day)
+    proc = run_train(tmp_path / "run", "data=tiny", "data.generator=null", data_cache=cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run", day, "label_like")
+
+    pl.read_parquet(tiny_dataset + "/" + day).head(0).write_parquet(root / day)
+    proc = run_train(tmp_path / "run2", "data=tiny", "data.generator=null", data_cache=cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run2", day)
