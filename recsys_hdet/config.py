@@ -39,7 +39,7 @@ def _positive_int(cfg: DictConfig, key: str) -> None:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    for key in ("trainer.nproc", "trainer.sharding_group_size", "trainer.log_every", "trainer.eval_batch_size",
+    for key in ("trainer.nproc", "trainer.sharding_group_size", "trainer.log_every", "trainer.eval_batch_size", "trainer.embedding_sync_every",
                 "data.batch_size", "data.eval_days", "model.embedding_dim", "model.attention_heads"):
         _positive_int(cfg, key)
     nproc, sgs = cfg.trainer.nproc, cfg.trainer.sharding_group_size

@@ -22,6 +22,7 @@ from recsys_hdet.components.dataloader import ORACLE_PREFIX, DatasetMeta, Parque
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
 from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, write_json_atomic
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+from recsys_hdet.components.replicas import ReplicaAverager
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.models.ranker import PARAM_GROUPS, MultiTaskRanker, SparseFeature
 
@@ -94,13 +95,17 @@ class Trainer:
         optimizer = GroupedOptimizer(model, cfg.optim.dense, {g: s(0)[0] for g, s in schedules.items()})
         scheduler = GroupLRScheduler(optimizer.groups, schedules, bool(cfg.optim.schedule.cycle_momentum))
         optimizer.apply_hparams()
+        averager = ReplicaAverager(model, self.pgs.replica, self.pgs.world)
+        if averager.has_embedding_replicas:
+            self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
+                     f"{cfg.trainer.embedding_sync_every} steps")
 
         self.log(
             f"training {total_steps} steps x {train_stream.examples_per_step} examples on days "
             f"{train_days[0]}..{train_days[-1]}; layout {self.world} ranks = "
             f"{self.pgs.layout.sharding_group_size} per sharding group x {self.pgs.layout.replicas} replicas"
         )
-        status, train_loss, steps, train_seconds = self._train(model, optimizer, scheduler, train_stream, total_steps)
+        status, train_loss, steps, train_seconds = self._train(model, optimizer, scheduler, averager, train_stream, total_steps)
         examples = steps * train_stream.examples_per_step
         summary: Dict[str, Any] = {
             "experiment": str(cfg.experiment_name),
@@ -128,10 +133,13 @@ class Trainer:
         return 0 if status == "completed" else EXIT_DIVERGED
 
     # ------------------------------------------------------------------------------------------
-    def _train(self, model, optimizer, scheduler, stream, total_steps):
+    def _train(self, model, optimizer, scheduler, averager, stream, total_steps):
         """One pass. Returns (status, mean train loss per task and avg, steps, train seconds)."""
         cfg = self.cfg.trainer
         log_every = int(cfg.log_every)
+        # Each sharding group trains its own copy of the tables on its own data (no gradient
+        # all-reduce across groups): averaging them keeps one model, as TorchRec's DMPCollection.sync().
+        sync_every = int(cfg.embedding_sync_every) if averager.has_embedding_replicas else 0
         diverge_loss = float(cfg.diverge_loss)
         logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps) if self.rank == 0 else None
         num_tasks = len(self.tasks)
@@ -154,6 +162,8 @@ class Trainer:
             optimizer.apply_hparams()
             step += 1
             window_steps += 1
+            if sync_every and (step % sync_every == 0 or step == total_steps):
+                averager.average_embeddings()
             detached = per_task.detach().double()
             finite = bool(torch.isfinite(detached).all())
             window[:num_tasks] += detached if finite else 0.0

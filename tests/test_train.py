@@ -13,7 +13,8 @@ FAST = ["data=tiny", "trainer.log_every=10"]
 @pytest.fixture(scope="module")
 def two_proc_run(tmp_path_factory, data_cache, tiny_dataset):
     run_dir = tmp_path_factory.mktemp("run") / "r"
-    proc = run_train(run_dir, *FAST, "trainer.nproc=2", "trainer.sharding_group_size=2", "experiment_name=two_proc",
+    # Two sharding groups of one rank: each holds full tables (two embedding replicas, averaged).
+    proc = run_train(run_dir, *FAST, "trainer.nproc=2", "trainer.sharding_group_size=1", "experiment_name=two_proc",
                      data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir, proc
@@ -44,6 +45,7 @@ def test_two_process_run_writes_the_artifact_contract(two_proc_run):
     assert os.path.isfile(run_dir / "checkpoint" / ".metadata")
     assert not os.path.exists(run_dir / "checkpoint.tmp")
     assert "held-out" in proc.stdout and "ex/s" in proc.stdout
+    assert "2 embedding replicas" in proc.stdout
 
 
 def test_lr_follows_one_cycle_per_group(two_proc_run):
@@ -62,7 +64,7 @@ def test_lr_follows_one_cycle_per_group(two_proc_run):
 
 def test_warm_start_loads_the_checkpoint_under_another_layout(two_proc_run, tmp_path, data_cache):
     run_dir, _ = two_proc_run
-    proc = run_train(tmp_path / "warm", *FAST, "trainer.nproc=2", "trainer.sharding_group_size=1",
+    proc = run_train(tmp_path / "warm", *FAST, "trainer.nproc=2", "trainer.sharding_group_size=2",
                      f"trainer.warm_start={run_dir / 'checkpoint'}", "data.train_days=1", "trainer.checkpoint=false",
                      "optim.lr.embedding=1e-9", "optim.lr.transformer=1e-9", "optim.lr.non_embedding=1e-9",
                      "optim.lr.no_decay=1e-9", data_cache=data_cache)

@@ -1,0 +1,341 @@
+"""Validation of raw KuaiRand-schema CSVs and of processed data sets (DATA_CONTRACT.md).
+
+- ``validate_raw(log_files, users_file, videos_file) -> dict`` is run by the converter before it
+  writes anything.
+- ``validate_processed(dir) -> meta`` is run by the trainer before training.
+
+Both raise :class:`data_tools.errors.DataError` whose message names the file, the column and
+the problem. Each file is checked with one lazy aggregate query.
+
+CLI: ``python -m data_tools.validate DIR`` (exit status 1 and the message on bad data).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+import polars as pl
+
+from data_tools.errors import DataError, data_error
+from data_tools import schema as S
+
+
+# ---- shared parsing (the converter uses the same expressions) ---------------------------------
+def parse_expr(col: str, dtype, lenient_int: bool = True) -> pl.Expr:
+    """Parse a String column read with ``infer_schema=False`` into ``dtype`` (null if unparsable).
+
+    With ``lenient_int``, Int64 columns also accept integral floats such as ``"12.0"`` (feature
+    files; the log is parsed strictly, which is faster)."""
+    e = pl.col(col).str.strip_chars()
+    e = pl.when(e == "").then(None).otherwise(e)
+    if dtype == pl.String:
+        return e.alias(col)
+    if dtype == pl.Int64 and lenient_int:
+        # accept "12" and float-formatted integers such as "12.0" (pandas writes ints that way
+        # when a column has missing values)
+        i = e.cast(pl.Int64, strict=False)
+        f = e.cast(pl.Float64, strict=False)
+        ok = f.is_finite() & (f == f.floor()) & (f.abs() < 2.0**53)
+        return (pl.when(i.is_not_null()).then(i).when(ok).then(f.cast(pl.Int64))
+                .otherwise(None).alias(col))
+    return e.cast(dtype, strict=False).alias(col)
+
+
+def parse_date_expr(col: str) -> pl.Expr:
+    """Parse ``YYYY-MM-DD`` or ``YYYYMMDD`` strings into a Date (null if unparsable)."""
+    e = pl.col(col).str.strip_chars()
+    return pl.coalesce(e.str.to_date("%Y-%m-%d", strict=False),
+                       e.str.to_date("%Y%m%d", strict=False)).alias(col)
+
+
+def tag_list_expr(col: str = "tag") -> pl.Expr:
+    """Comma-separated tag string -> List(Int64) of parsed tag ids (null elements if bad)."""
+    el = pl.element().str.strip_chars()
+    return (pl.col(col).str.split(",")
+            .list.eval(el.filter(el != "").cast(pl.Int64, strict=False)))
+
+
+def scan_raw_csv(path: str) -> pl.LazyFrame:
+    return pl.scan_csv(path, infer_schema=False, has_header=True)
+
+
+def expand_files(spec) -> list[str]:
+    """A glob pattern, a path, or a list of them -> sorted list of files (DataError if none)."""
+    specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    files: list[str] = []
+    for s in specs:
+        s = os.fspath(s)
+        hits = sorted(glob.glob(s)) if glob.has_magic(s) else [s]
+        if not hits:
+            raise DataError(f"{s}: no file matches this pattern")
+        files.extend(hits)
+    return files
+
+
+# ---- raw ----------------------------------------------------------------------------------------
+def _header(path: str) -> list[str]:
+    if not os.path.isfile(path):
+        raise data_error(path, None, "file not found")
+    if os.path.getsize(path) == 0:
+        raise data_error(path, None, "empty file (0 bytes, no header)")
+    try:
+        return list(scan_raw_csv(path).collect_schema().names())
+    except Exception as e:  # noqa: BLE001 - any parser failure is a data problem
+        raise data_error(path, None, f"not a readable CSV file ({type(e).__name__}: {e})") from None
+
+
+def _check_csv(path: str, kind: str, dtypes: dict, required, not_null, nonneg,
+               floats_finite, extra_checks=None, lenient_int: bool = True) -> dict:
+    cols = _header(path)
+    missing = [c for c in required if c not in cols]
+    if missing:
+        raise data_error(path, missing[0],
+                         f"required {kind} column missing (missing: {missing}; file has: {cols})")
+    checked = [c for c in dtypes if c in cols]
+    # stage 1: parse every column once; stage 2: aggregate the parsed columns
+    stage1 = [pl.col(c) for c in checked]
+    for c in checked:
+        raw = parse_expr(c, pl.String)
+        if c == "upload_dt":
+            parsed = parse_date_expr(c)
+        elif c == "tag":
+            tl = tag_list_expr(c)
+            parsed = tl.list.eval(pl.element().is_null() | (pl.element() < 0)).list.any().fill_null(False)
+        else:
+            parsed = parse_expr(c, dtypes[c], lenient_int)
+        stage1 += [raw.is_null().alias(f"{c}__isnull"), parsed.alias(f"{c}__p")]
+    lf = scan_raw_csv(path).select(checked).select(stage1)
+    aggs = [pl.len().alias("__rows")]
+    for c in checked:
+        isnull, p = pl.col(f"{c}__isnull"), pl.col(f"{c}__p")
+        bad = ~isnull & p.is_null()
+        aggs += [isnull.sum().alias(f"{c}__null"),
+                 bad.sum().alias(f"{c}__bad"),
+                 pl.col(c).filter(bad).first().alias(f"{c}__badval")]
+        if c in nonneg:
+            aggs += [(p < 0).sum().alias(f"{c}__neg"), p.min().alias(f"{c}__min")]
+        if c in floats_finite:
+            aggs += [p.is_nan().sum().alias(f"{c}__nan"), p.is_infinite().sum().alias(f"{c}__inf")]
+        if c == "tag":
+            aggs += [p.sum().alias("tag__badtag"),
+                     pl.col(c).filter(p).first().alias("tag__badtagval")]
+    if extra_checks:
+        aggs += extra_checks
+    try:
+        st = lf.select(aggs).collect(engine="streaming").row(0, named=True)
+    except Exception as e:  # noqa: BLE001
+        raise data_error(path, None, f"cannot parse CSV ({type(e).__name__}: {e})") from None
+    if st["__rows"] == 0:
+        raise data_error(path, None, "no data rows (empty file)")
+    for c in checked:
+        if st[f"{c}__bad"]:
+            want = "a YYYY-MM-DD date" if c == "upload_dt" else str(dtypes[c])
+            raise data_error(path, c, f"{st[f'{c}__bad']} values not parsable as {want} "
+                                      f"(e.g. {st[f'{c}__badval']!r})")
+        if c in not_null and st[f"{c}__null"]:
+            raise data_error(path, c, f"{st[f'{c}__null']} missing (null/empty) values")
+        if c in nonneg and st[f"{c}__neg"]:
+            what = "ids" if c in (S.LOG_ID_COLUMNS + S.USER_ID_COLUMNS + S.VIDEO_ID_COLUMNS) else "values"
+            raise data_error(path, c, f"{st[f'{c}__neg']} negative {what} (min {st[f'{c}__min']})")
+        if c in floats_finite and (st[f"{c}__nan"] or st[f"{c}__inf"]):
+            raise data_error(path, c, f"{st[f'{c}__nan']} NaN and {st[f'{c}__inf']} infinite values")
+        if c == "tag" and st["tag__badtag"]:
+            raise data_error(path, c, f"{st['tag__badtag']} rows with tag ids that are not "
+                                      f"non-negative integers (e.g. {st['tag__badtagval']!r})")
+    st["__columns"] = cols
+    return st
+
+
+def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
+    """Check raw KuaiRand-schema CSVs; return ``{"dates": [...], "rows": n, "has_oracle": bool,
+    "log_files": [...]}``. Raises DataError naming file and column on any problem."""
+    files = expand_files(log_files)
+    label_cols = [c for cs in S.TASK_COMPONENTS.values() for c in cs]
+    dates: set[int] = set()
+    rows = 0
+    has_oracle = True
+    for f in files:
+        cols = _header(f)
+        oracle_cols = [c for c in S.ORACLE_COLUMNS if c in cols]
+        dtypes = {c: S.LOG_COLUMNS[c] for c in S.LOG_REQUIRED}
+        dtypes.update({c: pl.Float64 for c in oracle_cols})
+        d, hm = pl.col("date__p"), pl.col("hourmin__p")
+        y, m, dd = d // 10000, (d // 100) % 100, d % 100
+        baddate = d.is_not_null() & ~((y >= 1900) & (y <= 2200) & (m >= 1) & (m <= 12)
+                                      & (dd >= 1) & (dd <= 31))
+        badhm = (hm < 0) | (hm > 2359) | (hm % 100 > 59)
+        extra = [
+            baddate.sum().alias("__baddate"), d.filter(baddate).first().alias("__baddateval"),
+            badhm.sum().alias("__badhm"), hm.filter(badhm).first().alias("__badhmval"),
+            d.unique().implode().alias("__dates"),
+        ]
+        for c in oracle_cols:
+            o = pl.col(f"{c}__p")
+            extra.append(((o <= 0) | (o >= 1) | o.is_null()).sum().alias(f"{c}__range"))
+        st = _check_csv(f, "log", dtypes, S.LOG_REQUIRED, S.LOG_NOT_NULL + tuple(oracle_cols),
+                        S.LOG_ID_COLUMNS + tuple(label_cols) + ("time_ms",), tuple(oracle_cols),
+                        extra, lenient_int=False)
+        if st["__baddate"]:
+            raise data_error(f, "date", f"{st['__baddate']} values not YYYYMMDD dates "
+                                        f"(e.g. {st['__baddateval']!r})")
+        if st["__badhm"]:
+            raise data_error(f, "hourmin", f"{st['__badhm']} values not an HHMM time of day "
+                                           f"(e.g. {st['__badhmval']!r})")
+        for c in oracle_cols:
+            if st[f"{c}__range"]:
+                raise data_error(f, c, f"{st[f'{c}__range']} probabilities outside (0, 1)")
+        has_oracle = has_oracle and len(oracle_cols) == len(S.ORACLE_COLUMNS)
+        dates.update(int(x) for x in st["__dates"] if x is not None)
+        rows += st["__rows"]
+    _check_csv(users_file, "user feature", {c: S.USER_COLUMNS[c] for c in S.USER_REQUIRED},
+               S.USER_REQUIRED, S.USER_NOT_NULL, S.USER_ID_COLUMNS, ())
+    vdt = {c: S.VIDEO_COLUMNS[c] for c in S.VIDEO_REQUIRED}
+    _check_csv(videos_file, "video feature", vdt, S.VIDEO_REQUIRED, S.VIDEO_NOT_NULL,
+               S.VIDEO_ID_COLUMNS, S.VIDEO_DENSE_SOURCES)
+    return {"dates": sorted(dates), "rows": rows, "has_oracle": has_oracle, "log_files": files}
+
+
+# ---- processed --------------------------------------------------------------------------------
+def _load_meta(root: str) -> dict:
+    path = os.path.join(root, "meta.json")
+    if not os.path.isdir(root):
+        raise data_error(root, None, "processed data directory not found")
+    if not os.path.isfile(path):
+        raise data_error(path, None, "meta.json missing")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise data_error(path, None, f"not parseable JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise data_error(path, None, "top level must be a JSON object")
+    for key, typ in (("format_version", int), ("sparse", dict), ("dense", list), ("tasks", list),
+                     ("days", dict), ("has_oracle", bool)):
+        if key not in meta:
+            raise data_error(path, key, "required key missing")
+        if not isinstance(meta[key], typ):
+            raise data_error(path, key, f"must be a JSON {typ.__name__}, got {type(meta[key]).__name__}")
+    if meta["format_version"] != S.FORMAT_VERSION:
+        raise data_error(path, "format_version",
+                         f"unsupported version {meta['format_version']} (expected {S.FORMAT_VERSION})")
+    for name, spec in meta["sparse"].items():
+        if not (isinstance(spec, dict) and isinstance(spec.get("vocab"), int) and spec["vocab"] >= 1
+                and isinstance(spec.get("multi"), bool)):
+            raise data_error(path, f"sparse.{name}", f"needs {{'vocab': int >= 1, 'multi': bool}}, got {spec!r}")
+    if not meta["days"]:
+        raise data_error(path, "days", "no days listed")
+    for day, spec in meta["days"].items():
+        if not (isinstance(spec, dict) and isinstance(spec.get("file"), str)):
+            raise data_error(path, f"days.{day}", f"needs {{'file': str, 'rows': int}}, got {spec!r}")
+    return meta
+
+
+def validate_day_file(path: str, meta: dict, day: str | None = None,
+                      expected_rows: int | None = None) -> int:
+    """Check one processed day file against ``meta``; return its row count."""
+    if not os.path.isfile(path):
+        raise data_error(path, None, "day file listed in meta.json does not exist")
+    try:
+        sch = pl.read_parquet_schema(path)
+    except Exception as e:  # noqa: BLE001
+        raise data_error(path, None, f"not a readable Parquet file ({type(e).__name__}: {e})") from None
+    want: dict[str, object] = {}
+    for name, spec in meta["sparse"].items():
+        want[name] = pl.List(pl.Int64) if spec["multi"] else pl.Int64
+    for name in meta["dense"]:
+        want[name] = pl.Float32
+    for t in meta["tasks"]:
+        want[f"label_{t}"] = pl.Float32
+        if meta["has_oracle"]:
+            want[f"oracle_{t}"] = pl.Float32
+    for c in ("user_id_raw", "video_id_raw", "date", "time_ms"):
+        want[c] = pl.Int64
+    for c, dtype in want.items():
+        if c not in sch:
+            raise data_error(path, c, f"required column missing (file has: {list(sch)})")
+        if sch[c] != dtype:
+            raise data_error(path, c, f"dtype {sch[c]} (expected {dtype})")
+    aggs = [pl.len().alias("__rows")]
+    for name, spec in meta["sparse"].items():
+        e = pl.col(name).list.explode() if spec["multi"] else pl.col(name)
+        aggs += [e.min().alias(f"{name}__min"), e.max().alias(f"{name}__max"),
+                 pl.col(name).null_count().alias(f"{name}__null")]
+    for name in meta["dense"]:
+        aggs.append((~pl.col(name).is_finite()).fill_null(True).sum().alias(f"{name}__bad"))
+    for t in meta["tasks"]:
+        c = f"label_{t}"
+        aggs.append((~pl.col(c).is_in([0.0, 1.0])).fill_null(True).sum().alias(f"{c}__bad"))
+        if meta["has_oracle"]:
+            c = f"oracle_{t}"
+            aggs.append(((pl.col(c) <= 0) | (pl.col(c) >= 1) | pl.col(c).is_nan())
+                        .fill_null(True).sum().alias(f"{c}__bad"))
+    aggs += [(pl.col("time_ms").diff() < 0).sum().alias("__unsorted"),
+             pl.col("date").n_unique().alias("__ndates"), pl.col("date").first().alias("__date"),
+             pl.col("user_id_raw").null_count().alias("__uraw"),
+             pl.col("video_id_raw").null_count().alias("__vraw"),
+             pl.col("time_ms").null_count().alias("__tnull")]
+    try:
+        st = pl.scan_parquet(path).select(aggs).collect().row(0, named=True)
+    except Exception as e:  # noqa: BLE001
+        raise data_error(path, None, f"not a readable Parquet file ({type(e).__name__}: {e})") from None
+    if st["__rows"] == 0:
+        raise data_error(path, None, "empty day partition (0 rows)")
+    if expected_rows is not None and st["__rows"] != expected_rows:
+        raise data_error(path, None, f"{st['__rows']} rows but meta.json says {expected_rows}")
+    for name, spec in meta["sparse"].items():
+        lo, hi, v = st[f"{name}__min"], st[f"{name}__max"], spec["vocab"]
+        if st[f"{name}__null"]:
+            raise data_error(path, name, f"{st[f'{name}__null']} null values")
+        if lo is not None and (lo < 0 or hi >= v):
+            raise data_error(path, name, f"ids outside [0, {v}) (min {lo}, max {hi})")
+    for name in meta["dense"]:
+        if st[f"{name}__bad"]:
+            raise data_error(path, name, f"{st[f'{name}__bad']} non-finite or null values")
+    for t in meta["tasks"]:
+        if st[f"label_{t}__bad"]:
+            raise data_error(path, f"label_{t}", f"{st[f'label_{t}__bad']} values not in {{0, 1}}")
+        if meta["has_oracle"] and st[f"oracle_{t}__bad"]:
+            raise data_error(path, f"oracle_{t}", f"{st[f'oracle_{t}__bad']} values outside (0, 1)")
+    for c, k in (("user_id_raw", "__uraw"), ("video_id_raw", "__vraw"), ("time_ms", "__tnull")):
+        if st[k]:
+            raise data_error(path, c, f"{st[k]} null values")
+    if st["__unsorted"]:
+        raise data_error(path, "time_ms", f"rows not sorted by time_ms ({st['__unsorted']} decreases)")
+    if st["__ndates"] != 1 or (day is not None and str(st["__date"]) != str(day)):
+        raise data_error(path, "date", f"expected a single date {day}, found {st['__ndates']} "
+                                       f"distinct (first {st['__date']})")
+    return st["__rows"]
+
+
+def validate_processed(root: str) -> dict:
+    """Validate a processed data set directory; return its meta dict (DataError on problems)."""
+    root = os.fspath(root)
+    meta = _load_meta(root)
+    for day, spec in sorted(meta["days"].items()):
+        path = os.path.join(root, spec["file"])
+        validate_day_file(path, meta, day, spec.get("rows"))
+    return meta
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Validate a processed recsys-hdet data set.")
+    ap.add_argument("dir")
+    args = ap.parse_args(argv)
+    try:
+        meta = validate_processed(args.dir)
+    except DataError as e:
+        print(f"INVALID: {e}", file=sys.stderr)
+        return 1
+    rows = sum(d.get("rows", 0) for d in meta["days"].values())
+    print(f"OK: {args.dir}: {len(meta['days'])} days, {rows} rows, "
+          f"{len(meta['sparse'])} sparse, {len(meta['dense'])} dense, has_oracle={meta['has_oracle']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

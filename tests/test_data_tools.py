@@ -1,0 +1,479 @@
+"""Tests for data_tools: generator, converter, validators, prepare."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+
+import numpy as np
+import polars as pl
+import pytest
+
+from data_tools import schema as S
+from data_tools.convert import convert, hash_id_value
+from data_tools.errors import DataError
+from data_tools.generate import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
+                                 generate)
+from data_tools.prepare import ensure_dataset, load_oracle
+from data_tools.validate import main as validate_main
+from data_tools.validate import validate_processed, validate_raw
+
+SMALL = dict(seed=1, n_users=300, n_videos=1000, n_authors=200, n_music=100, n_tags=50,
+             days=3, impressions_per_day=4000, latent_dim=4)
+VOCAB = {"user_id": 1000, "video_id": 3000, "author_id": 500, "music_id": 300, "tab": 32, "tag": 200}
+
+
+def _raw(d):
+    return os.path.join(d, LOG_FILE), os.path.join(d, USER_FILE), os.path.join(d, VIDEO_FILE)
+
+
+@pytest.fixture(scope="session")
+def raw_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("raw") / "raw")
+    generate(GeneratorConfig(**SMALL), d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def processed(raw_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("proc") / "data")
+    convert(*_raw(raw_dir), out, VOCAB)
+    return out
+
+
+@pytest.fixture()
+def raw_copy(raw_dir, tmp_path):
+    d = str(tmp_path / "rawcopy")
+    shutil.copytree(raw_dir, d)
+    return d
+
+
+def _rewrite(path, fn):
+    df = pl.read_csv(path, infer_schema=False)
+    fn(df).write_csv(path)
+
+
+def _assert_names(err: DataError, path: str, column: str | None):
+    msg = str(err.value if hasattr(err, "value") else err)
+    assert path in msg, msg
+    if column is not None:
+        assert f"'{column}'" in msg, msg
+
+
+# ---- schema ---------------------------------------------------------------------------------------
+def test_no_outcome_column_is_a_feature():
+    feats = set(S.SPARSE_FEATURES) | set(S.DENSE_FEATURES)
+    assert not (feats & S.OUTCOME_COLUMNS)
+    assert S.TASKS == ("contribution", "like", "long_dwell")
+    assert set(S.OUTCOME_COLUMNS) <= set(S.LOG_COLUMNS)
+
+
+# ---- generator --------------------------------------------------------------------------------------
+def test_generator_deterministic_by_seed(tmp_path):
+    cfg = dict(SMALL, days=2, impressions_per_day=1500)
+    generate(cfg, str(tmp_path / "a"))
+    generate(cfg, str(tmp_path / "b"))
+    generate(dict(cfg, seed=2), str(tmp_path / "c"))
+    for f in (LOG_FILE, USER_FILE, VIDEO_FILE, ORACLE_FILE):
+        a = (tmp_path / "a" / f).read_bytes()
+        assert a == (tmp_path / "b" / f).read_bytes(), f
+    assert (tmp_path / "a" / LOG_FILE).read_bytes() != (tmp_path / "c" / LOG_FILE).read_bytes()
+
+
+def test_generator_schema_and_time(raw_dir):
+    log = pl.read_csv(_raw(raw_dir)[0])
+    assert set(S.LOG_COLUMNS) <= set(log.columns)
+    assert set(S.ORACLE_COLUMNS) <= set(log.columns)
+    assert sorted(log["date"].unique().to_list()) == [20220408, 20220409, 20220410]
+    per_day = log.group_by("date").agg((pl.col("time_ms").diff() > 0).all().alias("inc"),
+                                       pl.col("hourmin").max().alias("hm"))
+    assert per_day["inc"].all() and per_day["hm"].max() <= 2359
+    assert ((log["hourmin"] % 100) < 60).all()
+    users = pl.read_csv(_raw(raw_dir)[1])
+    videos = pl.read_csv(_raw(raw_dir)[2], infer_schema=False)
+    assert set(S.USER_COLUMNS) <= set(users.columns)
+    assert set(S.VIDEO_COLUMNS) <= set(videos.columns)
+    ntags = videos["tag"].str.split(",").list.len()
+    assert ntags.min() >= 1 and ntags.max() <= 4
+
+
+def test_generator_positive_rates_and_oracle(tmp_path):
+    cfg = GeneratorConfig(seed=3, n_users=2000, n_videos=6000, n_authors=800, n_music=400,
+                          n_tags=100, days=2, impressions_per_day=40000)
+    oracle = generate(cfg, str(tmp_path))
+    bands = {"contribution": (0.006, 0.016), "like": (0.02, 0.045), "long_dwell": (0.24, 0.36)}
+    with open(tmp_path / ORACLE_FILE) as f:
+        assert json.load(f) == oracle
+    assert sorted(oracle) == ["20220408", "20220409"]
+    log = pl.read_csv(tmp_path / LOG_FILE)
+    for day, tasks in oracle.items():
+        assert set(tasks) == set(S.TASKS)
+        part = log.filter(pl.col("date") == int(day))
+        for t, m in tasks.items():
+            assert set(m) == {"logloss", "ne", "positive_rate"}
+            lo, hi = bands[t]
+            assert lo < m["positive_rate"] < hi, (day, t, m)
+            assert 0.5 < m["ne"] < 0.97, (day, t, m)  # learnable, not trivial
+            # recompute from the written CSV
+            comps = S.TASK_COMPONENTS[t]
+            y = (part.select(pl.max_horizontal(comps) > 0).to_series().to_numpy()).astype(float)
+            p = part[f"oracle_{t}"].to_numpy().astype(np.float32).astype(float)
+            ll = -np.mean(y * np.log(p) + (1 - y) * np.log1p(-p))
+            assert ll == pytest.approx(m["logloss"], rel=1e-4)
+            r = y.mean()
+            assert r == pytest.approx(m["positive_rate"])
+            h = -(r * math.log(r) + (1 - r) * math.log(1 - r))
+            assert m["ne"] == pytest.approx(ll / h, rel=1e-4)
+
+
+@pytest.mark.parametrize("field,value", [("n_users", 0), ("impressions_per_day", -1),
+                                         ("target_like", 1.5), ("start_date", 20221399),
+                                         ("latent_dim", 2.5)])
+def test_generator_config_validation(field, value):
+    with pytest.raises(ValueError, match=field):
+        GeneratorConfig(**{field: value})
+    with pytest.raises(DataError, match="bogus"):
+        GeneratorConfig.from_dict({"bogus": 1})
+
+
+# ---- converter ----------------------------------------------------------------------------------------
+def test_convert_matches_contract(processed, raw_dir):
+    meta = validate_processed(processed)
+    assert meta["format_version"] == 1
+    assert meta["tasks"] == list(S.TASKS)
+    assert meta["dense"] == list(S.DENSE_FEATURES)
+    assert list(meta["sparse"]) == list(S.SPARSE_FEATURES)
+    assert meta["has_oracle"] is True
+    assert sorted(meta["days"]) == ["20220408", "20220409", "20220410"]
+    for name in VOCAB:
+        assert meta["sparse"][name]["vocab"] == VOCAB[name]
+    assert meta["sparse"]["hour"]["vocab"] == 25
+    assert meta["sparse"]["video_type"]["vocab"] == 3  # AD, NORMAL + missing
+    assert meta["sparse"]["tag"]["multi"] is True
+    assert sorted(os.listdir(processed)) == sorted(["meta.json"] + [d["file"] for d in meta["days"].values()])
+    raw = pl.read_csv(_raw(raw_dir)[0])
+    total = 0
+    for day, spec in meta["days"].items():
+        df = pl.read_parquet(os.path.join(processed, spec["file"]))
+        total += df.height
+        assert spec["file"] == f"day={day}.parquet" and df.height == spec["rows"]
+        for name, sp in meta["sparse"].items():
+            assert df.schema[name] == (pl.List(pl.Int64) if sp["multi"] else pl.Int64)
+            vals = df[name].explode() if sp["multi"] else df[name]
+            assert vals.min() >= 0 and vals.max() < sp["vocab"]
+        for c in meta["dense"]:
+            assert df.schema[c] == pl.Float32 and df[c].is_finite().all()
+        for c in S.LABEL_COLUMNS + S.ORACLE_COLUMNS:
+            assert df.schema[c] == pl.Float32
+        for c in ("user_id_raw", "video_id_raw", "date", "time_ms"):
+            assert df.schema[c] == pl.Int64
+        assert (df["date"] == int(day)).all()
+        assert df["time_ms"].is_sorted()
+        assert not (set(df.columns) & S.OUTCOME_COLUMNS)
+        # labels / ids agree with the raw log row by row (time_ms is unique within a day)
+        r = raw.filter(pl.col("date") == int(day)).sort("time_ms")
+        assert (df["user_id_raw"] == r["user_id"]).all()
+        assert (df["label_like"] == r["is_like"].cast(pl.Float32)).all()
+        assert (df["label_long_dwell"] == r["long_view"].cast(pl.Float32)).all()
+        contrib = ((r["is_comment"] + r["is_forward"] + r["is_follow"]) > 0).cast(pl.Float32)
+        assert (df["label_contribution"] == contrib).all()
+        u0, h0 = int(df["user_id_raw"][0]), int(df["user_id"][0])
+        assert h0 == hash_id_value(u0, VOCAB["user_id"])
+        assert df["hour"][0] == int(r["hourmin"][0]) // 100 + 1
+    assert total == raw.height
+
+
+def test_convert_missing_join_gives_zeros(raw_copy, tmp_path):
+    log, users, videos = _raw(raw_copy)
+    # drop one user and one video from the feature tables
+    _rewrite(users, lambda d: d.filter(pl.col("user_id") != "0"))
+    _rewrite(videos, lambda d: d.filter(pl.col("video_id") != "1"))
+    out = str(tmp_path / "o")
+    convert(log, users, videos, out, VOCAB)
+    df = pl.concat([pl.read_parquet(os.path.join(out, f)) for f in sorted(os.listdir(out))
+                    if f.endswith(".parquet")])
+    u = df.filter(pl.col("user_id_raw") == 0)
+    v = df.filter(pl.col("video_id_raw") == 1)
+    assert u.height > 0 and v.height > 0
+    assert (u["user_active_degree"] == 0).all() and (u["log_follow_user_num"] == 0).all()
+    assert (v["author_id"] == 0).all() and (v["tag"].list.len() == 0).all()
+    assert (v["log_video_duration_s"] == 0).all() and (v["aspect_ratio"] == 0).all()
+
+
+def test_convert_ignores_extra_columns(raw_copy, processed, tmp_path):
+    log, users, videos = _raw(raw_copy)
+    for p in (log, users, videos):
+        _rewrite(p, lambda d: d.with_columns(pl.lit("zzz").alias("extra_col"),
+                                             pl.lit("1").alias("oracle_other")))
+    out = str(tmp_path / "o")
+    meta = convert(log, users, videos, out, VOCAB)
+    ref = validate_processed(processed)
+    assert meta["sparse"] == ref["sparse"] and meta["days"] == ref["days"]
+    for spec in meta["days"].values():
+        a = pl.read_parquet(os.path.join(out, spec["file"]))
+        b = pl.read_parquet(os.path.join(processed, spec["file"]))
+        assert "extra_col" not in a.columns and "oracle_other" not in a.columns
+        assert a.equals(b)
+
+
+def test_convert_without_oracle_and_cli(raw_copy, tmp_path):
+    from data_tools.convert import main as convert_main
+    log, users, videos = _raw(raw_copy)
+    _rewrite(log, lambda d: d.drop(list(S.ORACLE_COLUMNS)))
+    out = str(tmp_path / "o")
+    assert convert_main(["--log", log, "--users", users, "--videos", videos, "--out", out,
+                         "--vocab", "user_id=500", "--vocab", "tag=64"]) == 0
+    meta = validate_processed(out)
+    assert meta["has_oracle"] is False and meta["sparse"]["user_id"]["vocab"] == 500
+    df = pl.read_parquet(os.path.join(out, "day=20220408.parquet"))
+    assert not any(c.startswith("oracle_") for c in df.columns)
+    assert validate_main([out]) == 0
+    # existing output is not overwritten without --overwrite
+    assert convert_main(["--log", log, "--users", users, "--videos", videos, "--out", out]) == 1
+
+
+# ---- bad raw inputs -------------------------------------------------------------------------------
+def _convert_err(raw_copy, tmp_path):
+    out = str(tmp_path / "out")
+    with pytest.raises(DataError) as e:
+        convert(*_raw(raw_copy), out, VOCAB)
+    assert not os.path.exists(out)
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
+    return e
+
+
+def test_bad_missing_column(raw_copy, tmp_path):
+    log = _raw(raw_copy)[0]
+    _rewrite(log, lambda d: d.drop("tab"))
+    _assert_names(_convert_err(raw_copy, tmp_path), log, "tab")
+
+
+def test_bad_missing_feature_column(raw_copy, tmp_path):
+    videos = _raw(raw_copy)[2]
+    _rewrite(videos, lambda d: d.drop("music_id"))
+    _assert_names(_convert_err(raw_copy, tmp_path), videos, "music_id")
+
+
+def test_bad_dtype_string_in_user_id(raw_copy, tmp_path):
+    log = _raw(raw_copy)[0]
+    _rewrite(log, lambda d: d.with_columns(
+        pl.when(pl.int_range(pl.len()) == 7).then(pl.lit("abc")).otherwise(pl.col("user_id")).alias("user_id")))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, log, "user_id")
+    assert "abc" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_bad_nonfinite_dense_source(raw_copy, tmp_path, bad):
+    videos = _raw(raw_copy)[2]
+    _rewrite(videos, lambda d: d.with_columns(
+        pl.when(pl.int_range(pl.len()) == 3).then(pl.lit(bad)).otherwise(pl.col("video_duration"))
+        .alias("video_duration")))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, videos, "video_duration")
+    assert "NaN" in str(e.value)
+
+
+def test_bad_negative_id(raw_copy, tmp_path):
+    log = _raw(raw_copy)[0]
+    _rewrite(log, lambda d: d.with_columns(
+        pl.when(pl.int_range(pl.len()) < 3).then(pl.lit("-5")).otherwise(pl.col("video_id")).alias("video_id")))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, log, "video_id")
+    assert "3 negative ids (min -5)" in str(e.value)
+
+
+def test_bad_null_label(raw_copy, tmp_path):
+    log = _raw(raw_copy)[0]
+    _rewrite(log, lambda d: d.with_columns(
+        pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("is_like")).alias("is_like")))
+    _assert_names(_convert_err(raw_copy, tmp_path), log, "is_like")
+
+
+@pytest.mark.parametrize("kind", ["zero_bytes", "header_only"])
+def test_bad_empty_log(raw_copy, tmp_path, kind):
+    log = _raw(raw_copy)[0]
+    if kind == "zero_bytes":
+        open(log, "w").close()
+    else:
+        _rewrite(log, lambda d: d.head(0))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, log, None)
+    assert "empty" in str(e.value)
+
+
+def test_validate_raw_ok(raw_dir):
+    info = validate_raw(_raw(raw_dir)[0], *_raw(raw_dir)[1:])
+    assert info["dates"] == [20220408, 20220409, 20220410] and info["has_oracle"]
+    with pytest.raises(DataError, match="no file matches"):
+        validate_raw(os.path.join(raw_dir, "nope_*.csv"), *_raw(raw_dir)[1:])
+
+
+# ---- bad processed data ----------------------------------------------------------------------------
+@pytest.fixture()
+def proc_copy(processed, tmp_path):
+    d = str(tmp_path / "proc")
+    shutil.copytree(processed, d)
+    return d
+
+
+def test_processed_corrupt_parquet(proc_copy):
+    path = os.path.join(proc_copy, "day=20220409.parquet")
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 3])
+    with pytest.raises(DataError) as e:
+        validate_processed(proc_copy)
+    _assert_names(e, path, None)
+    assert validate_main([proc_copy]) == 1
+
+
+def test_processed_empty_day_partition(proc_copy):
+    path = os.path.join(proc_copy, "day=20220408.parquet")
+    pl.read_parquet(path).head(0).write_parquet(path)
+    with pytest.raises(DataError, match="empty day partition") as e:
+        validate_processed(proc_copy)
+    _assert_names(e, path, None)
+
+
+def test_processed_missing_file_and_meta(proc_copy):
+    path = os.path.join(proc_copy, "day=20220410.parquet")
+    os.remove(path)
+    with pytest.raises(DataError, match="does not exist") as e:
+        validate_processed(proc_copy)
+    _assert_names(e, path, None)
+    with open(os.path.join(proc_copy, "meta.json"), "w") as f:
+        f.write("{not json")
+    with pytest.raises(DataError, match="meta.json"):
+        validate_processed(proc_copy)
+
+
+@pytest.mark.parametrize("column,expr,problem", [
+    ("video_id", pl.lit(3000, pl.Int64), "outside"),
+    ("user_id", pl.lit(-1, pl.Int64), "outside"),
+    ("aspect_ratio", pl.lit(float("inf"), pl.Float32), "non-finite"),
+    ("label_like", pl.lit(2.0, pl.Float32), "not in"),
+    ("user_id", pl.lit(1.0, pl.Float64), "dtype"),
+    ("time_ms", -pl.col("time_ms"), "sorted"),
+])
+def test_processed_bad_values(proc_copy, column, expr, problem):
+    path = os.path.join(proc_copy, "day=20220409.parquet")
+    pl.read_parquet(path).with_columns(expr.alias(column)).write_parquet(path)
+    with pytest.raises(DataError, match=problem) as e:
+        validate_processed(proc_copy)
+    _assert_names(e, path, column)
+
+
+def test_failed_convert_leaves_nothing(raw_dir, processed, tmp_path, monkeypatch):
+    import data_tools.convert as C
+
+    def boom(path):
+        raise DataError(f"{path}: column 'x': injected failure")
+
+    monkeypatch.setattr(C, "validate_processed", boom)
+    out = str(tmp_path / "out")
+    with pytest.raises(DataError, match="injected"):
+        convert(*_raw(raw_dir), out, VOCAB)
+    assert os.listdir(tmp_path) == []
+    # an existing output is left intact by a failed overwrite
+    shutil.copytree(processed, out)
+    before = sorted(os.listdir(out))
+    with pytest.raises(DataError, match="injected"):
+        convert(*_raw(raw_dir), out, VOCAB, overwrite=True)
+    assert sorted(os.listdir(out)) == before and os.listdir(tmp_path) == ["out"]
+
+
+# ---- prepare ---------------------------------------------------------------------------------------
+def _ensure(args):
+    return ensure_dataset(*args)
+
+
+def test_ensure_dataset(tmp_path, capsys):
+    root = str(tmp_path / "ds" / "demo")
+    gen = dict(SMALL, days=2, impressions_per_day=1500)
+    assert ensure_dataset(root, gen, VOCAB) == root
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1 and "generating" in out and "took" in out
+    meta = validate_processed(root)
+    assert meta["source"]["generator"]["impressions_per_day"] == 1500
+    assert set(load_oracle(root)) == set(meta["days"])
+    mtime = os.path.getmtime(os.path.join(root, "meta.json"))
+    assert ensure_dataset(root, gen, VOCAB) == root  # reuse, no regeneration
+    assert capsys.readouterr().out == ""
+    assert os.path.getmtime(os.path.join(root, "meta.json")) == mtime
+    # a corrupt data set is rebuilt
+    os.remove(os.path.join(root, "day=20220409.parquet"))
+    ensure_dataset(root, gen, VOCAB)
+    assert "generating" in capsys.readouterr().out
+    validate_processed(root)
+    # a different config regenerates
+    ensure_dataset(root, dict(gen, seed=9), VOCAB)
+    assert validate_processed(root)["source"]["generator"]["seed"] == 9
+
+
+def test_ensure_dataset_concurrent(tmp_path):
+    root = str(tmp_path / "demo")
+    gen = dict(SMALL, days=2, impressions_per_day=1000)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        res = pool.map(_ensure, [(root, gen, VOCAB)] * 3)
+    assert res == [root] * 3
+    validate_processed(root)
+    assert sorted(os.listdir(tmp_path)) == ["demo", "demo.lock", "demo.raw"]
+
+
+def test_hash_ids_matches_reference_for_large_ids():
+    from data_tools.convert import hash_ids
+    xs = [0, 1, 4294967310, 4294967311, 2**40 + 123, 2**63 - 1]
+    got = pl.DataFrame({"x": xs}).select(hash_ids(pl.col("x"), 200_000).alias("x"))["x"].to_list()
+    assert got == [hash_id_value(x, 200_000) for x in xs]
+    assert all(1 <= g < 200_000 for g in got)
+    assert pl.DataFrame({"x": [None]}, schema={"x": pl.Int64}).select(
+        hash_ids(pl.col("x"), 10).alias("x"))["x"].to_list() == [0]
+
+
+def test_convert_multiple_log_files_glob(raw_copy, processed, tmp_path):
+    log, users, videos = _raw(raw_copy)
+    df = pl.read_csv(log, infer_schema=False)
+    os.remove(log)
+    for i, (date,) in enumerate(sorted(df.select("date").unique().rows())):
+        part = df.filter(pl.col("date") == date)
+        if i == 1:  # files may differ in extra columns, e.g. one without oracle
+            part = part.drop(list(S.ORACLE_COLUMNS))
+        part.write_csv(os.path.join(raw_copy, f"log_part{i}.csv"))
+    out = str(tmp_path / "o")
+    meta = convert(os.path.join(raw_copy, "log_part*.csv"), users, videos, out, VOCAB)
+    assert meta["has_oracle"] is False
+    assert meta["days"] == validate_processed(processed)["days"]
+    assert len(meta["source"]["log"]) == 3
+
+
+def test_generate_cli(tmp_path, capsys):
+    from data_tools.generate import main as generate_main
+    generate_main(["--out", str(tmp_path / "g"), "--n-users", "50", "--n-videos", "100",
+                   "--n-authors", "20", "--n-music", "10", "--n-tags", "10", "--days", "1",
+                   "--impressions-per-day", "500", "--seed", "4"])
+    assert "20220408" in capsys.readouterr().out
+    with open(tmp_path / "g" / "generator_config.json") as f:
+        assert json.load(f)["seed"] == 4
+
+
+def test_feature_ints_written_as_floats_are_accepted(raw_copy, processed, tmp_path):
+    # pandas writes an int column that has missing values as floats ("12.0", "")
+    log, users, videos = _raw(raw_copy)
+    _rewrite(users, lambda d: d.with_columns(
+        (pl.col("follow_user_num") + ".0").alias("follow_user_num")))
+    _rewrite(videos, lambda d: d.with_columns((pl.col("music_id") + ".0").alias("music_id")))
+    out = str(tmp_path / "o")
+    meta = convert(log, users, videos, out, VOCAB)
+    f = meta["days"]["20220408"]["file"]
+    assert pl.read_parquet(os.path.join(out, f)).equals(pl.read_parquet(os.path.join(processed, f)))
+    _rewrite(videos, lambda d: d.with_columns(
+        pl.when(pl.int_range(pl.len()) == 2).then(pl.lit("7.5")).otherwise(pl.col("music_id"))
+        .alias("music_id")))
+    with pytest.raises(DataError) as e:
+        convert(log, users, videos, str(tmp_path / "o2"), VOCAB)
+    _assert_names(e, videos, "music_id")
