@@ -1,0 +1,65 @@
+"""The learning rate the fused embedding kernel applies is the one scheduled for that step.
+
+TorchRec's fused optimizer updates inside backward with the rate last pushed into the kernel, so
+a write into its param_groups alone lands one step late. Measured from the update itself: with
+fused SGD and loss = sum(pooled * c), a row looked up once moves by exactly -lr * c.
+"""
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+
+from dist_helpers import spawn
+
+
+class _EmbeddingOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="t_items", embedding_dim=4, num_embeddings=10, feature_names=["items"])],
+            device=torch.device("meta"),
+        )
+        self.head = nn.Linear(4, 1)  # a dense parameter, so DDP has something to wrap
+
+    def forward(self, kjt):
+        return self.ebc(kjt)["items"]
+
+
+def _worker():
+    from recsys_hdet.components.lr_scheduler import GroupLRScheduler, OneCycle
+    from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+    from recsys_hdet.components.replicas import tbe_kernels
+    from recsys_hdet.distributed import init_process_groups, shard_model
+
+    pgs = init_process_groups(sharding_group_size=2)
+    model = shard_model(_EmbeddingOnly(), pgs, fused_params({"type": "sgd"}, 0.123), ["table_wise"])
+    groups = ["embedding", "transformer", "non_embedding", "no_decay"]
+    opt = GroupedOptimizer(model, {"type": "adam"}, {g: 0.5 for g in groups})
+    schedule = OneCycle(max_lr=0.4, total_steps=12, pct_start=0.5)
+    scheduler = GroupLRScheduler(opt.groups, {g: schedule for g in groups}, cycle_momentum=False)
+    opt.apply_hparams()
+    c = torch.tensor([1.0, -2.0, 0.5, 3.0])
+    kernels = tbe_kernels(model)
+    for step in range(10):
+        row = step % 10
+        kjt = KeyedJaggedTensor(keys=["items"], values=torch.tensor([row]), lengths=torch.tensor([1], dtype=torch.int32))
+        # Every rank looks up the same single row (batch of one per rank).
+        weights = [w for k in kernels for w in k.split_embedding_weights() if w.numel()]
+        before = [w.clone() for w in weights]
+        (model(kjt) * c).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        scheduler.step()
+        opt.apply_hparams()
+        # The table lives on one rank (table_wise); the ranks' gradients meet there and TorchRec
+        # divides them by the world size (as DDP averages dense gradients): the mean of equal grads.
+        moved = [(w - b) for w, b in zip(weights, before)]
+        delta = moved[0][row] if moved else torch.zeros(4)
+        dist.all_reduce(delta)
+        expected = -schedule(step)[0] * c
+        torch.testing.assert_close(delta, expected, rtol=1e-5, atol=1e-7)
+    dist.destroy_process_group()
+
+
+def test_fused_embedding_update_uses_the_lr_scheduled_for_that_step():
+    spawn(_worker, 2)
