@@ -158,8 +158,9 @@ class Trainer:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            scheduler.step() if step + 1 < total_steps else None
-            optimizer.apply_hparams()
+            if step + 1 < total_steps:  # the schedule has total_steps values, the last one is kept
+                scheduler.step()
+                optimizer.apply_hparams()
             step += 1
             window_steps += 1
             if sync_every and (step % sync_every == 0 or step == total_steps):

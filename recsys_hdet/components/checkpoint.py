@@ -6,9 +6,9 @@ what makes the final model usable both for evaluation and as a warm start. The c
 written into ``checkpoint.tmp/`` and renamed to ``checkpoint/`` by rank 0 after every rank is
 done, so a crash never leaves a directory that looks complete.
 
-Saved: the model's state (``model``) and a small ``meta.json`` (step, examples, config digest).
-Embedding replicas in other sharding groups hold the same tables, so only sharding group 0
-writes its shards (``dedup`` by DCP's planner over the replicated keys).
+Saved: the model's state (``model``) and a small ``meta.json`` (steps, examples, experiment).
+Replicated state (dense parameters on every rank, embedding shards in every sharding group) is
+written once: DCP's default save planner deduplicates items with the same key and offsets.
 """
 
 from __future__ import annotations
