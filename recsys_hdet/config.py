@@ -62,5 +62,16 @@ def validate_config(cfg: DictConfig) -> None:
     _require(0.0 < float(s.pct_start) < 1.0, "optim.schedule.pct_start", s.pct_start, "must be in (0, 1)")
     _positive_number(cfg, "optim.schedule.div_factor")
     _positive_number(cfg, "optim.schedule.final_div_factor")
+    if cfg.hdet.enabled:
+        from recsys_hdet.hdet.engine import HDETConfig
+
+        h = cfg.hdet
+        try:
+            HDETConfig(alpha=float(h.alpha), sync_every=int(h.sync_every), controller_start=int(h.controller_start),
+                       beta=float(h.beta), sigma=float(h.sigma), lam=float(h.lam), autolr=bool(h.autolr), seed=int(h.seed))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        _require(float(h.ceiling_multiple) >= 1.0, "hdet.ceiling_multiple", h.ceiling_multiple, "must be >= 1")
+        _require(float(h.warm_init.nu) >= 0.0, "hdet.warm_init.nu", h.warm_init.nu, "must be >= 0")
     if cfg.data.get("train_days") is not None:
         _positive_int(cfg, "data.train_days")

@@ -7,6 +7,7 @@ Exit statuses: 0 completed, 3 diverged (see :data:`EXIT_DIVERGED`).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -24,6 +25,8 @@ from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rs
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
 from recsys_hdet.components.replicas import ReplicaAverager
 from recsys_hdet.distributed import ProcessGroups, shard_model
+from recsys_hdet.hdet import HDETConfig, HDETOneCycleLR, ReplicaAxis
+from recsys_hdet.hdet.warm_init import perturb_
 from recsys_hdet.models.ranker import PARAM_GROUPS, MultiTaskRanker, SparseFeature
 
 EXIT_DIVERGED = 3
@@ -93,12 +96,18 @@ class Trainer:
             info = load_model(model, str(cfg.trainer.warm_start))
             self.log(f"warm start from {cfg.trainer.warm_start} (step {info.get('steps')})")
         optimizer = GroupedOptimizer(model, cfg.optim.dense, {g: s(0)[0] for g, s in schedules.items()})
-        scheduler = GroupLRScheduler(optimizer.groups, schedules, bool(cfg.optim.schedule.cycle_momentum))
-        optimizer.apply_hparams()
         averager = ReplicaAverager(model, self.pgs.replica, self.pgs.world)
-        if averager.has_embedding_replicas:
-            self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
-                     f"{cfg.trainer.embedding_sync_every} steps")
+        self.hdet = bool(cfg.hdet.enabled)
+        if self.hdet:
+            if cfg.trainer.get("warm_start") and float(cfg.hdet.warm_init.nu) > 0:
+                self._warm_noise(averager)
+            scheduler = self._build_hdet_scheduler(optimizer, averager, total_steps)
+        else:
+            scheduler = GroupLRScheduler(optimizer.groups, schedules, bool(cfg.optim.schedule.cycle_momentum))
+            optimizer.apply_hparams()
+            if averager.has_embedding_replicas:
+                self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
+                         f"{cfg.trainer.embedding_sync_every} steps")
 
         self.log(
             f"training {total_steps} steps x {train_stream.examples_per_step} examples on days "
@@ -133,15 +142,68 @@ class Trainer:
         return 0 if status == "completed" else EXIT_DIVERGED
 
     # ------------------------------------------------------------------------------------------
+    def _build_hdet_scheduler(self, optimizer: GroupedOptimizer, averager: ReplicaAverager, total_steps: int):
+        cfg, layout = self.cfg, self.pgs.layout
+        h = cfg.hdet
+        sched = cfg.optim.schedule
+        if not averager.has_embedding_replicas:
+            self.log("HDET: one sharding group, so no embedding replicas: the embedding group follows the base "
+                     "schedule (use trainer.sharding_group_size < trainer.nproc to explore it)")
+
+        def converge(excluded_ranks):
+            bad_groups = {r // layout.sharding_group_size for r in excluded_ranks}
+            averager.average_dense(include=layout.rank not in excluded_ranks)
+            if averager.has_embedding_replicas:
+                averager.average_embeddings(include=layout.sharding_group not in bad_groups)
+
+        def state_is_finite() -> bool:
+            # Single-copy embedding shards cannot be restored from a replica: only replicated state counts.
+            from recsys_hdet.components.replicas import all_finite
+            tensors = averager.dense_tensors + (averager.embedding_tensors if averager.has_embedding_replicas else [])
+            return all_finite(tensors)
+
+        return HDETOneCycleLR(
+            optimizer,
+            max_lr={g: float(cfg.optim.lr[g]) for g in PARAM_GROUPS},
+            total_steps=total_steps,
+            pct_start=float(sched.pct_start),
+            anneal_strategy=str(sched.anneal_strategy),
+            cycle_momentum=bool(sched.cycle_momentum),
+            base_momentum=float(sched.base_momentum),
+            max_momentum=float(sched.max_momentum),
+            div_factor=float(sched.div_factor),
+            final_div_factor=float(sched.final_div_factor),
+            three_phase=bool(sched.three_phase),
+            hdet=HDETConfig(alpha=float(h.alpha), sync_every=int(h.sync_every), controller_start=int(h.controller_start),
+                            beta=float(h.beta), sigma=float(h.sigma), lam=float(h.lam), autolr=bool(h.autolr),
+                            seed=int(h.seed)),
+            ceiling_multiple=float(h.ceiling_multiple),
+            replica_axes={"embedding": ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size)},
+            converge=converge,
+            state_is_finite=state_is_finite,
+            on_change=optimizer.apply_hparams,
+            process_group=self.pgs.world,
+        )
+
+    def _warm_noise(self, averager: ReplicaAverager) -> None:
+        """Each replica perturbs the warm-started weights with its own noise (method section 4)."""
+        layout, nu, seed = self.pgs.layout, float(self.cfg.hdet.warm_init.nu), int(self.cfg.hdet.seed)
+        perturb_(averager.dense_tensors, nu, torch.Generator().manual_seed(seed * 100_003 + layout.rank))
+        # Embedding replicas are the sharding groups; each rank perturbs the shards it holds.
+        perturb_(averager.embedding_tensors, nu, torch.Generator().manual_seed(seed * 100_003 + 50_000 + layout.rank))
+        self.log(f"HDET warm init: every replica perturbed with nu={nu} per tensor")
+
     def _train(self, model, optimizer, scheduler, averager, stream, total_steps):
         """One pass. Returns (status, mean train loss per task and avg, steps, train seconds)."""
         cfg = self.cfg.trainer
         log_every = int(cfg.log_every)
         # Each sharding group trains its own copy of the tables on its own data (no gradient
         # all-reduce across groups): averaging them keeps one model, as TorchRec's DMPCollection.sync().
-        sync_every = int(cfg.embedding_sync_every) if averager.has_embedding_replicas else 0
+        # Under HDET the replicas diverge on purpose and converge every hdet.sync_every steps instead.
+        sync_every = int(cfg.embedding_sync_every) if averager.has_embedding_replicas and not self.hdet else 0
         diverge_loss = float(cfg.diverge_loss)
         logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps) if self.rank == 0 else None
+        hdet_log = open(os.path.join(self.run_dir, "hdet.jsonl"), "w") if self.hdet and self.rank == 0 else None
         num_tasks = len(self.tasks)
         # Per rank: [sum of per-task losses ..., non-finite count] since the last log, and over the pass.
         window = torch.zeros(num_tasks + 1, dtype=torch.float64)
@@ -158,7 +220,16 @@ class Trainer:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            if step + 1 < total_steps:  # the schedule has total_steps values, the last one is kept
+            if self.hdet:
+                # Weighted task loss as the replica's signal (the training objective, per example).
+                record = scheduler.step(float(loss.detach()) / float(self.task_weights.sum()))
+                if record is not None and self.rank == 0:
+                    hdet_log.write(json.dumps(record) + "\n")
+                    hdet_log.flush()
+                    bases = " ".join(f"{k.split('/')[-1]}={v['base']:.3g}" for k, v in record["hparams"].items())
+                    excluded = f"  excluded ranks {record['excluded']}" if record["excluded"] else ""
+                    print(f"HDET sync at step {record['step']}: base lr {bases}{excluded}", flush=True)
+            elif step + 1 < total_steps:  # the schedule has total_steps values, the last one is kept
                 scheduler.step()
                 optimizer.apply_hparams()
             step += 1
@@ -186,8 +257,11 @@ class Trainer:
                         "lr": optimizer.group_lrs(),
                         "examples_per_sec": window_steps * stream.examples_per_step / max(now - window_start, 1e-9),
                     })
-                if stats[num_tasks] > 0 or not math.isfinite(avg) or avg > diverge_loss:
-                    reason = "a non-finite loss" if stats[num_tasks] > 0 or not math.isfinite(avg) else (
+                # Under HDET a non-finite replica is excluded and restored at the next sync; the run
+                # diverged only when no replica produced a finite loss in the interval.
+                non_finite = (good_steps == 0) if self.hdet else (stats[num_tasks] > 0)
+                if non_finite or not math.isfinite(avg) or avg > diverge_loss:
+                    reason = "a non-finite loss" if non_finite or not math.isfinite(avg) else (
                         f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}")
                     self.log(f"DIVERGED at step {step}: {reason}. Stopping; no evaluation or checkpoint.")
                     status = "diverged"
@@ -198,6 +272,8 @@ class Trainer:
         seconds = time.monotonic() - start
         if logger is not None:
             logger.close()
+        if hdet_log is not None:
+            hdet_log.close()
         mean_total = total / max(step * self.world, 1)
         train_loss = {t: float(mean_total[i]) for i, t in enumerate(self.tasks)}
         train_loss["avg"] = float((mean_total * self.task_weights.double()).sum() / self.task_weights.sum())

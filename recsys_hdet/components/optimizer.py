@@ -76,8 +76,14 @@ class GroupedOptimizer:
             self.groups[pg["name"]].append(pg)
         for pg in self.fused.param_groups:
             pg["lr"] = initial_lrs["embedding"]
+            pg["name"] = "embedding"
             self.groups["embedding"].append(pg)
         self.apply_hparams()
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:
+        """Every param_group dict, each with its ``name``: what LR schedulers iterate over."""
+        return [pg for pgs in self.groups.values() for pg in pgs]
 
     def group_lrs(self) -> Dict[str, float]:
         return {name: float(pgs[0]["lr"]) for name, pgs in self.groups.items() if pgs}

@@ -75,20 +75,35 @@ def dense_state_tensors(model: nn.Module) -> List[torch.Tensor]:
 
 
 @torch.no_grad()
-def average_(tensors: List[torch.Tensor], group: dist.ProcessGroup) -> None:
-    """Replaces every tensor by its mean over ``group``, one all-reduce per dtype."""
-    size = dist.get_world_size(group)
-    if size == 1 or not tensors:
+def average_(tensors: List[torch.Tensor], group: dist.ProcessGroup, include: bool = True) -> None:
+    """Replaces every tensor by its mean over the members of ``group`` that pass ``include=True``.
+
+    One all-reduce per dtype (the include count rides in the same buffer). An excluded member
+    contributes zeros (not its values: NaN * 0 is NaN) and receives the others' mean: restored.
+    """
+    if dist.get_world_size(group) == 1 or not tensors:
+        if not include:
+            raise FloatingPointError("the only replica is excluded: nothing to restore it from")
         return
     by_dtype: Dict[torch.dtype, List[torch.Tensor]] = defaultdict(list)
     for t in tensors:
         by_dtype[t.dtype].append(t)
-    for same_dtype in by_dtype.values():
-        flat = _flatten_dense_tensors(same_dtype)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        flat.div_(size)
-        for t, averaged in zip(same_dtype, _unflatten_dense_tensors(flat, same_dtype)):
-            t.copy_(averaged)
+    for dtype, same_dtype in by_dtype.items():
+        flat = _flatten_dense_tensors(same_dtype) if include else torch.zeros(
+            sum(t.numel() for t in same_dtype), dtype=dtype, device=same_dtype[0].device)
+        count = torch.ones(1, dtype=dtype, device=flat.device) * (1.0 if include else 0.0)
+        buffer = torch.cat([flat, count])
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group)
+        included = buffer[-1].item()
+        if included == 0:
+            raise FloatingPointError("every replica in the group is excluded: nothing to restore from")
+        averaged = buffer[:-1].div_(included)
+        for t, mean in zip(same_dtype, _unflatten_dense_tensors(averaged, same_dtype)):
+            t.copy_(mean)
+
+
+def all_finite(tensors: List[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
 class ReplicaAverager:
@@ -104,8 +119,11 @@ class ReplicaAverager:
     def has_embedding_replicas(self) -> bool:
         return dist.get_world_size(self.replica_group) > 1
 
-    def average_embeddings(self) -> None:
-        average_(self.embedding_tensors, self.replica_group)
+    def average_embeddings(self, include: bool = True) -> None:
+        average_(self.embedding_tensors, self.replica_group, include)
 
-    def average_dense(self) -> None:
-        average_(self.dense_tensors, self.world_group)
+    def average_dense(self, include: bool = True) -> None:
+        average_(self.dense_tensors, self.world_group, include)
+
+    def local_state_is_finite(self) -> bool:
+        return all_finite(self.embedding_tensors) and all_finite(self.dense_tensors)

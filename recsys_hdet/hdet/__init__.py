@@ -1,0 +1,6 @@
+"""HDET: Hyperparameter-Divergent Ensemble Training (see shared/docs/hdet-method.md)."""
+
+from recsys_hdet.hdet.engine import HDETConfig, HDETEngine, ReplicaAxis, ScalarHParam, spread_multipliers
+from recsys_hdet.hdet.scheduler import HDETOneCycleLR
+
+__all__ = ["HDETConfig", "HDETEngine", "HDETOneCycleLR", "ReplicaAxis", "ScalarHParam", "spread_multipliers"]

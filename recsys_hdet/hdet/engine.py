@@ -1,0 +1,276 @@
+"""Hyperparameter-Divergent Ensemble Training: the engine (``shared/docs/hdet-method.md``).
+
+The engine knows nothing of models. It sees:
+- a list of :class:`ScalarHParam`: a name, the replicas it is spread over (a :class:`ReplicaAxis`),
+  a base schedule ``step -> value``, bounds, and ``apply(value)`` which puts this replica's value
+  where it takes effect (an optimizer's param_groups, a module attribute);
+- the training loss of every step (:meth:`HDETEngine.step`);
+- a ``converge(excluded_ranks)`` callback that averages the replicated state over the ranks
+  not excluded (see ``recsys_hdet.components.replicas``);
+- one process group over which the window losses are gathered, once per sync for all hparams.
+
+Method, section by section:
+1. Fan-out: replica r of N gets ``rho_r = 1 + alpha (r - (N-1)/2) / max((N-1)/2, 0.5)`` and trains
+   with ``value = base * rho_pi(r)``, from the first step. Each hparam has its own permutation pi,
+   redrawn at every sync from a ``torch.Generator`` seeded identically on all ranks (never the
+   global RNG, which is neither read nor reseeded).
+2. Converge: every T steps, ``converge`` averages the replicas.
+3. Auto-LR, after ``controller_start`` steps, at each sync: window loss per replica L_r, scores
+   ``s = (mean L - L) / sigma``, ``w = softmax(s)``, signal ``Delta = sum w v - mean v``, momentum
+   ``m <- beta m + (1 - beta) Delta``, base ``b <- b (1 - gamma) + lambda m``, clamped to
+   [floor, ceiling]. ``gamma`` is recomputed at each sync so that, with no signal, the base reaches
+   the schedule's floor exactly at the last sync: ``gamma = 1 - (floor / b) ** (1 / syncs_left)``.
+   (The reference code's ``1 - exp(-log(div/final_div) / K)`` is negative with PyTorch's defaults
+   and grows the LR ~400x; ours is in [0, 1) whenever b >= floor.)
+   Before the controller starts, and for any hparam with alpha = 0 or a single replica (no signal
+   to read), the base is the schedule's value at the current step.
+8. Non-finite guard: a rank whose window loss or state is non-finite is excluded from the average
+   and from the controller's weights (a replica is excluded when any of its ranks is), restored
+   by the average, and reported in the sync record.
+
+Limits: the loss signal is the training loss (biased against regularizers; issue 4 revisits);
+values are constant within a window once the controller runs, as in the paper.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def spread_multipliers(num_replicas: int, alpha: float) -> torch.Tensor:
+    """rho_r for r in [0, N): symmetric around 1, in [1 - alpha, 1 + alpha], float64."""
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas={num_replicas}: must be >= 1")
+    if alpha < 0:
+        raise ValueError(f"hdet.alpha={alpha}: must be >= 0")
+    centre = (num_replicas - 1) / 2.0
+    delta = max(centre, 0.5)
+    offsets = (torch.arange(num_replicas, dtype=torch.float64) - centre) / delta
+    return 1.0 + alpha * offsets
+
+
+@dataclass(frozen=True)
+class ReplicaAxis:
+    """Which replica each world rank belongs to, for one hparam (e.g. ranks, or sharding groups)."""
+
+    replica_of_rank: tuple  # length world_size; values in [0, num_replicas)
+
+    @property
+    def num_replicas(self) -> int:
+        return max(self.replica_of_rank) + 1
+
+    @classmethod
+    def per_rank(cls, world_size: int) -> "ReplicaAxis":
+        return cls(tuple(range(world_size)))
+
+    @classmethod
+    def per_block(cls, world_size: int, block: int) -> "ReplicaAxis":
+        """Contiguous blocks of ``block`` ranks form one replica (the sharding groups)."""
+        return cls(tuple(r // block for r in range(world_size)))
+
+
+@dataclass
+class ScalarHParam:
+    name: str
+    axis: ReplicaAxis
+    schedule: Callable[[int], float]  # the base value at a step (0-based)
+    floor: float  # lower bound of the controlled base; the schedule's end
+    ceiling: float  # upper bound of the controlled base
+    apply: Callable[[float], None]  # puts this replica's value where it takes effect
+
+
+@dataclass(frozen=True)
+class HDETConfig:
+    alpha: float = 1 / 9
+    sync_every: int = 1000  # T
+    controller_start: int = 100_000  # S_warm, in steps
+    beta: float = 0.9
+    sigma: float = 0.1
+    lam: float = 0.5  # lambda
+    autolr: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.alpha >= 0 and math.isfinite(self.alpha), "alpha", "must be a finite number >= 0"),
+            (self.sync_every >= 1, "sync_every", "must be an integer >= 1"),
+            (self.controller_start >= 0, "controller_start", "must be an integer >= 0"),
+            (0 <= self.beta < 1, "beta", "must be in [0, 1)"),
+            (self.sigma > 0 and math.isfinite(self.sigma), "sigma", "must be a finite number > 0"),
+            (self.lam >= 0 and math.isfinite(self.lam), "lam", "must be a finite number >= 0"),
+        ]
+        for ok, key, expected in checks:
+            if not ok:
+                raise ValueError(f"config hdet.{key}={getattr(self, key)!r}: {expected}")
+
+
+@dataclass
+class _HParamState:
+    base: float
+    velocity: float = 0.0
+    permutation: List[int] = field(default_factory=list)
+    controlled: bool = False  # True once the controller owns the base
+
+
+class HDETEngine:
+    """Call :meth:`step` once per training step, after the optimizer step, with that step's loss.
+
+    ``step`` returns the sync record (product.md's hdet.jsonl object) at a sync, else None.
+    """
+
+    def __init__(
+        self,
+        hparams: Sequence[ScalarHParam],
+        config: HDETConfig,
+        rank: int,
+        total_steps: int,
+        converge: Callable[[List[int]], None],
+        state_is_finite: Callable[[], bool] = lambda: True,
+        group: Optional[dist.ProcessGroup] = None,
+    ) -> None:
+        names = [h.name for h in hparams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"hparam names must be unique: {names}")
+        self.hparams = list(hparams)
+        self.config = config
+        self.rank = rank
+        self.total_steps = total_steps
+        self.converge = converge
+        self.state_is_finite = state_is_finite
+        self.group = group
+        self.world_size = len(self.hparams[0].axis.replica_of_rank) if self.hparams else 1
+        self.multipliers = {h.name: spread_multipliers(h.axis.num_replicas, config.alpha) for h in self.hparams}
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.step_count = 0
+        self.window_loss_sum = 0.0
+        self.window_steps = 0
+        self.state: Dict[str, _HParamState] = {h.name: _HParamState(base=h.schedule(0)) for h in self.hparams}
+        self._draw_permutations()
+        self._apply()
+
+    # -- what each replica trains with -----------------------------------------------------------
+    def signal_possible(self, h: ScalarHParam) -> bool:
+        return self.config.autolr and self.config.alpha > 0 and h.axis.num_replicas > 1
+
+    def values(self, name: str) -> List[float]:
+        """The value of every replica of ``name`` now (replica order)."""
+        s = self.state[name]
+        rho = self.multipliers[name]
+        return [s.base * float(rho[s.permutation[r]]) for r in range(len(s.permutation))]
+
+    def my_value(self, h: ScalarHParam) -> float:
+        return self.values(h.name)[h.axis.replica_of_rank[self.rank]]
+
+    def _draw_permutations(self) -> None:
+        # Fixed order of draws from a generator seeded the same everywhere: identical on all ranks.
+        for h in self.hparams:
+            self.state[h.name].permutation = torch.randperm(h.axis.num_replicas, generator=self.generator).tolist()
+
+    def _apply(self) -> None:
+        for h in self.hparams:
+            s = self.state[h.name]
+            if not s.controlled:
+                s.base = h.schedule(min(self.step_count, self.total_steps - 1))
+            h.apply(self.my_value(h))
+
+    # -- the training-loop hook -------------------------------------------------------------------
+    def step(self, loss: float) -> Optional[Dict[str, Any]]:
+        self.step_count += 1
+        self.window_loss_sum += float(loss)
+        self.window_steps += 1
+        record = None
+        if self.step_count % self.config.sync_every == 0 or self.step_count == self.total_steps:
+            record = self._sync()
+        self._apply()
+        return record
+
+    def _sync(self) -> Dict[str, Any]:
+        # 1. One gather of every rank's window loss (and whether its state is finite).
+        window = self.window_loss_sum / max(self.window_steps, 1)
+        mine = torch.tensor([window, 1.0 if self.state_is_finite() else 0.0], dtype=torch.float64)
+        gathered = [mine]
+        if self.world_size > 1:
+            gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
+            dist.all_gather(gathered, mine, group=self.group)
+        rank_loss = torch.stack(gathered)[:, 0]
+        rank_ok = torch.isfinite(rank_loss) & (torch.stack(gathered)[:, 1] > 0)
+        excluded_ranks = [r for r in range(self.world_size) if not bool(rank_ok[r])]
+        # 2. Converge over the healthy ranks; an excluded rank is restored from their average.
+        if len(excluded_ranks) == self.world_size:
+            raise FloatingPointError("every replica is non-finite: nothing to restore from")
+        self.converge(excluded_ranks)
+        # 3. Controller per hparam, then fresh permutations.
+        syncs_left = max(math.ceil((self.total_steps - self.step_count) / self.config.sync_every), 0)
+        # "losses" are per rank (the finest replicas); non-finite ones are written as null.
+        record: Dict[str, Any] = {
+            "step": self.step_count,
+            "losses": [float(x) if math.isfinite(x) else None for x in rank_loss.tolist()],
+            "hparams": {},
+            "excluded": excluded_ranks,
+        }
+        for h in self.hparams:
+            losses, ok = self._replica_losses(h, rank_loss, rank_ok)
+            values = self.values(h.name)
+            s = self.state[h.name]
+            if self.signal_possible(h) and self.step_count >= self.config.controller_start:
+                s.controlled = True
+                self._control(h, s, losses, ok, values, syncs_left)
+            else:
+                s.base = h.schedule(min(self.step_count, self.total_steps - 1))
+            # values: what each replica trained with in the window just scored; base: after the update.
+            record["hparams"][h.name] = {"base": s.base, "values": values, "velocity": s.velocity}
+        self._draw_permutations()
+        self.window_loss_sum, self.window_steps = 0.0, 0
+        return record
+
+    def _replica_losses(self, h: ScalarHParam, rank_loss: torch.Tensor, rank_ok: torch.Tensor):
+        n = h.axis.num_replicas
+        owner = torch.tensor(h.axis.replica_of_rank)
+        losses = torch.zeros(n, dtype=torch.float64)
+        ok = torch.ones(n, dtype=torch.bool)
+        for r in range(n):
+            members = owner == r
+            ok[r] = bool(rank_ok[members].all())
+            losses[r] = rank_loss[members].mean() if ok[r] else float("nan")
+        return losses, ok
+
+    def _control(self, h, s: _HParamState, losses, ok, values, syncs_left: int) -> None:
+        cfg = self.config
+        v = torch.tensor(values, dtype=torch.float64)[ok]
+        L = losses[ok]
+        if len(L) >= 2:
+            scores = (L.mean() - L) / cfg.sigma
+            w = torch.softmax(scores, dim=0)
+            delta = float((w * v).sum() - v.mean())
+        else:
+            delta = 0.0
+        s.velocity = cfg.beta * s.velocity + (1 - cfg.beta) * delta
+        gamma = 1.0 - (h.floor / s.base) ** (1.0 / syncs_left) if syncs_left > 0 and s.base > h.floor else 0.0
+        s.base = min(max(s.base * (1 - gamma) + cfg.lam * s.velocity, h.floor), h.ceiling)
+
+    # -- state ---------------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "step_count": self.step_count,
+            "window_loss_sum": self.window_loss_sum,
+            "window_steps": self.window_steps,
+            "generator": self.generator.get_state(),
+            "hparams": {
+                n: {"base": s.base, "velocity": s.velocity, "permutation": list(s.permutation), "controlled": s.controlled}
+                for n, s in self.state.items()
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.step_count = int(state["step_count"])
+        self.window_loss_sum = float(state["window_loss_sum"])
+        self.window_steps = int(state["window_steps"])
+        self.generator.set_state(state["generator"])
+        for n, s in state["hparams"].items():
+            self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]), bool(s["controlled"]))
+        self._apply()

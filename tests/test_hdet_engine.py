@@ -1,0 +1,193 @@
+"""HDET engine: fan-out, permutations, controller, guard and state (hdet-method.md), on real
+multi-process gloo jobs with planted losses (no model)."""
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dist_helpers import spawn
+from recsys_hdet.hdet import HDETConfig, HDETOneCycleLR, spread_multipliers
+
+
+# -- fan-out ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("alpha", [0.0, 1 / 9, 0.5])
+def test_multipliers_are_symmetric_with_mean_one(n, alpha):
+    rho = spread_multipliers(n, alpha)
+    assert rho.mean().item() == pytest.approx(1.0, abs=1e-15)
+    assert rho.min() >= 1 - alpha - 1e-15 and rho.max() <= 1 + alpha + 1e-15
+    torch.testing.assert_close(rho + rho.flip(0), torch.full((n,), 2.0, dtype=torch.float64), rtol=0, atol=1e-15)
+    if n > 1:
+        assert rho.min().item() == pytest.approx(1 - alpha) and rho.max().item() == pytest.approx(1 + alpha)
+
+
+def _optimizer(names=("dense", "other")):
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in names]
+    return torch.optim.Adam([{"params": [p], "name": n} for p, n in zip(params, names)], lr=1.0)
+
+
+def _scheduler(opt, total, max_lr=(0.01, 0.2), **hdet):
+    return HDETOneCycleLR(opt, max_lr=list(max_lr), total_steps=total, pct_start=0.25, hdet=HDETConfig(**hdet))
+
+
+# -- alpha = 0 is OneCycleLR ---------------------------------------------------------------------------
+def _alpha_zero_worker():
+    dist.init_process_group("gloo")
+    total = 300
+    ours_opt, ref_opt = _optimizer(), _optimizer()
+    ours = _scheduler(ours_opt, total, alpha=0.0, sync_every=7, controller_start=0)
+    ref = torch.optim.lr_scheduler.OneCycleLR(ref_opt, max_lr=[0.01, 0.2], total_steps=total, pct_start=0.25)
+    for step in range(total):
+        for a, b in zip(ours_opt.param_groups, ref_opt.param_groups):
+            assert a["lr"] == b["lr"], (step, a["lr"], b["lr"])
+            assert a["betas"] == b["betas"], (step, a["betas"], b["betas"])
+        ours.step(loss=1.0 + dist.get_rank() + math.sin(step))  # different losses: no effect at alpha = 0
+        if step + 1 < total:
+            ref.step()
+    dist.destroy_process_group()
+
+
+def test_alpha_zero_learning_rates_equal_one_cycle_lr_step_for_step():
+    spawn(_alpha_zero_worker, 2)
+
+
+# -- permutations -------------------------------------------------------------------------------------
+def _permutation_worker():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(1000 + rank)  # the ranks' global RNGs differ...
+    global_before = torch.get_rng_state()
+    opt = _optimizer(("a", "b", "c"))
+    sched = _scheduler(opt, 200, max_lr=(0.1, 0.1, 0.1), alpha=0.2, sync_every=10, controller_start=1000)
+    assert torch.equal(torch.get_rng_state(), global_before), "the engine never touches the global RNG"
+    seen = []
+    for step in range(200):
+        torch.rand(rank * 3 + 1)  # ...and are consumed differently
+        record = sched.step(loss=1.0)
+        if record:
+            seen.append([record["hparams"][f"lr/{n}"]["values"] for n in "abc"])
+    perms = torch.tensor([[sched.engine.state[f"lr/{n}"].permutation for n in "abc"]])
+    everyone = [torch.zeros_like(perms) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, perms)
+    assert all(torch.equal(everyone[0], p) for p in everyone), "identical permutations on all ranks"
+    # Reshuffled between syncs, and independently per hparam.
+    assert len({tuple(map(tuple, s)) for s in seen}) > len(seen) // 2
+    assert any(s[0] != s[1] for s in seen)
+    # Every window's values are the base times the spread multipliers (mean 1), in some order.
+    rho = spread_multipliers(4, 0.2).tolist()
+    for s in seen:
+        for values in s:
+            mean = sum(values) / len(values)
+            assert sorted(v / mean for v in values) == pytest.approx(rho, rel=1e-12)
+    dist.destroy_process_group()
+
+
+def test_permutations_identical_on_all_ranks_whatever_the_global_rng_does():
+    spawn(_permutation_worker, 4)
+
+
+# -- controller ------------------------------------------------------------------------------------------
+def _controller_worker(preference, out_path):
+    """preference: +1 higher LR replicas get lower loss, -1 the opposite, 0 equal losses."""
+    dist.init_process_group("gloo")
+    opt = _optimizer(("g",))
+    total = 400
+    sched = _scheduler(opt, total, max_lr=(0.1,), alpha=0.2, sync_every=10, controller_start=100, sigma=0.1)
+    schedule = sched.schedules["g"]
+    bases = []
+    for step in range(total):
+        lr = opt.param_groups[0]["lr"]
+        base = sched.engine.state["lr/g"].base
+        loss = 1.0 - preference * 0.05 * (lr / base - 1) / 0.2  # in [0.95, 1.05]
+        record = sched.step(loss)
+        if record:
+            b = record["hparams"]["lr/g"]["base"]
+            assert schedule.min_lr - 1e-18 <= b <= 2.0 * 0.1 + 1e-18, "bounds hold"
+            bases.append((record["step"], b))
+    if dist.get_rank() == 0:
+        torch.save({"bases": bases, "floor": schedule.min_lr, "schedule": [schedule(s)[0] for s in range(total)]}, out_path)
+    dist.destroy_process_group()
+
+
+def _controller_run(preference, tmp_path):
+    path = str(tmp_path / f"pref{preference}.pt")
+    spawn(_controller_worker, 4, preference, path)
+    return torch.load(path)
+
+
+def test_controller_moves_the_base_toward_what_the_losses_favour(tmp_path):
+    up, down, flat = (_controller_run(p, tmp_path) for p in (1, -1, 0))
+    at = {s: b for s, b in flat["bases"]}
+    mid = 250
+    up_mid = dict(up["bases"])[mid]
+    down_mid = dict(down["bases"])[mid]
+    # Before the controller (step < 100) the base is the schedule, whatever the losses.
+    assert dict(up["bases"])[50] == dict(down["bases"])[50] == at[50] == pytest.approx(flat["schedule"][50])
+    assert up_mid > at[mid] > down_mid
+    # With no signal the base decays monotonically to the schedule's floor by the end.
+    flat_bases = [b for s, b in flat["bases"] if s >= 100]
+    assert all(b2 <= b1 for b1, b2 in zip(flat_bases, flat_bases[1:]))
+    assert flat["bases"][-1][1] == pytest.approx(flat["floor"], rel=1e-9)
+
+
+def test_published_decay_grows_where_ours_decays():
+    # The reference scheduler's gamma with PyTorch's OneCycleLR defaults (div 25, final_div 1e4):
+    syncs = 100
+    published_gamma = 1 - math.exp(-math.log(25 / 1e4) / syncs)
+    assert published_gamma < 0 and (1 - published_gamma) ** syncs == pytest.approx(400, rel=1e-6)
+    # Ours, with equal losses, is covered above: monotone decay to the floor.
+
+
+# -- non-finite guard --------------------------------------------------------------------------------------
+def _guard_worker():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    calls = []
+    opt = _optimizer(("g",))
+    sched = HDETOneCycleLR(opt, max_lr=[0.1], total_steps=100, hdet=HDETConfig(alpha=0.2, sync_every=10, controller_start=0),
+                           converge=lambda excluded: calls.append(list(excluded)))
+    records = []
+    for step in range(40):
+        bad = rank == 2 and 10 <= step < 20  # rank 2's second window is non-finite
+        records.append(sched.step(float("nan") if bad else 1.0 + 0.01 * rank))
+    syncs = [r for r in records if r]
+    assert [r["excluded"] for r in syncs] == [[], [2], [], []]
+    assert calls == [[], [2], [], []]
+    assert syncs[1]["losses"][2] is None and all(x is not None for x in syncs[1]["losses"][:2])
+    assert math.isfinite(syncs[1]["hparams"]["lr/g"]["base"])
+    dist.destroy_process_group()
+
+
+def test_a_non_finite_replica_is_excluded_and_training_goes_on():
+    spawn(_guard_worker, 4)
+
+
+# -- state ---------------------------------------------------------------------------------------------
+def _resume_worker():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    loss = lambda step, lr: 1.0 + 0.1 * math.sin(step) + lr * (rank + 1)
+    cfg = dict(alpha=0.2, sync_every=7, controller_start=14)
+    opt = _optimizer()
+    full = _scheduler(opt, 90, **cfg)
+    trajectory = []
+    for step in range(90):
+        trajectory.append([g["lr"] for g in opt.param_groups])
+        full.step(loss(step, opt.param_groups[0]["lr"]))
+    opt2 = _optimizer()
+    first = _scheduler(opt2, 90, **cfg)
+    for step in range(40):
+        first.step(loss(step, opt2.param_groups[0]["lr"]))
+    state = first.state_dict()
+    opt3 = _optimizer()
+    resumed = _scheduler(opt3, 90, **{**cfg})
+    resumed.load_state_dict(state)
+    for step in range(40, 90):
+        assert [g["lr"] for g in opt3.param_groups] == trajectory[step], step
+        resumed.step(loss(step, opt3.param_groups[0]["lr"]))
+    dist.destroy_process_group()
+
+
+def test_state_dict_round_trip_resumes_the_same_trajectory():
+    spawn(_resume_worker, 2)
