@@ -226,7 +226,7 @@ class Trainer:
                 if record is not None and self.rank == 0:
                     hdet_log.write(json.dumps(record) + "\n")
                     hdet_log.flush()
-                    bases = " ".join(f"{k.split('/')[-1]}={v['base']:.3g}" for k, v in record["hparams"].items())
+                    bases = " ".join(f"{k.split('/')[-1]}={v['next_base']:.3g}" for k, v in record["hparams"].items())
                     excluded = f"  excluded ranks {record['excluded']}" if record["excluded"] else ""
                     print(f"HDET sync at step {record['step']}: base lr {bases}{excluded}", flush=True)
             elif step + 1 < total_steps:  # the schedule has total_steps values, the last one is kept

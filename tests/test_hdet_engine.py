@@ -102,7 +102,7 @@ def _controller_worker(preference, out_path):
         loss = 1.0 - preference * 0.05 * (lr / base - 1) / 0.2  # in [0.95, 1.05]
         record = sched.step(loss)
         if record:
-            b = record["hparams"]["lr/g"]["base"]
+            b = record["hparams"]["lr/g"]["next_base"]
             assert schedule.min_lr - 1e-18 <= b <= 2.0 * 0.1 + 1e-18, "bounds hold"
             bases.append((record["step"], b))
     if dist.get_rank() == 0:
@@ -155,7 +155,7 @@ def _guard_worker():
     assert [r["excluded"] for r in syncs] == [[], [2], [], []]
     assert calls == [[], [2], [], []]
     assert syncs[1]["losses"][2] is None and all(x is not None for x in syncs[1]["losses"][:2])
-    assert math.isfinite(syncs[1]["hparams"]["lr/g"]["base"])
+    assert math.isfinite(syncs[1]["hparams"]["lr/g"]["next_base"])
     dist.destroy_process_group()
 
 

@@ -63,3 +63,44 @@ def _worker():
 
 def test_fused_embedding_update_uses_the_lr_scheduled_for_that_step():
     spawn(_worker, 2)
+
+
+def _hdet_worker():
+    """Two embedding replicas (one sharding group per rank) at different HDET learning rates."""
+    from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+    from recsys_hdet.components.replicas import tbe_kernels
+    from recsys_hdet.distributed import init_process_groups, shard_model
+    from recsys_hdet.hdet import HDETConfig, HDETOneCycleLR, ReplicaAxis
+
+    pgs = init_process_groups(sharding_group_size=1)
+    model = shard_model(_EmbeddingOnly(), pgs, fused_params({"type": "sgd"}, 0.123), ["table_wise"])
+    groups = ["embedding", "transformer", "non_embedding", "no_decay"]
+    opt = GroupedOptimizer(model, {"type": "adam"}, {g: 0.5 for g in groups})
+    sched = HDETOneCycleLR(opt, max_lr=0.4, total_steps=12, pct_start=0.5, cycle_momentum=False,
+                           hdet=HDETConfig(alpha=0.5, sync_every=3, controller_start=0),
+                           replica_axes={"embedding": ReplicaAxis.per_block(2, 1)}, on_change=opt.apply_hparams)
+    c = torch.tensor([1.0, -2.0, 0.5, 3.0])
+    weights = [w for k in tbe_kernels(model) for w in k.split_embedding_weights() if w.numel()]
+    seen = set()
+    for step in range(10):
+        row = step
+        lr_now = opt.groups["embedding"][0]["lr"]
+        seen.add(round(lr_now, 12))
+        kjt = KeyedJaggedTensor(keys=["items"], values=torch.tensor([row]), lengths=torch.tensor([1], dtype=torch.int32))
+        before = weights[0].clone()
+        (model(kjt) * c).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        delta = weights[0][row] - before[row]
+        # One replica per rank: this rank's update uses this rank's value, at this very step.
+        torch.testing.assert_close(delta, -lr_now * c, rtol=1e-5, atol=1e-7)
+        sched.step(loss=1.0 + dist.get_rank())
+    values = torch.tensor(sorted(seen))
+    everyone = [torch.zeros_like(values) for _ in range(2)]
+    dist.all_gather(everyone, values)
+    assert not torch.equal(everyone[0], everyone[1]), "the two replicas trained at different rates"
+    dist.destroy_process_group()
+
+
+def test_fused_embedding_update_uses_each_replicas_hdet_lr_at_that_step():
+    spawn(_hdet_worker, 2)

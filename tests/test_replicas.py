@@ -53,3 +53,36 @@ def _average_worker(sharding_group_size):
 @pytest.mark.parametrize("sharding_group_size", [2, 1, 4])
 def test_embedding_replicas_average_to_bit_identical_copies(sharding_group_size):
     spawn(_average_worker, 4, sharding_group_size)
+
+
+def _guard_worker():
+    from recsys_hdet.components.replicas import ReplicaAverager
+    from recsys_hdet.distributed import init_process_groups
+
+    pgs = init_process_groups(2)  # sharding groups {0, 1} and {2, 3}
+    rank = dist.get_rank()
+    model, opt = tiny_sharded_model(pgs)
+    train_steps(model, opt, seed=rank, steps=2)
+    averager = ReplicaAverager(model, pgs.replica, pgs.world)
+    dense_before = [_gather(t, pgs.world) for t in averager.dense_tensors]
+    emb_before = [_gather(t, pgs.replica) for t in averager.embedding_tensors]
+    if rank == 3:  # plant non-finite state in one replica (rank 3; its sharding group is 1)
+        averager.dense_tensors[0].view(-1)[0] = float("nan")
+        averager.embedding_tensors[0].view(-1)[0] = float("inf")
+    assert averager.local_state_is_finite() == (rank != 3)
+    excluded = [3]
+    averager.average_dense(include=rank not in excluded)
+    averager.average_embeddings(include=pgs.layout.sharding_group != 1)
+    assert averager.local_state_is_finite(), "the excluded replica is restored"
+    for t, before in zip(averager.dense_tensors, dense_before):
+        copies = _gather(t, pgs.world)
+        assert all(torch.equal(copies[0], c) for c in copies[1:])
+        torch.testing.assert_close(t, torch.stack(before[:3]).mean(0), rtol=1e-6, atol=1e-7)
+    for t, before in zip(averager.embedding_tensors, emb_before):
+        # Replica group {r, r+2}: only sharding group 0's copy counts; both now hold it exactly.
+        assert torch.equal(t, before[0])
+    dist.destroy_process_group()
+
+
+def test_a_non_finite_replica_is_left_out_of_the_average_and_restored_from_it():
+    spawn(_guard_worker, 4)

@@ -217,13 +217,16 @@ class HDETEngine:
             losses, ok = self._replica_losses(h, rank_loss, rank_ok)
             values = self.values(h.name)
             s = self.state[h.name]
+            window_base = s.base
             if self.signal_possible(h) and self.step_count >= self.config.controller_start:
                 s.controlled = True
                 self._control(h, s, losses, ok, values, syncs_left)
             else:
                 s.base = h.schedule(min(self.step_count, self.total_steps - 1))
-            # values: what each replica trained with in the window just scored; base: after the update.
-            record["hparams"][h.name] = {"base": s.base, "values": values, "velocity": s.velocity}
+            # base and values: what the window just scored trained with (its last step);
+            # next_base: the base from here on (the controller's update, or the schedule).
+            record["hparams"][h.name] = {"base": window_base, "values": values, "velocity": s.velocity,
+                                         "next_base": s.base}
         self._draw_permutations()
         self.window_loss_sum, self.window_steps = 0.0, 0
         return record
