@@ -73,5 +73,8 @@ def validate_config(cfg: DictConfig) -> None:
             raise ConfigError(str(e)) from None
         _require(float(h.ceiling_multiple) >= 1.0, "hdet.ceiling_multiple", h.ceiling_multiple, "must be >= 1")
         _require(float(h.warm_init.nu) >= 0.0, "hdet.warm_init.nu", h.warm_init.nu, "must be >= 0")
+    skip = cfg.data.get("skip_days", 0)
+    _require(isinstance(skip, int) and not isinstance(skip, bool) and skip >= 0, "data.skip_days", skip,
+             "must be an integer >= 0")
     if cfg.data.get("train_days") is not None:
         _positive_int(cfg, "data.train_days")

@@ -61,6 +61,42 @@ def prepare_data(cfg: DictConfig) -> str:
     return root
 
 
+def ensure_warm_start(cfg: DictConfig) -> str | None:
+    """The absolute warm-start checkpoint path; trains it first with ``trainer.warm_start_preset``
+    when it is missing (once: concurrent jobs wait on a lock), so a preset is self-contained."""
+    from data_tools.prepare import file_lock
+
+    from recsys_hdet.distributed import launch, under_torchrun
+
+    if not cfg.trainer.get("warm_start"):
+        return None
+    path = os.path.abspath(os.path.expanduser(str(cfg.trainer.warm_start)))
+    ready = lambda: os.path.isfile(os.path.join(path, ".metadata"))
+    if ready():
+        return path
+    preset = cfg.trainer.get("warm_start_preset")
+    if not preset or under_torchrun():
+        raise ConfigError(f"config trainer.warm_start={path}: no checkpoint there (no .metadata)"
+                          + ("" if preset else " and no trainer.warm_start_preset to produce it"))
+    run_dir = os.path.dirname(path)
+    with file_lock(run_dir + ".lock"):
+        if ready():
+            return path
+        pre = hydra.compose(config_name="config", overrides=[f"+experiment={preset}"])
+        if pre.trainer.get("warm_start"):
+            raise ConfigError(f"config trainer.warm_start_preset={preset}: that preset needs a warm start itself")
+        validate_config(pre)
+        pre_dict = OmegaConf.to_container(pre, resolve=True)
+        pre_dict["data"]["root"] = prepare_data(pre)
+        print(f"warm start {path} is missing: training it first with +experiment={preset}", flush=True)
+        os.makedirs(run_dir, exist_ok=True)
+        code = launch(_worker, (pre_dict, run_dir, time.time()), int(pre.trainer.nproc))
+        if code or not ready():
+            raise ConfigError(f"config trainer.warm_start_preset={preset}: the pre-training run into {run_dir} "
+                              f"failed (exit status {code})")
+    return path
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from data_tools.errors import DataError
@@ -75,11 +111,13 @@ def main(cfg: DictConfig) -> None:
             root = prepare_data(cfg)
         else:
             root = os.path.abspath(os.path.expanduser(str(cfg.data.root)))
+        warm_start = ensure_warm_start(cfg)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["data"]["root"] = root
+    cfg_dict["trainer"]["warm_start"] = warm_start
     print(f"run directory: {run_dir}", flush=True)
     code = launch(_worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
     if code:

@@ -70,7 +70,8 @@ class Trainer:
     def run(self) -> int:
         cfg = self.cfg
         meta = DatasetMeta.load(cfg.data.root)
-        train_days, eval_days = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"))
+        train_days, eval_days = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"),
+                                           int(cfg.data.get("skip_days", 0)))
         train_stream = ParquetBatchStream(
             meta, train_days, int(cfg.data.batch_size), self.rank, self.world, int(cfg.seed),
             shuffle_within_day=bool(cfg.data.shuffle_within_day),

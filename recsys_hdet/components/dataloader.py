@@ -205,15 +205,19 @@ class ParquetBatchStream:
         )
 
 
-def split_days(meta: DatasetMeta, eval_days: int, train_days: Optional[int] = None) -> tuple[List[str], List[str]]:
-    """Training days first, then the ``eval_days`` held-out days right after them."""
+def split_days(
+    meta: DatasetMeta, eval_days: int, train_days: Optional[int] = None, skip_days: int = 0
+) -> tuple[List[str], List[str]]:
+    """The held-out days are the last ``eval_days``; training days are the ones before them, after
+    skipping the first ``skip_days`` (e.g. days a warm-start checkpoint was trained on), at most
+    ``train_days`` of them."""
     days = list(meta.days)
-    if eval_days < 1 or eval_days >= len(days):
+    if eval_days < 1 or eval_days + skip_days >= len(days):
         raise ValueError(
-            f"data.eval_days={eval_days}: the data set at {meta.root} has {len(days)} days; "
-            f"need at least one training day and one held-out day"
+            f"data.eval_days={eval_days}, data.skip_days={skip_days}: the data set at {meta.root} has "
+            f"{len(days)} days; need at least one training day and one held-out day"
         )
-    train = days[: len(days) - eval_days]
+    train = days[skip_days : len(days) - eval_days]
     if train_days is not None:
         train = train[:train_days]
     return train, days[len(days) - eval_days :]
