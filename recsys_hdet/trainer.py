@@ -124,7 +124,11 @@ class Trainer:
             "examples": examples,
             "train_loss": train_loss,
             "examples_per_sec": examples / max(train_seconds, 1e-9),
+            "train_seconds": train_seconds,
         }
+        if self.hdet_cost is not None:
+            # Rank 0's time in HDET's hooks (gather, converge, controller, value updates).
+            summary["hdet"] = {**self.hdet_cost, "fraction_of_train": self.hdet_cost["seconds"] / max(train_seconds, 1e-9)}
         if status == "completed":
             eval_metrics, oracle = self._evaluate(model, meta, eval_days)
             summary["eval"] = eval_metrics
@@ -177,7 +181,7 @@ class Trainer:
             three_phase=bool(sched.three_phase),
             hdet=HDETConfig(alpha=float(h.alpha), sync_every=int(h.sync_every), controller_start=int(h.controller_start),
                             beta=float(h.beta), sigma=float(h.sigma), lam=float(h.lam), autolr=bool(h.autolr),
-                            seed=int(h.seed)),
+                            seed=int(h.seed), decay=str(h.decay)),
             ceiling_multiple=float(h.ceiling_multiple),
             replica_axes={"embedding": ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size)},
             converge=converge,
@@ -191,7 +195,7 @@ class Trainer:
         layout, nu, seed = self.pgs.layout, float(self.cfg.hdet.warm_init.nu), int(self.cfg.hdet.seed)
         perturb_(averager.dense_tensors, nu, torch.Generator().manual_seed(seed * 100_003 + layout.rank))
         # Embedding replicas are the sharding groups; each rank perturbs the shards it holds.
-        perturb_(averager.embedding_tensors, nu, torch.Generator().manual_seed(seed * 100_003 + 50_000 + layout.rank))
+        perturb_(averager.embedding_weights, nu, torch.Generator().manual_seed(seed * 100_003 + 50_000 + layout.rank))
         self.log(f"HDET warm init: every replica perturbed with nu={nu} per tensor")
 
     def _train(self, model, optimizer, scheduler, averager, stream, total_steps):
@@ -210,6 +214,7 @@ class Trainer:
         window = torch.zeros(num_tasks + 1, dtype=torch.float64)
         total = torch.zeros(num_tasks, dtype=torch.float64)
         window_steps, step = 0, 0
+        hdet_seconds, hdet_syncs = 0.0, 0  # time inside HDET's per-step hook and syncs (for benchmarks)
         status = "completed"
         model.train()
         start = time.monotonic()
@@ -223,7 +228,10 @@ class Trainer:
             optimizer.zero_grad()
             if self.hdet:
                 # Weighted task loss as the replica's signal (the training objective, per example).
+                hdet_start = time.perf_counter()
                 record = scheduler.step(float(loss.detach()) / float(self.task_weights.sum()))
+                hdet_seconds += time.perf_counter() - hdet_start
+                hdet_syncs += record is not None
                 if record is not None and self.rank == 0:
                     hdet_log.write(json.dumps(record) + "\n")
                     hdet_log.flush()
@@ -278,6 +286,7 @@ class Trainer:
         mean_total = total / max(step * self.world, 1)
         train_loss = {t: float(mean_total[i]) for i, t in enumerate(self.tasks)}
         train_loss["avg"] = float((mean_total * self.task_weights.double()).sum() / self.task_weights.sum())
+        self.hdet_cost = {"syncs": hdet_syncs, "seconds": hdet_seconds} if self.hdet else None
         return status, train_loss, step, seconds
 
     # ------------------------------------------------------------------------------------------

@@ -88,12 +88,12 @@ def test_permutations_identical_on_all_ranks_whatever_the_global_rng_does():
 
 
 # -- controller ------------------------------------------------------------------------------------------
-def _controller_worker(preference, out_path):
+def _controller_worker(preference, decay, out_path):
     """preference: +1 higher LR replicas get lower loss, -1 the opposite, 0 equal losses."""
     dist.init_process_group("gloo")
     opt = _optimizer(("g",))
     total = 400
-    sched = _scheduler(opt, total, max_lr=(0.1,), alpha=0.2, sync_every=10, controller_start=100, sigma=0.1)
+    sched = _scheduler(opt, total, max_lr=(0.1,), alpha=0.2, sync_every=10, controller_start=100, sigma=0.1, decay=decay)
     schedule = sched.schedules["g"]
     bases = []
     for step in range(total):
@@ -110,14 +110,15 @@ def _controller_worker(preference, out_path):
     dist.destroy_process_group()
 
 
-def _controller_run(preference, tmp_path):
-    path = str(tmp_path / f"pref{preference}.pt")
-    spawn(_controller_worker, 4, preference, path)
+def _controller_run(preference, decay, tmp_path):
+    path = str(tmp_path / f"pref{preference}_{decay}.pt")
+    spawn(_controller_worker, 4, preference, decay, path)
     return torch.load(path)
 
 
-def test_controller_moves_the_base_toward_what_the_losses_favour(tmp_path):
-    up, down, flat = (_controller_run(p, tmp_path) for p in (1, -1, 0))
+@pytest.mark.parametrize("decay", ["schedule", "geometric"])
+def test_controller_moves_the_base_toward_what_the_losses_favour(tmp_path, decay):
+    up, down, flat = (_controller_run(p, decay, tmp_path) for p in (1, -1, 0))
     at = {s: b for s, b in flat["bases"]}
     mid = 250
     up_mid = dict(up["bases"])[mid]
@@ -129,6 +130,12 @@ def test_controller_moves_the_base_toward_what_the_losses_favour(tmp_path):
     flat_bases = [b for s, b in flat["bases"] if s >= 100]
     assert all(b2 <= b1 for b1, b2 in zip(flat_bases, flat_bases[1:]))
     assert flat["bases"][-1][1] == pytest.approx(flat["floor"], rel=1e-9)
+    if decay == "schedule":
+        # With no signal the base is the schedule itself, window after window.
+        # (A controlled base is constant over a window: the schedule's value at the window's end.)
+        for step, base in flat["bases"]:
+            if step >= 100:
+                assert base == pytest.approx(flat["schedule"][min(step - 1 + 10, 399)], rel=1e-9), step
 
 
 def test_published_decay_grows_where_ours_decays():

@@ -45,11 +45,15 @@ def tbe_kernels(model: nn.Module) -> List[nn.Module]:
     return list(found.values())
 
 
+def embedding_weight_tensors(model: nn.Module) -> List[torch.Tensor]:
+    """Every local embedding shard (views of the kernels' weights)."""
+    return [w for kernel in tbe_kernels(model) for w in kernel.split_embedding_weights() if w.numel()]
+
+
 def embedding_state_tensors(model: nn.Module) -> List[torch.Tensor]:
     """Every local embedding shard and every tensor of its fused-optimizer state."""
-    tensors: List[torch.Tensor] = []
+    tensors: List[torch.Tensor] = embedding_weight_tensors(model)
     for kernel in tbe_kernels(model):
-        tensors += [w for w in kernel.split_embedding_weights() if w.numel()]
         for state in kernel.get_optimizer_state():
             tensors += [t for t in state.values() if isinstance(t, torch.Tensor) and t.numel()]
     return tensors
@@ -112,6 +116,7 @@ class ReplicaAverager:
     def __init__(self, model: nn.Module, replica_group: dist.ProcessGroup, world_group: dist.ProcessGroup) -> None:
         self.replica_group = replica_group
         self.world_group = world_group
+        self.embedding_weights = embedding_weight_tensors(model)
         self.embedding_tensors = embedding_state_tensors(model)
         self.dense_tensors = dense_state_tensors(model)
 

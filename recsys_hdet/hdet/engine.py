@@ -19,9 +19,12 @@ Method, section by section:
    ``s = (mean L - L) / sigma``, ``w = softmax(s)``, signal ``Delta = sum w v - mean v``, momentum
    ``m <- beta m + (1 - beta) Delta``, base ``b <- b (1 - gamma) + lambda m``, clamped to
    [floor, ceiling]. ``gamma`` is recomputed at each sync so that, with no signal, the base reaches
-   the schedule's floor exactly at the last sync: ``gamma = 1 - (floor / b) ** (1 / syncs_left)``.
-   (The reference code's ``1 - exp(-log(div/final_div) / K)`` is negative with PyTorch's defaults
-   and grows the LR ~400x; ours is in [0, 1) whenever b >= floor.)
+   the schedule's end at the last window: by default (``decay="schedule"``) it is the schedule's
+   own ratio over the coming window, ``1 - gamma = schedule(t-1+T) / schedule(t-1)``, so a base with
+   no signal follows the schedule's shape; ``decay="geometric"`` uses one constant ratio down to
+   the floor, ``gamma = 1 - (floor / b) ** (1 / syncs_left)``. (The reference code's
+   ``1 - exp(-log(div/final_div) / K)`` is negative with PyTorch's defaults and grows the LR
+   ~400x; both of ours decay, since the schedule only falls after its peak.)
    Before the controller starts, and for any hparam with alpha = 0 or a single replica (no signal
    to read), the base is the schedule's value at the current step.
 8. Non-finite guard: a rank whose window loss or state is non-finite is excluded from the average
@@ -94,6 +97,7 @@ class HDETConfig:
     lam: float = 0.5  # lambda
     autolr: bool = True
     seed: int = 0
+    decay: str = "schedule"  # how the base decays with no signal: "schedule" or "geometric"
 
     def __post_init__(self) -> None:
         checks = [
@@ -103,6 +107,7 @@ class HDETConfig:
             (0 <= self.beta < 1, "beta", "must be in [0, 1)"),
             (self.sigma > 0 and math.isfinite(self.sigma), "sigma", "must be a finite number > 0"),
             (self.lam >= 0 and math.isfinite(self.lam), "lam", "must be a finite number >= 0"),
+            (self.decay in ("schedule", "geometric"), "decay", "must be 'schedule' or 'geometric'"),
         ]
         for ok, key, expected in checks:
             if not ok:
@@ -253,8 +258,25 @@ class HDETEngine:
         else:
             delta = 0.0
         s.velocity = cfg.beta * s.velocity + (1 - cfg.beta) * delta
-        gamma = 1.0 - (h.floor / s.base) ** (1.0 / syncs_left) if syncs_left > 0 and s.base > h.floor else 0.0
-        s.base = min(max(s.base * (1 - gamma) + cfg.lam * s.velocity, h.floor), h.ceiling)
+        s.base = min(max(s.base * (1 - self._gamma(h, s.base, syncs_left)) + cfg.lam * s.velocity, h.floor), h.ceiling)
+
+    def _gamma(self, h: ScalarHParam, base: float, syncs_left: int) -> float:
+        """The per-sync decay; with no signal the base reaches the schedule's end at the last window.
+
+        "schedule": the base schedule's own ratio over the coming window, so with no signal the
+        base keeps the schedule's shape (and equals it, if it started equal). "geometric": one
+        constant ratio per sync from the current base down to the floor.
+        """
+        if syncs_left <= 0:
+            return 0.0
+        if self.config.decay == "schedule":
+            # From the last step of the window just scored to the last step of the next one: a base
+            # that equalled the schedule becomes the schedule's value at the next window's end.
+            last = self.step_count - 1
+            now = h.schedule(min(last, self.total_steps - 1))
+            nxt = h.schedule(min(last + self.config.sync_every, self.total_steps - 1))
+            return 1.0 - nxt / now if now > 0 else 0.0
+        return 1.0 - (h.floor / base) ** (1.0 / syncs_left) if base > h.floor else 0.0
 
     # -- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
