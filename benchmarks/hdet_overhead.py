@@ -55,9 +55,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--sync", type=int, nargs="+", default=[1000, 100])
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain (HDET off) configuration")
     parser.add_argument("--write", action="store_true", help="record the table in BENCHMARKS.md")
     args = parser.parse_args()
     configs = configurations(args.sync)
+    if args.no_plain:
+        del configs["plain"]
     results = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
@@ -69,8 +72,8 @@ def main() -> None:
     median = lambda name, f: statistics.median(f(s) for s in results[name])
     train_s = {n: median(n, lambda s: s["train_seconds"]) for n in configs}
     lines = [
-        "| configuration | steps | train s (median) | examples/s | syncs | s in HDET hooks | HDET hooks / train | vs alpha=0 same T | vs plain |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| configuration | steps | train s (median) | train s min..max | examples/s | syncs | s in HDET hooks | HDET hooks / train | vs alpha=0 same T | vs plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in configs:
         s0 = results[name][0]
@@ -78,9 +81,10 @@ def main() -> None:
         syncs = s0.get("hdet", {}).get("syncs", "-")
         T = name.split("_T")[-1] if "_T" in name else None
         vs_alpha0 = f"{(train_s[name] / train_s[f'alpha0_T{T}'] - 1) * 100:+.2f}%" if T and name.startswith("hdet") else "-"
-        vs_plain = f"{(train_s[name] / train_s['plain'] - 1) * 100:+.2f}%" if name != "plain" else "-"
+        vs_plain = f"{(train_s[name] / train_s['plain'] - 1) * 100:+.2f}%" if "plain" in configs and name != "plain" else "-"
         hook_cells = f"{hooks:.2f} | {hooks / train_s[name] * 100:.2f}%" if hooks is not None else "- | -"
-        lines.append(f"| {name} | {s0['steps']} | {train_s[name]:.1f} | {median(name, lambda s: s['examples_per_sec']):.0f} | "
+        lines.append(f"| {name} | {s0['steps']} | {train_s[name]:.1f} | {spread[name][0]:.1f}..{spread[name][1]:.1f} | "
+                     f"{median(name, lambda s: s['examples_per_sec']):.0f} | "
                      f"{syncs} | {hook_cells} | {vs_alpha0} | {vs_plain} |")
     table = "\n".join(lines)
     header = (f"## HDET overhead (benchmarks/hdet_overhead.py)\n\n"

@@ -58,7 +58,25 @@ def prepare_data(cfg: DictConfig) -> str:
     if cfg.data.get("generator") is not None:
         ensure_dataset(root, OmegaConf.to_container(cfg.data.generator), OmegaConf.to_container(cfg.data.vocab))
     validate_processed(root)
+    _check_days_and_steps(cfg, root)
     return root
+
+
+def _check_days_and_steps(cfg: DictConfig, root: str) -> None:
+    """The day split and the pass length, checked before workers start (same arithmetic as theirs)."""
+    from recsys_hdet.components.dataloader import DatasetMeta, split_days
+
+    meta = DatasetMeta.load(root)
+    try:
+        train_days, _ = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"),
+                                   int(cfg.data.get("skip_days", 0)))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    global_batch = int(cfg.data.batch_size) * int(cfg.trainer.nproc)
+    rows = sum(int(meta.days[d]["rows"]) for d in train_days)
+    if rows < global_batch:
+        raise ConfigError(f"config data.batch_size={cfg.data.batch_size} x trainer.nproc={cfg.trainer.nproc}: "
+                          f"the training days of {root} hold {rows} rows, less than one global batch")
 
 
 def ensure_warm_start(cfg: DictConfig) -> str | None:

@@ -94,3 +94,13 @@ def test_missing_column_and_empty_partition_are_named(tmp_path, data_cache, tiny
     pl.read_parquet(tiny_dataset + "/" + day).head(0).write_parquet(root / day)
     proc = run_train(tmp_path / "run2", "data=tiny", "data.generator=null", data_cache=cache, timeout=120)
     _assert_clean_failure(proc, tmp_path / "run2", day)
+
+
+def test_a_batch_larger_than_the_training_data_is_named(tmp_path, data_cache, tiny_dataset):
+    proc = run_train(tmp_path / "run", "data=tiny", "data.batch_size=100000", data_cache=data_cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run", "data.batch_size=100000", "less than one global batch")
+
+
+def test_too_many_skipped_days_are_named(tmp_path, data_cache, tiny_dataset):
+    proc = run_train(tmp_path / "run", "data=tiny", "data.skip_days=2", data_cache=data_cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run", "data.skip_days=2")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Dict, List, Mapping, Optional
 
 
@@ -55,6 +56,7 @@ class OneCycle:
         """The schedule's floor: where it ends."""
         return self.initial_lr / self.final_div_factor
 
+    @cached_property
     def _phases(self) -> List[tuple]:
         t = self.total_steps
         up = float(self.pct_start * t) - 1
@@ -72,7 +74,7 @@ class OneCycle:
     def __call__(self, step: int) -> tuple[float, float]:
         """(lr, momentum) at ``step`` (0 = the first training step), as OneCycleLR computes them."""
         anneal = _annealing_cos if self.anneal_strategy == "cos" else _annealing_linear
-        phases = self._phases()
+        phases = self._phases
         start_step = 0.0
         for i, (end_step, lr0, lr1, m0, m1) in enumerate(phases):
             if step <= end_step or i == len(phases) - 1:
