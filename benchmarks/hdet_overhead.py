@@ -71,6 +71,7 @@ def main() -> None:
                       f"{s['examples_per_sec']:.0f} ex/s", flush=True)
     median = lambda name, f: statistics.median(f(s) for s in results[name])
     train_s = {n: median(n, lambda s: s["train_seconds"]) for n in configs}
+    spread = {n: (min(s["train_seconds"] for s in results[n]), max(s["train_seconds"] for s in results[n])) for n in configs}
     lines = [
         "| configuration | steps | train s (median) | train s min..max | examples/s | syncs | s in HDET hooks | HDET hooks / train | vs alpha=0 same T | vs plain |",
         "|---|---|---|---|---|---|---|---|---|---|",
