@@ -47,6 +47,9 @@ def validate_config(cfg: DictConfig) -> None:
     _require(cfg.model.embedding_dim % cfg.model.attention_heads == 0, "model.attention_heads",
              cfg.model.attention_heads, f"must divide model.embedding_dim={cfg.model.embedding_dim}")
     _require(0.0 <= float(cfg.model.dropout) < 1.0, "model.dropout", cfg.model.dropout, "must be in [0, 1)")
+    _positive_number(cfg, "model.attention_temperature")
+    _require(0.0 <= float(cfg.loss.label_smoothing) < 1.0, "loss.label_smoothing", cfg.loss.label_smoothing,
+             "must be in [0, 1)")
     for group in PARAM_GROUPS:
         _require(group in cfg.optim.lr, f"optim.lr.{group}", None, "missing: every parameter group needs a max LR")
         _positive_number(cfg, f"optim.lr.{group}")
@@ -74,6 +77,23 @@ def validate_config(cfg: DictConfig) -> None:
             raise ConfigError(str(e)) from None
         _require(float(h.ceiling_multiple) >= 1.0, "hdet.ceiling_multiple", h.ceiling_multiple, "must be >= 1")
         _require(float(h.warm_init.nu) >= 0.0, "hdet.warm_init.nu", h.warm_init.nu, "must be >= 0")
+        _require(h.get("signal", "train") in ("train", "serving"), "hdet.signal", h.get("signal"), "'train' or 'serving'")
+        from recsys_hdet.components.hparam_bindings import EXPLORABLE
+
+        explore = h.get("explore") or {}
+        for name, spec in explore.items():
+            _require(name in EXPLORABLE, f"hdet.explore.{name}", spec, f"unknown; explorable: {list(EXPLORABLE)}")
+            if spec is None:
+                continue
+            _require(float(spec.get("spread", -1)) >= 0, f"hdet.explore.{name}.spread", spec.get("spread"),
+                     "must be a number >= 0")
+            if name in ("dropout", "label_smoothing"):
+                _require(0 < float(spec.get("max", -1)) < 1, f"hdet.explore.{name}.max", spec.get("max"), "must be in (0, 1)")
+        if explore.get("weight_decay") is not None:
+            _require(cfg.optim.dense.type == "adamw", "optim.dense.type", cfg.optim.dense.type,
+                     "exploring weight decay needs decoupled weight decay: set optim.dense.type=adamw")
+            _require(float(cfg.optim.dense.weight_decay) > 0, "optim.dense.weight_decay", cfg.optim.dense.weight_decay,
+                     "exploring weight decay (multiplicatively) needs a starting value > 0")
     skip = cfg.data.get("skip_days", 0)
     _require(isinstance(skip, int) and not isinstance(skip, bool) and skip >= 0, "data.skip_days", skip,
              "must be an integer >= 0")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from recsys_hdet.components.checkpoint import load_model, save_model
+from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams, set_temperature
 from recsys_hdet.components.dataloader import ORACLE_PREFIX, DatasetMeta, ParquetBatchStream, split_days
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
 from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, write_json_atomic
@@ -61,6 +62,7 @@ class Trainer:
         self.job_start = job_start
         self.tasks: List[str] = list(cfg.tasks)
         self.task_weights = torch.tensor([float(cfg.tasks[t].weight) for t in self.tasks])
+        self.loss_settings = LossSettings(float(cfg.loss.label_smoothing))
 
     def log(self, msg: str) -> None:
         if self.rank == 0:
@@ -93,6 +95,7 @@ class Trainer:
             fused_params(cfg.optim.embedding, schedules["embedding"](0)[0]),
             list(cfg.model.sharding_types),
         )
+        set_temperature(model, float(cfg.model.attention_temperature))
         if cfg.trainer.get("warm_start"):
             info = load_model(model, str(cfg.trainer.warm_start))
             self.log(f"warm start from {cfg.trainer.warm_start} (step {info.get('steps')})")
@@ -102,7 +105,7 @@ class Trainer:
         if self.hdet:
             if cfg.trainer.get("warm_start") and float(cfg.hdet.warm_init.nu) > 0:
                 self._warm_noise(averager)
-            scheduler = self._build_hdet_scheduler(optimizer, averager, total_steps)
+            scheduler = self._build_hdet_scheduler(model, optimizer, averager, total_steps)
         else:
             scheduler = GroupLRScheduler(optimizer.groups, schedules, bool(cfg.optim.schedule.cycle_momentum))
             optimizer.apply_hparams()
@@ -147,7 +150,7 @@ class Trainer:
         return 0 if status == "completed" else EXIT_DIVERGED
 
     # ------------------------------------------------------------------------------------------
-    def _build_hdet_scheduler(self, optimizer: GroupedOptimizer, averager: ReplicaAverager, total_steps: int):
+    def _build_hdet_scheduler(self, model, optimizer: GroupedOptimizer, averager: ReplicaAverager, total_steps: int):
         cfg, layout = self.cfg, self.pgs.layout
         h = cfg.hdet
         sched = cfg.optim.schedule
@@ -188,6 +191,13 @@ class Trainer:
             state_is_finite=state_is_finite,
             on_change=optimizer.apply_hparams,
             process_group=self.pgs.world,
+            extra_hparams=build_explored_hparams(
+                h.get("explore") or {},
+                starts={"dropout": float(cfg.model.dropout), "weight_decay": float(cfg.optim.dense.weight_decay),
+                        "temperature": float(cfg.model.attention_temperature),
+                        "label_smoothing": float(cfg.loss.label_smoothing)},
+                model=model, dense_groups=optimizer.groups, loss=self.loss_settings,
+                axis=ReplicaAxis.per_rank(layout.world_size)),
         )
 
     def _warm_noise(self, averager: ReplicaAverager) -> None:
@@ -219,9 +229,21 @@ class Trainer:
         model.train()
         start = time.monotonic()
         window_start = start
+        serving_signal = self.hdet and str(self.cfg.hdet.get("signal", "train")) == "serving"
         for batch in stream:
+            if serving_signal:
+                # The loss as the model serves (no dropout, no smoothing) on the batch it is about to
+                # train on: in one pass, a held-out estimate; what regularizers should be judged by.
+                model.eval()
+                with torch.no_grad():
+                    served = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels,
+                                                                reduction="none").mean(0)
+                model.train()
+                signal = float((served * self.task_weights).sum() / self.task_weights.sum())
             logits = model(batch.dense, batch.sparse)
-            per_task = F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").mean(0)
+            ls = self.loss_settings.label_smoothing
+            targets = batch.labels * (1 - ls) + 0.5 * ls if ls > 0 else batch.labels
+            per_task = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").mean(0)
             loss = (per_task * self.task_weights).sum()
             loss.backward()
             optimizer.step()
@@ -229,13 +251,16 @@ class Trainer:
             if self.hdet:
                 # Weighted task loss as the replica's signal (the training objective, per example).
                 hdet_start = time.perf_counter()
-                record = scheduler.step(float(loss.detach()) / float(self.task_weights.sum()))
+                if not serving_signal:
+                    signal = float(loss.detach()) / float(self.task_weights.sum())
+                record = scheduler.step(signal)
                 hdet_seconds += time.perf_counter() - hdet_start
                 hdet_syncs += record is not None
                 if record is not None and self.rank == 0:
                     hdet_log.write(json.dumps(record) + "\n")
                     hdet_log.flush()
-                    bases = " ".join(f"{k.split('/')[-1]}={v['next_base']:.3g}" for k, v in record["hparams"].items())
+                    bases = " ".join(f"{k.split('/')[-1] if k.startswith('lr/') else k}={v['next_base']:.3g}"
+                                     for k, v in record["hparams"].items())
                     excluded = f"  excluded ranks {record['excluded']}" if record["excluded"] else ""
                     print(f"HDET sync at step {record['step']}: base lr {bases}{excluded}", flush=True)
             elif step + 1 < total_steps:  # the schedule has total_steps values, the last one is kept

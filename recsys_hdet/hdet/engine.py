@@ -27,6 +27,10 @@ Method, section by section:
    ~400x; both of ours decay, since the schedule only falls after its peak.)
    Before the controller starts, and for any hparam with alpha = 0 or a single replica (no signal
    to read), the base is the schedule's value at the current step.
+5. Beyond learning rate: any scalar is a :class:`ScalarHParam`. Scale-like ones spread
+   multiplicatively (above); bounded ones additively, ``value = clamp(base + w u_pi(r))`` with
+   ``u`` the same symmetric offsets in [-1, 1], and their base moves additively
+   (``b <- b + drift + lambda m``, clamped). Every hparam has its own permutation.
 8. Non-finite guard: a rank whose window loss or state is non-finite is excluded from the average
    and from the controller's weights (a replica is excluded when any of its ranks is), restored
    by the average, and reported in the sync record.
@@ -85,6 +89,23 @@ class ScalarHParam:
     floor: float  # lower bound of the controlled base; the schedule's end
     ceiling: float  # upper bound of the controlled base
     apply: Callable[[float], None]  # puts this replica's value where it takes effect
+    # How values spread around the base: "multiplicative" (value = base * rho, for scale-like
+    # values: LR, weight decay, temperature) or "additive" (value = base + offset, clamped to
+    # [floor, ceiling], for bounded values: dropout, label smoothing).
+    space: str = "multiplicative"
+    # Half-width of the spread: alpha for multiplicative (None: the config's alpha), the largest
+    # offset for additive (required there).
+    spread: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.space not in ("multiplicative", "additive"):
+            raise ValueError(f"hparam {self.name}: space={self.space!r}: 'multiplicative' or 'additive'")
+        if self.space == "additive" and self.spread is None:
+            raise ValueError(f"hparam {self.name}: an additive hparam needs its spread (largest offset)")
+        if self.spread is not None and (self.spread < 0 or not math.isfinite(self.spread)):
+            raise ValueError(f"hparam {self.name}: spread={self.spread}: must be a finite number >= 0")
+        if not self.floor <= self.ceiling:
+            raise ValueError(f"hparam {self.name}: floor {self.floor} above ceiling {self.ceiling}")
 
 
 @dataclass(frozen=True)
@@ -149,7 +170,14 @@ class HDETEngine:
         self.state_is_finite = state_is_finite
         self.group = group
         self.world_size = len(self.hparams[0].axis.replica_of_rank) if self.hparams else 1
-        self.multipliers = {h.name: spread_multipliers(h.axis.num_replicas, config.alpha) for h in self.hparams}
+        self.widths = {h.name: config.alpha if h.spread is None else h.spread for h in self.hparams}
+        # Per replica slot: the multiplier (multiplicative) or the offset (additive).
+        self.spreads = {
+            h.name: spread_multipliers(h.axis.num_replicas, self.widths[h.name])
+            - (0.0 if h.space == "multiplicative" else 1.0)
+            for h in self.hparams
+        }
+        self.by_name = {h.name: h for h in self.hparams}
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step_count = 0
         self.window_loss_sum = 0.0
@@ -160,13 +188,15 @@ class HDETEngine:
 
     # -- what each replica trains with -----------------------------------------------------------
     def signal_possible(self, h: ScalarHParam) -> bool:
-        return self.config.autolr and self.config.alpha > 0 and h.axis.num_replicas > 1
+        return self.config.autolr and self.widths[h.name] > 0 and h.axis.num_replicas > 1
 
     def values(self, name: str) -> List[float]:
         """The value of every replica of ``name`` now (replica order)."""
-        s = self.state[name]
-        rho = self.multipliers[name]
-        return [s.base * float(rho[s.permutation[r]]) for r in range(len(s.permutation))]
+        h, s, spread = self.by_name[name], self.state[name], self.spreads[name]
+        slots = [float(spread[s.permutation[r]]) for r in range(len(s.permutation))]
+        if h.space == "multiplicative":
+            return [s.base * rho for rho in slots]
+        return [min(max(s.base + offset, h.floor), h.ceiling) for offset in slots]
 
     def my_value(self, h: ScalarHParam) -> float:
         return self.values(h.name)[h.axis.replica_of_rank[self.rank]]
@@ -258,7 +288,21 @@ class HDETEngine:
         else:
             delta = 0.0
         s.velocity = cfg.beta * s.velocity + (1 - cfg.beta) * delta
-        s.base = min(max(s.base * (1 - self._gamma(h, s.base, syncs_left)) + cfg.lam * s.velocity, h.floor), h.ceiling)
+        if h.space == "multiplicative":
+            decayed = s.base * (1 - self._gamma(h, s.base, syncs_left))
+        else:
+            decayed = s.base + self._drift(h, s.base, syncs_left)
+        s.base = min(max(decayed + cfg.lam * s.velocity, h.floor), h.ceiling)
+
+    def _drift(self, h: ScalarHParam, base: float, syncs_left: int) -> float:
+        """The additive counterpart of :meth:`_gamma`: the schedule's change over the coming window
+        ("schedule"), or an equal step per sync down to the floor ("geometric")."""
+        if syncs_left <= 0:
+            return 0.0
+        if self.config.decay == "schedule":
+            last = self.step_count - 1
+            return h.schedule(min(last + self.config.sync_every, self.total_steps - 1)) - h.schedule(min(last, self.total_steps - 1))
+        return (h.floor - base) / syncs_left
 
     def _gamma(self, h: ScalarHParam, base: float, syncs_left: int) -> float:
         """The per-sync decay; with no signal the base reaches the schedule's end at the last window.

@@ -12,6 +12,8 @@ Same constructor arguments as OneCycleLR (``max_lr`` per param group, ``total_st
 - ``replica_axes`` says, per group name, which ranks form one replica (default: every rank is a
   replica); an embedding group in the 2-D layout uses the sharding groups.
 - ``on_change`` runs after values are written (e.g. to push them into fused kernels).
+- ``extra_hparams``: other scalar hyperparameters explored in the same engine (same syncs, one
+  gather of window losses for all, each with its own permutation).
 Any other base schedule works the same way: pass ``schedules={name: callable(step) -> lr}`` and
 ``floors`` instead of the OneCycle arguments.
 """
@@ -53,6 +55,7 @@ class HDETOneCycleLR:
         on_change: Callable[[], None] = lambda: None,
         process_group: Optional[dist.ProcessGroup] = None,
         log_prefix: str = "lr/",
+        extra_hparams: Sequence[ScalarHParam] = (),
     ) -> None:
         self.optimizer = optimizer
         self.on_change = on_change
@@ -90,7 +93,7 @@ class HDETOneCycleLR:
         ]
         self.last_step = 0
         self._write_momentum()
-        self.engine = HDETEngine(hparams, hdet, rank, total_steps, converge or (lambda excluded: None),
+        self.engine = HDETEngine([*hparams, *extra_hparams], hdet, rank, total_steps, converge or (lambda excluded: None),
                                  state_is_finite, process_group)
         self.on_change()
 

@@ -18,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Sequence
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
 
@@ -30,6 +33,37 @@ class SparseFeature:
     name: str
     vocab: int
     multi: bool = False
+
+
+class InteractionBlock(nn.TransformerEncoderLayer):
+    """Pre-norm self-attention over the feature tokens, with an attention temperature.
+
+    The parameters are PyTorch's ``TransformerEncoderLayer``'s (so checkpoints and parameter
+    groups keep their names); the attention is computed here so that its logits can be divided
+    by ``attention_temperature`` (1.0: standard scaled dot-product attention), a scalar HDET can
+    explore. Always pre-norm.
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float) -> None:
+        super().__init__(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                         batch_first=True, norm_first=True)
+        self.attention_temperature = 1.0
+
+    def forward(self, src: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # type: ignore[override]
+        x = src + self._attention(self.norm1(src))
+        return x + self._ff_block(self.norm2(x))
+
+    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+        attn = self.self_attn
+        batch, tokens, dim = x.shape
+        heads = attn.num_heads
+        q, k, v = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
+        split = lambda t: t.view(batch, tokens, heads, dim // heads).transpose(1, 2)
+        scale = 1.0 / (math.sqrt(dim // heads) * self.attention_temperature)
+        out = F.scaled_dot_product_attention(split(q), split(k), split(v), scale=scale,
+                                             dropout_p=attn.dropout if self.training else 0.0)
+        out = attn.out_proj(out.transpose(1, 2).reshape(batch, tokens, dim))
+        return self.dropout1(out)
 
 
 def _mlp(sizes: Sequence[int], dropout: float) -> nn.Sequential:
@@ -68,14 +102,7 @@ class MultiTaskRanker(nn.Module):
         # "meta" device: DistributedModelParallel materializes only the local shards.
         self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device(device))
         self.dense_proj = nn.Sequential(nn.Linear(num_dense, embedding_dim), nn.ReLU())
-        self.interaction = nn.TransformerEncoderLayer(
-            d_model=embedding_dim,
-            nhead=attention_heads,
-            dim_feedforward=2 * embedding_dim,
-            dropout=dropout,
-            batch_first=True,
-            norm_first=True,
-        )
+        self.interaction = InteractionBlock(embedding_dim, attention_heads, 2 * embedding_dim, dropout)
         num_tokens = len(sparse_features) + 1
         self.trunk = _mlp([num_tokens * embedding_dim, *trunk], dropout)
         self.towers = nn.ModuleDict(
