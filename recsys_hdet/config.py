@@ -70,9 +70,7 @@ def validate_config(cfg: DictConfig) -> None:
 
         h = cfg.hdet
         try:
-            HDETConfig(alpha=float(h.alpha), sync_every=int(h.sync_every), controller_start=int(h.controller_start),
-                       beta=float(h.beta), sigma=float(h.sigma), lam=float(h.lam), autolr=bool(h.autolr), seed=int(h.seed),
-                       decay=str(h.decay))
+            HDETConfig.from_mapping(h)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         _require(float(h.ceiling_multiple) >= 1.0, "hdet.ceiling_multiple", h.ceiling_multiple, "must be >= 1")

@@ -120,6 +120,13 @@ class HDETConfig:
     seed: int = 0
     decay: str = "schedule"  # how the base decays with no signal: "schedule" or "geometric"
 
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "HDETConfig":
+        """The fields of this class read from a larger mapping (e.g. the ``hdet`` config group)."""
+        types = {"alpha": float, "sync_every": int, "controller_start": int, "beta": float, "sigma": float,
+                 "lam": float, "autolr": bool, "seed": int, "decay": str}
+        return cls(**{k: t(values[k]) for k, t in types.items() if k in values})
+
     def __post_init__(self) -> None:
         checks = [
             (self.alpha >= 0 and math.isfinite(self.alpha), "alpha", "must be a finite number >= 0"),
