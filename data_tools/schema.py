@@ -160,21 +160,8 @@ STRING_SPARSE = (
     "video_type",
     "upload_type",
 )
-SPARSE_SINGLE = (
-    "user_id",
-    "video_id",
-    "author_id",
-    "music_id",
-    "tab",
-    "hour",
-    "user_active_degree",
-    "follow_user_num_range",
-    "fans_user_num_range",
-    "friend_user_num_range",
-    "register_days_range",
-    "video_type",
-    "upload_type",
-)
+# Column order of the processed files (and of the model's features): ids, hour, categoricals.
+SPARSE_SINGLE = HASHED_SPARSE + ("hour",) + STRING_SPARSE
 SPARSE_MULTI = ("tag",)
 SPARSE_FEATURES = SPARSE_SINGLE + SPARSE_MULTI
 
