@@ -164,12 +164,6 @@ class Trainer:
             if averager.has_embedding_replicas:
                 averager.average_embeddings(include=layout.sharding_group not in bad_groups)
 
-        def state_is_finite() -> bool:
-            # Single-copy embedding shards cannot be restored from a replica: only replicated state counts.
-            from recsys_hdet.components.replicas import all_finite
-            tensors = averager.dense_tensors + (averager.embedding_tensors if averager.has_embedding_replicas else [])
-            return all_finite(tensors)
-
         return HDETOneCycleLR(
             optimizer,
             max_lr={g: float(cfg.optim.lr[g]) for g in PARAM_GROUPS},
@@ -186,7 +180,7 @@ class Trainer:
             ceiling_multiple=float(h.ceiling_multiple),
             replica_axes={"embedding": ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size)},
             converge=converge,
-            state_is_finite=state_is_finite,
+            state_is_finite=averager.local_state_is_finite,
             on_change=optimizer.apply_hparams,
             process_group=self.pgs.world,
             extra_hparams=build_explored_hparams(

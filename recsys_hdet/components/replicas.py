@@ -131,4 +131,7 @@ class ReplicaAverager:
         average_(self.dense_tensors, self.world_group, include)
 
     def local_state_is_finite(self) -> bool:
-        return all_finite(self.embedding_tensors) and all_finite(self.dense_tensors)
+        """Whether this rank's *replicated* state is finite: what an average can restore. Single-copy
+        embedding shards (one sharding group) have no replica to restore them from, so they do not count."""
+        embeddings = self.embedding_tensors if self.has_embedding_replicas else []
+        return all_finite(self.dense_tensors) and all_finite(embeddings)
