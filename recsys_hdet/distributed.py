@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -163,8 +164,12 @@ def _worker_entry(local_rank: int, nproc: int, port: int, fn: Callable[..., int]
         LOCAL_WORLD_SIZE=str(nproc),
     )
     code = fn(*args)
-    if code:
-        raise SystemExit(code)
+    # Leave without interpreter/C++ teardown: with the work done and the process group destroyed,
+    # a background thread's destructor (gloo, fbgemm) can abort the process at exit ("terminate
+    # called without an active exception"), which would turn a finished run into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 _FAILURE_GRACE_S = 10.0

@@ -20,6 +20,12 @@ def _entry(rank, world, port, fn, args):
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     fn(*args)
+    # As the launcher does (recsys_hdet.distributed._worker_entry): skip C++ teardown, where a
+    # background thread's destructor can abort a process whose work has finished.
+    import sys
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(fn, world, *args):
