@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.models.ranker import PARAM_GROUPS
 
@@ -24,17 +24,13 @@ def _require(cond: bool, key: str, value: Any, expected: str) -> None:
 
 
 def _positive_number(cfg: DictConfig, key: str) -> None:
-    value = cfg
-    for part in key.split("."):
-        value = value[part]
+    value = OmegaConf.select(cfg, key)
     _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
              key, value, "must be a finite number > 0")
 
 
 def _positive_int(cfg: DictConfig, key: str) -> None:
-    value = cfg
-    for part in key.split("."):
-        value = value[part]
+    value = OmegaConf.select(cfg, key)
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key, value, "must be an integer >= 1")
 
 

@@ -49,12 +49,16 @@ def _worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
         dist.destroy_process_group()
 
 
+def _abs_path(path: object) -> str:
+    return os.path.abspath(os.path.expanduser(str(path)))
+
+
 def prepare_data(cfg: DictConfig) -> str:
     """Makes sure the processed data set exists (generating the synthetic one if configured) and is valid."""
     from data_tools.prepare import ensure_dataset
     from data_tools.validate import validate_processed
 
-    root = os.path.abspath(os.path.expanduser(str(cfg.data.root)))
+    root = _abs_path(cfg.data.root)
     if cfg.data.get("generator") is not None:
         ensure_dataset(root, OmegaConf.to_container(cfg.data.generator), OmegaConf.to_container(cfg.data.vocab))
     validate_processed(root)
@@ -88,7 +92,7 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
 
     if not cfg.trainer.get("warm_start"):
         return None
-    path = os.path.abspath(os.path.expanduser(str(cfg.trainer.warm_start)))
+    path = _abs_path(cfg.trainer.warm_start)
     ready = lambda: os.path.isfile(os.path.join(path, ".metadata"))
     if ready():
         return path
@@ -128,7 +132,7 @@ def main(cfg: DictConfig) -> None:
         if not under_torchrun() or os.environ.get("RANK") == "0":
             root = prepare_data(cfg)
         else:
-            root = os.path.abspath(os.path.expanduser(str(cfg.data.root)))
+            root = _abs_path(cfg.data.root)
         warm_start = ensure_warm_start(cfg)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)

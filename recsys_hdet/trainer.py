@@ -33,10 +33,6 @@ from recsys_hdet.models.ranker import PARAM_GROUPS, MultiTaskRanker, SparseFeatu
 EXIT_DIVERGED = 3
 
 
-class Diverged(Exception):
-    pass
-
-
 def build_model(cfg: DictConfig, meta: DatasetMeta, device: str = "meta") -> MultiTaskRanker:
     m = cfg.model
     return MultiTaskRanker(
@@ -63,6 +59,11 @@ class Trainer:
         self.tasks: List[str] = list(cfg.tasks)
         self.task_weights = torch.tensor([float(cfg.tasks[t].weight) for t in self.tasks])
         self.loss_settings = LossSettings(float(cfg.loss.label_smoothing))
+
+    def _weighted_mean(self, per_task: torch.Tensor) -> float:
+        """The task-weighted mean of per-task losses: the objective per unit weight."""
+        w = self.task_weights.double()
+        return float((per_task.double() * w).sum() / w.sum())
 
     def log(self, msg: str) -> None:
         if self.rank == 0:
@@ -231,7 +232,7 @@ class Trainer:
                     served = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels,
                                                                 reduction="none").mean(0)
                 model.train()
-                signal = float((served * self.task_weights).sum() / self.task_weights.sum())
+                signal = self._weighted_mean(served)
             logits = model(batch.dense, batch.sparse)
             ls = self.loss_settings.label_smoothing
             targets = batch.labels * (1 - ls) + 0.5 * ls if ls > 0 else batch.labels
@@ -244,7 +245,7 @@ class Trainer:
                 # Weighted task loss as the replica's signal (the training objective, per example).
                 hdet_start = time.perf_counter()
                 if not serving_signal:
-                    signal = float(loss.detach()) / float(self.task_weights.sum())
+                    signal = self._weighted_mean(per_task.detach())
                 record = scheduler.step(signal)
                 hdet_seconds += time.perf_counter() - hdet_start
                 hdet_syncs += record is not None
@@ -273,7 +274,7 @@ class Trainer:
                 good_steps = stats[-1] - stats[num_tasks]
                 mean = stats[:num_tasks] / good_steps.clamp(min=1)
                 total += stats[:num_tasks]
-                avg = float((mean * self.task_weights.double()).sum() / self.task_weights.sum())
+                avg = self._weighted_mean(mean)
                 now = time.monotonic()
                 if logger is not None:
                     logger.log({
@@ -302,7 +303,7 @@ class Trainer:
             hdet_log.close()
         mean_total = total / max(step * self.world, 1)
         train_loss = {t: float(mean_total[i]) for i, t in enumerate(self.tasks)}
-        train_loss["avg"] = float((mean_total * self.task_weights.double()).sum() / self.task_weights.sum())
+        train_loss["avg"] = self._weighted_mean(mean_total)
         self.hdet_cost = {"syncs": hdet_syncs, "seconds": hdet_seconds} if self.hdet else None
         return status, train_loss, step, seconds
 
