@@ -49,6 +49,7 @@ class DatasetMeta:
     tasks: List[str]
     days: Dict[str, Dict]  # "YYYYMMDD" -> {"file": str, "rows": int}
     has_oracle: bool
+    source: Dict = field(default_factory=dict)  # provenance (generator config, string vocabularies)
 
     @classmethod
     def load(cls, root: str) -> "DatasetMeta":
@@ -62,6 +63,7 @@ class DatasetMeta:
             tasks=list(meta["tasks"]),
             days=dict(sorted(meta["days"].items())),
             has_oracle=bool(meta.get("has_oracle", False)),
+            source=dict(meta.get("source") or {}),
         )
 
     def day_path(self, day: str) -> str:

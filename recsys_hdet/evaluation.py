@@ -1,0 +1,332 @@
+"""Offline evaluation of a finished run: score held-out days, metrics per task and per segment.
+
+Three steps, each usable on its own:
+
+1. :func:`score_run` loads the run's config and ``checkpoint/`` into the same TorchRec model
+   (any layout: DCP reshards), scores the chosen days on ``nproc`` local workers and returns the
+   predicted probabilities in the days' file order.
+2. :func:`predictions_frame` joins them with the impressions' labels, oracle probabilities and
+   the ids reports segment by: user activity level (``user_active_degree``), item popularity
+   bucket (from the video's impressions in the run's training days) and tab.
+3. :func:`evaluate_frame` computes, per task and per segment, AUC (torchmetrics), log loss
+   (PyTorch's ``binary_cross_entropy``), NE, calibration, expected calibration error
+   (torchmetrics), positive rate and count, plus equal-count reliability curves.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import polars as pl
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torchmetrics.functional.classification import binary_auroc, binary_calibration_error
+
+from recsys_hdet.components.dataloader import LABEL_PREFIX, ORACLE_PREFIX, DatasetMeta, split_days
+from recsys_hdet.components.metrics import binary_entropy
+
+PRED_PREFIX = "pred_"
+# Segments: name -> column of predictions.parquet.
+SEGMENTS = {"user_activity": "user_activity", "item_popularity": "item_popularity", "tab": "tab_segment"}
+# Item popularity buckets by cumulative share of training impressions (items sorted by impressions).
+POPULARITY_BUCKETS = (("head", 0.5), ("torso", 0.8), ("tail", 1.0))
+COLD = "cold (unseen in training)"
+_EPS = 1e-7
+
+
+class EvaluationError(ValueError):
+    """A run directory or evaluation setting that cannot be evaluated; the message names the file."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass
+class RunInfo:
+    run_dir: str
+    cfg: DictConfig
+    summary: Dict[str, Any]
+    meta: DatasetMeta
+    train_days: List[str]
+    eval_days: List[str]
+
+    @property
+    def checkpoint(self) -> str:
+        return os.path.join(self.run_dir, "checkpoint")
+
+
+def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Optional[str] = None) -> RunInfo:
+    """Reads a run directory's config, summary and data set; checks it can be evaluated."""
+    run_dir = os.path.abspath(run_dir)
+    if not os.path.isdir(run_dir):
+        raise EvaluationError(f"run_dir={run_dir}: no such directory")
+    cfg_path = os.path.join(run_dir, ".hydra", "config.yaml")
+    if not os.path.isfile(cfg_path):
+        raise EvaluationError(f"{cfg_path}: missing; not a recsys_hdet run directory")
+    cfg = OmegaConf.load(cfg_path)
+    summary_path = os.path.join(run_dir, "summary.json")
+    if not os.path.isfile(summary_path):
+        raise EvaluationError(f"{summary_path}: missing; the run did not finish")
+    import json
+
+    with open(summary_path) as f:
+        summary = json.load(f)
+    if summary.get("status") != "completed":
+        raise EvaluationError(f"{summary_path}: status {summary.get('status')!r}; only completed runs have a "
+                              "checkpoint to evaluate")
+    if not os.path.isfile(os.path.join(run_dir, "checkpoint", ".metadata")):
+        raise EvaluationError(f"{os.path.join(run_dir, 'checkpoint')}: no checkpoint (.metadata missing); "
+                              "was the run trained with trainer.checkpoint=false?")
+    root = os.path.abspath(str(data_root or cfg.data.root))
+    if not os.path.isfile(os.path.join(root, "meta.json")):
+        raise EvaluationError(f"{os.path.join(root, 'meta.json')}: the run's data set is not there "
+                              "(pass data_root=DIR)")
+    meta = DatasetMeta.load(root)
+    train_days, eval_days = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"),
+                                       int(cfg.data.get("skip_days", 0)))
+    if days:
+        unknown = [str(d) for d in days if str(d) not in meta.days]
+        if unknown:
+            raise EvaluationError(f"days={list(days)}: {unknown} not in {root}/meta.json (days: {list(meta.days)})")
+        eval_days = [str(d) for d in days]
+    return RunInfo(run_dir, cfg, summary, meta, train_days, eval_days)
+
+
+def final_temperature(run_dir: str, default: float) -> float:
+    """The attention temperature the run ended with: HDET's last base when it explored it (the
+    value lives in the module, not in the checkpoint), else the configured one."""
+    import json
+
+    path = os.path.join(run_dir, "hdet.jsonl")
+    last = None
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    last = json.loads(line)
+    if last and "temperature" in last.get("hparams", {}):
+        return float(last["hparams"]["temperature"]["next_base"])
+    return default
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Scoring (distributed, like training)
+
+
+def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], batch_size: int,
+                  temperature: float, out_path: str) -> int:
+    from recsys_hdet.train import _quiet
+
+    _quiet()
+    import torch.distributed as dist
+
+    from recsys_hdet.components.checkpoint import load_model
+    from recsys_hdet.components.dataloader import ParquetBatchStream
+    from recsys_hdet.components.hparam_bindings import set_temperature
+    from recsys_hdet.components.optimizer import fused_params
+    from recsys_hdet.distributed import init_process_groups, shard_model
+    from recsys_hdet.trainer import build_model
+
+    cfg = OmegaConf.create(cfg_dict)
+    world = int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    pgs = init_process_groups(world)  # one sharding group: the tables sharded over all workers
+    try:
+        meta = DatasetMeta.load(cfg.data.root)
+        model = shard_model(build_model(cfg, meta), pgs, fused_params(cfg.optim.embedding, 0.0),
+                            list(cfg.model.sharding_types))
+        load_model(model, checkpoint)
+        set_temperature(model, temperature)
+        model.eval()
+        stream = ParquetBatchStream(meta, days, batch_size, pgs.layout.rank, world, 0,
+                                    shuffle_within_day=False, pad_last=True)
+        local: List[torch.Tensor] = []
+        with torch.no_grad():
+            for batch in stream:  # global batch b, rank r: rows [b*G + r*B, b*G + (r+1)*B) of the day
+                local.append(torch.sigmoid(model(batch.dense, batch.sparse)).float())
+        gathered: Optional[List[Any]] = [None] * world if pgs.layout.rank == 0 else None
+        dist.gather_object(torch.stack(local) if local else torch.empty(0), gathered, dst=0)
+        if pgs.layout.rank == 0:
+            # [rank][batch][row][task] -> day order: batch-major, then rank, then row; padding is at the
+            # end of each day's last global batch, so dropping it keeps the day's row count.
+            stacked = torch.stack(gathered)  # type: ignore[arg-type]
+            per_batch = stacked.permute(1, 0, 2, 3).reshape(stacked.shape[1], -1, stacked.shape[-1])
+            parts, b = [], 0
+            for day in days:
+                n = stream.batches_in_day(day)
+                rows = int(meta.days[day]["rows"])
+                parts.append(per_batch[b:b + n].reshape(-1, per_batch.shape[-1])[:rows])
+                b += n
+            np.save(out_path, torch.cat(parts).numpy())
+        dist.barrier()
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+def score_run(run: RunInfo, batch_size: int = 4096, nproc: int = 1) -> np.ndarray:
+    """Predicted probabilities [rows, tasks] for ``run.eval_days``, in the days' file order."""
+    from recsys_hdet.distributed import launch
+
+    cfg_dict = OmegaConf.to_container(run.cfg, resolve=True)
+    cfg_dict["data"]["root"] = run.meta.root  # type: ignore[index]
+    temperature = final_temperature(run.run_dir, float(run.cfg.model.attention_temperature))
+    with tempfile.TemporaryDirectory(dir=run.run_dir, prefix=".eval-") as tmp:
+        out_path = os.path.join(tmp, "probs.npy")
+        code = launch(_score_worker, (cfg_dict, run.checkpoint, run.eval_days, batch_size, temperature, out_path), nproc)
+        if code != 0 or not os.path.isfile(out_path):
+            raise RuntimeError(f"scoring {run.run_dir} failed (worker exit status {code})")
+        return np.load(out_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The predictions table
+
+
+def popularity_buckets(meta: DatasetMeta, train_days: Sequence[str]) -> pl.DataFrame:
+    """video_id_raw -> bucket by the video's impressions in the training days: items sorted by
+    impressions, the ones making up the first 50% of impressions are "head", the next 30%
+    "torso", the rest "tail". Known before the held-out day, so no leakage from it."""
+    counts = (
+        pl.concat([pl.scan_parquet(meta.day_path(d)).select("video_id_raw") for d in train_days])
+        .group_by("video_id_raw").len()
+        .sort(["len", "video_id_raw"], descending=[True, False])
+        .collect()
+    )
+    share = counts["len"].cum_sum() / counts["len"].sum()
+    # An item belongs to the first bucket whose cumulative share its impressions start in.
+    start = (share - counts["len"] / counts["len"].sum()).to_numpy()
+    labels = np.full(len(start), POPULARITY_BUCKETS[-1][0], dtype=object)
+    for name, bound in reversed(POPULARITY_BUCKETS):
+        labels[start < bound] = name
+    return pl.DataFrame({"video_id_raw": counts["video_id_raw"], "item_popularity": labels.astype(str)})
+
+
+def _user_activity_names(meta: DatasetMeta) -> Dict[int, str]:
+    vocab = (meta.source or {}).get("string_vocabs", {}).get("user_active_degree")
+    names = {0: "missing"}
+    if vocab:
+        names.update({i + 1: str(v) for i, v in enumerate(vocab)})
+    return names
+
+
+# KuaiRand's tab takes the values 0..14; the converter hashes it into the feature's vocabulary.
+_KUAIRAND_TABS = range(15)
+
+
+def _tab_names(meta: DatasetMeta) -> Dict[int, str]:
+    """Feature id -> label naming the raw tabs that hash to it (the hash can merge tabs)."""
+    from data_tools.convert import hash_id_value
+
+    if "hash" not in (meta.source or {}):
+        return {}
+    vocab = int(meta.sparse["tab"]["vocab"])
+    raw: Dict[int, List[int]] = {}
+    for t in _KUAIRAND_TABS:
+        raw.setdefault(hash_id_value(t, vocab), []).append(t)
+    return {i: f"id {i} (raw tab{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})" for i, r in raw.items()}
+
+
+def predictions_frame(run: RunInfo, probs: np.ndarray) -> pl.DataFrame:
+    """One row per held-out impression: ids, segments, and per task label, prediction, oracle."""
+    tasks = list(run.cfg.tasks)
+    oracle = [ORACLE_PREFIX + t for t in tasks] if run.meta.has_oracle else []
+    cols = ["date", "time_ms", "user_id_raw", "video_id_raw", "user_active_degree", "tab"] + \
+        [LABEL_PREFIX + t for t in tasks] + oracle
+    frames = [pl.read_parquet(run.meta.day_path(d), columns=cols) for d in run.eval_days]
+    df = pl.concat(frames)
+    if df.height != probs.shape[0]:
+        raise RuntimeError(f"scored {probs.shape[0]} rows but the days hold {df.height}")
+    names = _user_activity_names(run.meta)
+    tabs = _tab_names(run.meta)
+    df = df.with_columns(
+        pl.col("tab").replace_strict(tabs, default=None, return_dtype=pl.String)
+        .fill_null(pl.format("id {}", pl.col("tab"))).alias("tab_segment"),
+        pl.col("user_active_degree").replace_strict(names, default="unknown", return_dtype=pl.String)
+        .alias("user_activity"),
+        *[pl.Series(PRED_PREFIX + t, probs[:, i].astype(np.float32)) for i, t in enumerate(tasks)],
+    ).drop("user_active_degree")
+    df = df.join(popularity_buckets(run.meta, run.train_days), on="video_id_raw", how="left", maintain_order="left")
+    return df.with_columns(pl.col("item_popularity").fill_null(COLD))
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Metrics
+
+
+def task_metrics(probs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
+    """AUC and ECE (torchmetrics), log loss (PyTorch), NE, calibration, positive rate, count.
+
+    NE = log loss / entropy of the positive rate; calibration = mean prediction / positive rate.
+    Metrics that need both classes are NaN (JSON null) on a one-class slice."""
+    n = int(labels.numel())
+    if n == 0:
+        raise ValueError("no examples to evaluate")
+    p = probs.double().clamp(_EPS, 1 - _EPS)
+    y = labels.double()
+    positive_rate = float(y.mean())
+    ll = float(F.binary_cross_entropy(p, y))
+    has_both = 0.0 < positive_rate < 1.0
+    return {
+        "auc": float(binary_auroc(p, y.long())) if has_both else float("nan"),
+        "ne": ll / binary_entropy(positive_rate) if has_both else float("nan"),
+        "logloss": ll,
+        "calibration": float(p.mean()) / positive_rate if positive_rate > 0 else float("nan"),
+        "ece": float(binary_calibration_error(p, y.long(), n_bins=15, norm="l1")),
+        "positive_rate": positive_rate,
+        "count": n,
+    }
+
+
+def reliability_curve(probs: np.ndarray, labels: np.ndarray, bins: int = 20) -> Dict[str, List[float]]:
+    """Equal-count bins of the prediction: mean prediction, observed positive rate, count per bin.
+    Equal-count (not equal-width) because engagement probabilities crowd near zero."""
+    order = np.argsort(probs, kind="stable")
+    out: Dict[str, List[float]] = {"predicted": [], "observed": [], "count": []}
+    for chunk in np.array_split(order, min(bins, len(order))):
+        if len(chunk):
+            out["predicted"].append(float(probs[chunk].mean()))
+            out["observed"].append(float(labels[chunk].mean()))
+            out["count"].append(int(len(chunk)))
+    return out
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    return x
+
+
+def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int = 1) -> Dict[str, Any]:
+    """eval.json's metrics from a predictions table (see :func:`predictions_frame`)."""
+    def metrics_for(frame: pl.DataFrame) -> Dict[str, Dict[str, float]]:
+        return {t: task_metrics(torch.from_numpy(frame[PRED_PREFIX + t].to_numpy()),
+                                torch.from_numpy(frame[LABEL_PREFIX + t].to_numpy())) for t in tasks}
+
+    out: Dict[str, Any] = {"rows": df.height, "eval": metrics_for(df)}
+    if all(ORACLE_PREFIX + t in df.columns for t in tasks):
+        oracle = {}
+        for t in tasks:
+            o = torch.from_numpy(df[ORACLE_PREFIX + t].to_numpy()).double().clamp(_EPS, 1 - _EPS)
+            y = torch.from_numpy(df[LABEL_PREFIX + t].to_numpy()).double()
+            ll = float(F.binary_cross_entropy(o, y))
+            oracle[t] = {"logloss": ll, "ne": ll / binary_entropy(float(y.mean()))}
+        out["oracle"] = oracle
+    segments: Dict[str, Dict[str, Any]] = {}
+    for name, col in SEGMENTS.items():
+        segments[name] = {}
+        for key, part in sorted(df.group_by(col), key=lambda kv: str(kv[0][0])):
+            if part.height >= min_segment_rows:
+                segments[name][str(key[0])] = metrics_for(part)
+    out["segments"] = segments
+    out["reliability"] = {t: reliability_curve(df[PRED_PREFIX + t].to_numpy().astype(np.float64),
+                                               df[LABEL_PREFIX + t].to_numpy().astype(np.float64)) for t in tasks}
+    return _nan_to_none(out)

@@ -1,0 +1,193 @@
+"""Offline evaluation: ``python -m recsys_hdet.evaluate`` on real (tiny) runs.
+
+The metrics are checked against scikit-learn on the same predictions, the predictions against
+the held-out files (row count, labels, order) and against the trainer's own evaluation, and the
+report is opened in headless Chromium (skipped only where Chromium is not installed).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from conftest import REPO, read_json, read_jsonl, run_train
+
+TASKS = ["contribution", "like", "long_dwell"]
+FAST = ["data=tiny", "trainer.log_every=10"]
+
+
+def run_evaluate(*args, data_cache, timeout=300):
+    env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "recsys_hdet.evaluate", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def hdet_run(tmp_path_factory, tiny_dataset, data_cache):
+    """A finished tiny HDET run (4 workers, 2 sharding groups x 2), evaluated with 2 workers."""
+    run_dir = tmp_path_factory.mktemp("eval") / "hdet"
+    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+                     "hdet.sync_every=5", "hdet.controller_start=10", data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ev = run_evaluate(f"run_dir={run_dir}", "nproc=2", "batch_size=1000", data_cache=data_cache)
+    assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-3000:]
+    return run_dir
+
+
+def test_metrics_agree_with_scikit_learn(hdet_run):
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    df = pl.read_parquet(hdet_run / "predictions.parquet")
+    ev = read_json(hdet_run / "eval.json")
+    for t in TASKS:
+        y, p = df[f"label_{t}"].to_numpy(), df[f"pred_{t}"].to_numpy().astype(np.float64)
+        assert abs(ev["eval"][t]["auc"] - roc_auc_score(y, p)) < 1e-4
+        assert abs(ev["eval"][t]["logloss"] - log_loss(y, p)) < 1e-4
+        assert ev["eval"][t]["count"] == df.height
+    # A segment too: the slice's metrics are the same functions on the slice's rows.
+    head = df.filter(pl.col("item_popularity") == "head")
+    m = ev["segments"]["item_popularity"]["head"]["like"]
+    assert m["count"] == head.height > 0
+    assert abs(m["auc"] - roc_auc_score(head["label_like"], head["pred_like"].cast(pl.Float64))) < 1e-4
+    assert abs(m["logloss"] - log_loss(head["label_like"], head["pred_like"].cast(pl.Float64))) < 1e-4
+
+
+def test_predictions_cover_the_held_out_day_in_order(hdet_run, tiny_dataset):
+    """Every held-out row once, in file order, and the same model outputs the trainer evaluated."""
+    df = pl.read_parquet(hdet_run / "predictions.parquet")
+    ev = read_json(hdet_run / "eval.json")
+    day = ev["days"]
+    assert len(day) == 1
+    held_out = pl.read_parquet(os.path.join(tiny_dataset, f"day={day[0]}.parquet"))
+    assert df.height == held_out.height
+    for t in TASKS:
+        assert (df[f"label_{t}"] == held_out[f"label_{t}"]).all()
+        assert (df[f"oracle_{t}"] == held_out[f"oracle_{t}"]).all()
+    assert (df["time_ms"] == held_out["time_ms"]).all() and (df["user_id_raw"] == held_out["user_id_raw"]).all()
+    # Scored with 2 workers on one sharding group after training on 4 in 2 groups: same numbers
+    # as the trainer's own evaluation (to float32 rounding of the probabilities).
+    summary = read_json(hdet_run / "summary.json")
+    for t in TASKS:
+        assert abs(ev["eval"][t]["ne"] - summary["eval"][t]["ne"]) < 1e-5
+        assert abs(ev["eval"][t]["auc"] - summary["eval"][t]["auc"]) < 1e-4
+    for name in ("user_activity", "item_popularity", "tab"):
+        counts = sum(v["like"]["count"] for v in ev["segments"][name].values())
+        assert counts == df.height, name
+    assert {"head", "torso", "tail"} <= set(ev["segments"]["item_popularity"])
+    assert set(ev["oracle"]) == set(TASKS)
+
+
+def test_popularity_buckets_split_impressions_by_cumulative_share(tiny_dataset):
+    from recsys_hdet.components.dataloader import DatasetMeta
+    from recsys_hdet.evaluation import popularity_buckets
+
+    meta = DatasetMeta.load(tiny_dataset)
+    days = list(meta.days)[:2]
+    buckets = popularity_buckets(meta, days)
+    counts = pl.concat([pl.read_parquet(meta.day_path(d), columns=["video_id_raw"]) for d in days]) \
+        .group_by("video_id_raw").len()
+    joined = counts.join(buckets, on="video_id_raw")
+    share = joined.group_by("item_popularity").agg(pl.col("len").sum()).with_columns(pl.col("len") / counts["len"].sum())
+    share = dict(zip(share["item_popularity"], share["len"]))
+    # Head items start before 50% of impressions: at least half, at most half plus one item's share.
+    top = counts["len"].max() / counts["len"].sum()
+    assert 0.5 <= share["head"] <= 0.5 + top
+    assert share["head"] + share["torso"] >= 0.8
+    # Every head item has at least as many impressions as every tail item.
+    assert joined.filter(pl.col("item_popularity") == "head")["len"].min() >= \
+        joined.filter(pl.col("item_popularity") == "tail")["len"].max()
+
+
+def test_task_metrics_handle_one_class_slices():
+    from recsys_hdet.evaluation import task_metrics
+
+    m = task_metrics(torch.tensor([0.1, 0.2], dtype=torch.float64), torch.tensor([0.0, 0.0]))
+    assert m["auc"] != m["auc"] and m["ne"] != m["ne"]  # NaN: undefined without positives
+    assert abs(m["logloss"] - float(-(np.log(0.9) + np.log(0.8)) / 2)) < 1e-9
+
+
+def _chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def _render(path, screenshot=None):
+    """Opens a report in headless Chromium; returns (figures declared, figures decoded, page text)."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    opts.binary_location = _chromium()
+    service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
+    driver = webdriver.Chrome(options=opts, service=service)
+    try:
+        driver.get(f"file://{path}")
+        declared = int(driver.execute_script("return document.body.dataset.figures"))
+        decoded = driver.execute_script(
+            "return Array.from(document.querySelectorAll('img.figure'))"
+            ".filter(i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100).length")
+        if screenshot:
+            height = driver.execute_script("return document.body.scrollHeight")
+            driver.set_window_size(1400, height + 100)
+            driver.save_screenshot(str(screenshot))
+        return declared, decoded, driver.find_element("tag name", "body").text
+    finally:
+        driver.quit()
+
+
+needs_chromium = pytest.mark.skipif(not (_chromium() and shutil.which("chromedriver")),
+                                    reason="Chromium and chromedriver not installed (apt: chromium chromium-driver)")
+
+
+@needs_chromium
+def test_report_renders_every_figure_in_chromium(hdet_run):
+    declared, decoded, text = _render(hdet_run / "report.html", hdet_run / "report.png")
+    # Training loss, per-replica window losses, explored hyperparameters, reliability curves.
+    assert declared == 4
+    assert decoded == declared
+    for heading in ("Held-out metrics", "Segments", "by user activity level", "by item popularity bucket", "by tab"):
+        assert heading in text
+    # The per-group LR figure is drawn from hdet.jsonl, where the replicas fan out around the base.
+    rec = read_jsonl(hdet_run / "hdet.jsonl")[0]["hparams"]["lr/transformer"]
+    assert min(rec["values"]) < rec["base"] < max(rec["values"])
+    assert abs(np.mean(rec["values"]) - rec["base"]) < 1e-6 * rec["base"] + 1e-12
+
+
+@needs_chromium
+def test_comparison_report_renders(hdet_run, tmp_path, data_cache):
+    plain = tmp_path / "plain"
+    proc = run_train(plain, *FAST, "trainer.nproc=2", "trainer.sharding_group_size=2", data_cache=data_cache)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / "compare"
+    ev = run_evaluate(f"runs=[{hdet_run},{plain}]", f"out={out}", "labels=[hdet,plain]", data_cache=data_cache)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert "reused" in ev.stdout  # the HDET run's eval.json scored the same day: not rescored
+    assert (plain / "eval.json").exists() and (plain / "report.html").exists()
+    declared, decoded, text = _render(out / "report.html")
+    # Overlaid training loss, base LR per group, reliability; the HDET run's replica losses and hparams.
+    assert declared == 5 and decoded == declared
+    assert "hdet" in text and "plain" in text
+
+
+def test_bad_run_directories_fail_with_a_clear_message(tmp_path, hdet_run, data_cache):
+    missing = run_evaluate(f"run_dir={tmp_path / 'nope'}", data_cache=data_cache)
+    assert missing.returncode == 2 and "no such directory" in missing.stderr
+    # A diverged run has no checkpoint: named, and nothing is written into it.
+    diverged = tmp_path / "diverged"
+    shutil.copytree(hdet_run, diverged, ignore=shutil.ignore_patterns("checkpoint", "eval.json", "predictions.parquet",
+                                                                     "report.*"))
+    s = read_json(diverged / "summary.json")
+    s["status"] = "diverged"
+    (diverged / "summary.json").write_text(__import__("json").dumps(s))
+    before = sorted(os.listdir(diverged))
+    proc = run_evaluate(f"run_dir={diverged}", data_cache=data_cache)
+    assert proc.returncode == 2 and "summary.json: status 'diverged'" in proc.stderr
+    assert sorted(os.listdir(diverged)) == before
+    bad_day = run_evaluate(f"run_dir={hdet_run}", "days=[20990101]", data_cache=data_cache)
+    assert bad_day.returncode == 2 and "20990101" in bad_day.stderr and "not in" in bad_day.stderr
+    neither = run_evaluate(data_cache=data_cache)
+    assert neither.returncode == 2 and "run_dir=DIR or runs=" in neither.stderr
