@@ -48,6 +48,38 @@ def build_model(cfg: DictConfig, meta: DatasetMeta, device: str = "meta") -> Mul
     )
 
 
+class StepProfiler:
+    """``trainer.profile.steps > 0``: rank 0 records steps [skip, skip + steps) with torch.profiler
+    and writes ``profile.txt`` (operators by self CPU time) into the run directory. The profiler's
+    own overhead slows those steps: not for throughput numbers."""
+
+    def __init__(self, skip: int, steps: int, path: str) -> None:
+        self.skip, self.steps, self.path = skip, steps, path
+        self.prof: Optional[torch.profiler.profile] = None
+
+    @classmethod
+    def from_config(cls, spec, run_dir: str) -> Optional["StepProfiler"]:
+        if not spec or int(spec.get("steps", 0)) <= 0:
+            return None
+        return cls(int(spec.get("skip", 20)), int(spec["steps"]), os.path.join(run_dir, "profile.txt"))
+
+    def before_step(self, step: int) -> None:
+        if step == self.skip:
+            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.prof.__enter__()
+        elif step == self.skip + self.steps:
+            self.close()
+
+    def close(self) -> None:
+        if self.prof is None:
+            return
+        self.prof.__exit__(None, None, None)
+        table = self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+        with open(self.path, "w") as f:
+            f.write(f"torch.profiler, rank 0, steps {self.skip}..{self.skip + self.steps - 1}\n{table}\n")
+        self.prof = None
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: str, pgs: ProcessGroups, job_start: float) -> None:
         self.cfg = cfg
@@ -145,6 +177,7 @@ class Trainer:
         dist.all_gather_object(rss, peak_rss_mb())
         summary["wall_seconds"] = time.time() - self.job_start
         summary["peak_rss_mb"] = max(rss)
+        summary["peak_rss_mb_per_worker"] = rss
         if self.rank == 0:
             write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
             self._print_summary(summary)
@@ -223,7 +256,10 @@ class Trainer:
         start = time.monotonic()
         window_start = start
         serving_signal = self.hdet and str(self.cfg.hdet.get("signal", "train")) == "serving"
+        profiler = StepProfiler.from_config(cfg.get("profile"), self.run_dir) if self.rank == 0 else None
         for batch in stream:
+            if profiler is not None:
+                profiler.before_step(step)
             if serving_signal:
                 # The loss as the model serves (no dropout, no smoothing) on the batch it is about to
                 # train on: in one pass, a held-out estimate; what regularizers should be judged by.
@@ -297,6 +333,8 @@ class Trainer:
                 window_steps = 0
                 window_start = now
         seconds = time.monotonic() - start
+        if profiler is not None:
+            profiler.close()
         if logger is not None:
             logger.close()
         if hdet_log is not None:

@@ -23,7 +23,6 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 def tbe_kernels(model: nn.Module) -> List[nn.Module]:
@@ -93,17 +92,23 @@ def average_(tensors: List[torch.Tensor], group: dist.ProcessGroup, include: boo
     for t in tensors:
         by_dtype[t.dtype].append(t)
     for dtype, same_dtype in by_dtype.items():
-        flat = _flatten_dense_tensors(same_dtype) if include else torch.zeros(
-            sum(t.numel() for t in same_dtype), dtype=dtype, device=same_dtype[0].device)
-        count = torch.ones(1, dtype=dtype, device=flat.device) * (1.0 if include else 0.0)
-        buffer = torch.cat([flat, count])
+        # One buffer per dtype: the tensors copied in once (with the include count at the end),
+        # all-reduced, then divided straight back into the tensors: two passes over the bytes.
+        numel = sum(t.numel() for t in same_dtype)
+        buffer = torch.empty(numel + 1, dtype=dtype, device=same_dtype[0].device)
+        if include:
+            torch.cat([t.reshape(-1) for t in same_dtype], out=buffer[:numel])
+        else:  # contributes zeros (not its values: NaN * 0 is NaN) and receives the others' mean
+            buffer[:numel].zero_()
+        buffer[numel] = 1.0 if include else 0.0
         dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group)
-        included = buffer[-1].item()
+        included = buffer[numel].item()
         if included == 0:
             raise FloatingPointError("every replica in the group is excluded: nothing to restore from")
-        averaged = buffer[:-1].div_(included)
-        for t, mean in zip(same_dtype, _unflatten_dense_tensors(averaged, same_dtype)):
-            t.copy_(mean)
+        offset = 0
+        for t in same_dtype:
+            torch.div(buffer[offset:offset + t.numel()].view_as(t), included, out=t)
+            offset += t.numel()
 
 
 def all_finite(tensors: List[torch.Tensor]) -> bool:

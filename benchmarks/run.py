@@ -1,0 +1,299 @@
+"""``python -m benchmarks.run [--quick | --tiny] [--repeats N] [--write]``: the benchmark harness.
+
+In one invocation, on the same model, data and batch size (benchmark data set, 512 examples per
+rank, 4 local gloo workers), and interleaved ``--repeats`` times (the order rotates every repeat)
+so that drift in machine load hits every contender alike:
+
+- ``torch_reference``: the ranker in plain PyTorch (``benchmarks/torch_reference.py``:
+  ``nn.EmbeddingBag`` replicated on every rank, DDP, sparse Adagrad + Adam)
+- ``torchrec_ddp``: our pipeline without HDET in TorchRec's standard layout (one sharding group of
+  4: the planner shards the tables over all ranks, DDP for the dense part). Every replica takes
+  identical updates, which is what alpha = 0 means, and no HDET hook runs at all
+- ``hdet_T1000``, ``hdet_T100``: the same with HDET on (alpha = 1/9 on the dense groups, controller
+  on from the first sync) and converge every 1000 / 100 steps
+- ``scaling_1``, ``scaling_2``: ``torchrec_ddp`` on 1 and 2 workers (4 is ``torchrec_ddp`` itself)
+
+plus, outside the interleaving, the input pipeline alone (rank 0 of 4's ``ParquetBatchStream``:
+rows per second delivered as ready batches, KeyedJaggedTensor included) and the converge step's
+time against replicated bytes (``benchmarks/converge.py``).
+
+Throughput is examples per second over the training loop (``summary.json``'s
+``examples_per_sec``: the pass, data loading included, start-up and evaluation excluded). Every
+figure in ``results.json`` is a median over the repeats; min..max spreads are kept beside it.
+``--write`` records the table in ``BENCHMARKS.md``. ``--tiny`` runs everything on the tiny data
+set with 2 workers in about a minute (the smoke test); its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+THROUGHPUT = ("torch_reference", "torchrec_ddp", "hdet_T1000", "hdet_T100")
+
+
+def modes() -> Dict[str, Dict[str, Any]]:
+    return {
+        # ~1M examples per run (4 of the 8 training days): ~45 s of training per pipeline run.
+        "full": {"data": "bench", "train_days": 4, "nproc": 4, "batch_size": 512, "repeats": 3,
+                 "converge_sizes": [1, 4, 16, 64]},
+        "quick": {"data": "bench", "train_days": 1, "nproc": 4, "batch_size": 512, "repeats": 1,
+                  "converge_sizes": [1, 4, 16]},
+        "tiny": {"data": "tiny", "train_days": None, "nproc": 2, "batch_size": 256, "repeats": 1,
+                 "converge_sizes": [0.25, 1]},
+    }
+
+
+def data_root(data: str) -> str:
+    return os.path.join(os.environ.get("RECSYS_HDET_DATA", os.path.join(REPO, ".cache", "data")), data)
+
+
+def pipeline_overrides(mode: Dict[str, Any], nproc: int) -> List[str]:
+    o = ["+experiment=baseline_low", f"data={mode['data']}", f"data.batch_size={mode['batch_size']}",
+         f"trainer.nproc={nproc}", f"trainer.sharding_group_size={nproc}", "trainer.checkpoint=false",
+         "trainer.log_every=100"]
+    if mode["data"] == "bench":
+        o.append("data.skip_days=2")
+    if mode["train_days"] is not None:
+        o.append(f"data.train_days={mode['train_days']}")
+    return o
+
+
+# The settings the profiling fixes replaced (BENCHMARKS.md, "Profiling"): measured side by side
+# as torchrec_ddp_before with --before.
+BEFORE = ["model.sharding_types=[table_wise,column_wise]", "optim.dense.fused=false"]
+
+
+def contenders(mode: Dict[str, Any], before: bool = False) -> Dict[str, Callable[[str], Dict[str, Any]]]:
+    n = mode["nproc"]
+
+    def pipeline(extra: List[str], nproc: int = n):
+        def run(workdir: str) -> Dict[str, Any]:
+            run_dir = os.path.join(workdir, f"run_{time.time_ns()}")
+            cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}",
+                   *pipeline_overrides(mode, nproc), *extra]
+            _check(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True), cmd)
+            with open(os.path.join(run_dir, "summary.json")) as f:
+                s = json.load(f)
+            return {"examples_per_sec": s["examples_per_sec"], "train_seconds": s["train_seconds"],
+                    "steps": s["steps"], "peak_rss_mb": s["peak_rss_mb"],
+                    "peak_rss_mb_per_worker": s.get("peak_rss_mb_per_worker"),
+                    "hdet_hook_seconds": s.get("hdet", {}).get("seconds"), "syncs": s.get("hdet", {}).get("syncs"),
+                    "train_loss": s["train_loss"]["avg"]}
+        return run
+
+    def reference(workdir: str) -> Dict[str, Any]:
+        out = os.path.join(workdir, f"ref_{time.time_ns()}.json")
+        cmd = [sys.executable, "-m", "benchmarks.torch_reference", "--data", data_root(mode["data"]),
+               "--nproc", str(n), "--batch-size", str(mode["batch_size"]), "--out", out,
+               "--skip-days", "2" if mode["data"] == "bench" else "0"]
+        if mode["train_days"] is not None:
+            cmd += ["--train-days", str(mode["train_days"])]
+        _check(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True), cmd)
+        with open(out) as f:
+            r = json.load(f)
+        r["train_loss"] = r.pop("train_loss_avg")
+        return r
+
+    hdet = ["hdet=enabled", "hdet.controller_start=0"]
+    runs: Dict[str, Callable[[str], Dict[str, Any]]] = {
+        "torch_reference": reference,
+        "torchrec_ddp": pipeline([]),
+        "hdet_T1000": pipeline([*hdet, "hdet.sync_every=1000"]),
+        "hdet_T100": pipeline([*hdet, "hdet.sync_every=100"]),
+    }
+    for k in (1, 2):
+        if k < n:
+            runs[f"scaling_{k}"] = pipeline([], nproc=k)
+    if before:
+        runs["torchrec_ddp_before"] = pipeline(BEFORE)
+    return runs
+
+
+def _check(proc: subprocess.CompletedProcess, cmd: List[str]) -> None:
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark run failed ({proc.returncode}): {' '.join(cmd)}\n"
+                         f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+
+
+def loader_rows_per_sec(mode: Dict[str, Any]) -> float:
+    """Rank 0 of ``nproc``'s training stream over the same days: rows delivered per second."""
+    from recsys_hdet.components.dataloader import DatasetMeta, ParquetBatchStream, split_days
+
+    meta = DatasetMeta.load(data_root(mode["data"]))
+    skip = 2 if mode["data"] == "bench" else 0
+    days, _ = split_days(meta, 1, mode["train_days"], skip)
+    stream = ParquetBatchStream(meta, days, mode["batch_size"], 0, mode["nproc"], 0, shuffle_within_day=True)
+    start = time.perf_counter()
+    rows = sum(b.labels.shape[0] for b in stream)
+    return rows / (time.perf_counter() - start)
+
+
+def converge(mode: Dict[str, Any], workdir: str) -> Dict[str, Any]:
+    out = os.path.join(workdir, "converge.json")
+    cmd = [sys.executable, "-m", "benchmarks.converge", "--nproc", str(mode["nproc"]), "--out", out,
+           "--sizes", *map(str, mode["converge_sizes"])]
+    _check(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True), cmd)
+    with open(out) as f:
+        return json.load(f)
+
+
+def summarize(samples: Dict[str, List[Dict[str, Any]]], loader: List[float], conv: Dict[str, Any],
+              mode_name: str, mode: Dict[str, Any], command: str) -> Dict[str, Any]:
+    med = lambda name, key: statistics.median(s[key] for s in samples[name])
+    span = lambda name, key: [min(s[key] for s in samples[name]), max(s[key] for s in samples[name])]
+    tput = {n: med(n, "examples_per_sec") for n in samples}
+    per_rank_consumption = tput["torchrec_ddp"] / mode["nproc"]
+    hooks = {n: statistics.median(s["hdet_hook_seconds"] / s["train_seconds"] for s in samples[n])
+             for n in ("hdet_T1000", "hdet_T100")}
+    scaling = {str(k): tput[f"scaling_{k}"] for k in (1, 2) if f"scaling_{k}" in tput}
+    scaling[str(mode["nproc"])] = tput["torchrec_ddp"]
+    return {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
+                   f"torch {__import__('torch').__version__}",
+        "date": time.strftime("%Y-%m-%d"),
+        "command": command,
+        "mode": mode_name,
+        "runs": len(next(iter(samples.values()))),
+        "setup": {"data": mode["data"], "train_days": mode["train_days"], "nproc": mode["nproc"],
+                  "batch_size_per_rank": mode["batch_size"], "steps": samples["torchrec_ddp"][0]["steps"]},
+        "throughput": {n: tput[n] for n in THROUGHPUT},
+        "throughput_all": tput,
+        "throughput_min_max": {n: span(n, "examples_per_sec") for n in samples},
+        "train_seconds": {n: med(n, "train_seconds") for n in samples},
+        "ratios": {
+            "torchrec_ddp_over_torch_reference": tput["torchrec_ddp"] / tput["torch_reference"],
+            "hdet_T1000_cost_over_torchrec_ddp": tput["torchrec_ddp"] / tput["hdet_T1000"] - 1,
+            "hdet_T100_cost_over_torchrec_ddp": tput["torchrec_ddp"] / tput["hdet_T100"] - 1,
+            "loader_over_per_rank_consumption": statistics.median(loader) / per_rank_consumption,
+        },
+        "hdet_hooks_fraction_of_train": hooks,
+        "syncs": {n: samples[n][0]["syncs"] for n in ("hdet_T1000", "hdet_T100")},
+        "loader_rows_per_sec": statistics.median(loader),
+        "loader_rows_per_sec_min_max": [min(loader), max(loader)],
+        "trainer_rows_per_sec_per_rank": per_rank_consumption,
+        "scaling": scaling,
+        "peak_rss_mb": {n: med(n, "peak_rss_mb") for n in samples},
+        "peak_rss_mb_per_worker": {n: samples[n][0].get("peak_rss_mb_per_worker") for n in samples},
+        "train_loss": {n: med(n, "train_loss") for n in samples},
+        "converge": conv,
+        "samples": samples,
+    }
+
+
+def table(r: Dict[str, Any]) -> str:
+    t, secs = r["throughput_min_max"], r["train_seconds"]
+    base = r["throughput"]["torchrec_ddp"]
+    all_tput = {**r["throughput"], **{f"scaling_{k}": v for k, v in r["scaling"].items() if k != str(r['setup']['nproc'])}}
+    if "torchrec_ddp_before" in r["train_seconds"]:
+        all_tput["torchrec_ddp_before"] = r["throughput_all"]["torchrec_ddp_before"]
+    lines = [
+        "| contender | examples/s (median) | min..max | vs torchrec_ddp | train s | peak RSS per worker, MB (largest) | train loss |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n, v in all_tput.items():
+        lines.append(f"| {n} | {v:,.0f} | {t[n][0]:,.0f}..{t[n][1]:,.0f} | {v / base:.3f}x | {secs[n]:.1f} | "
+                     f"{r['peak_rss_mb'][n]:.0f} | {r['train_loss'][n]:.4f} |")
+    ratios, conv, hooks = r["ratios"], r["converge"], r["hdet_hooks_fraction_of_train"]
+    lines += [
+        "",
+        "| measure | value | target |",
+        "|---|---|---|",
+        f"| torchrec_ddp / torch_reference examples/s | {ratios['torchrec_ddp_over_torch_reference']:.2f}x | ≥ 1.5x |",
+        f"| HDET T=1000 cost over torchrec_ddp (end to end, medians) | {ratios['hdet_T1000_cost_over_torchrec_ddp'] * 100:+.2f}% "
+        f"({r['syncs']['hdet_T1000']} sync(s)) | ≤ 0.5% |",
+        f"| HDET T=1000: time in HDET hooks / train time (rank 0) | {hooks['hdet_T1000'] * 100:.2f}% | |",
+        f"| HDET T=100 cost over torchrec_ddp (end to end, medians) | {ratios['hdet_T100_cost_over_torchrec_ddp'] * 100:+.2f}% "
+        f"({r['syncs']['hdet_T100']} syncs) | report |",
+        f"| HDET T=100: time in HDET hooks / train time (rank 0) | {hooks['hdet_T100'] * 100:.2f}% | |",
+        f"| input pipeline rows/s (rank 0's stream) / rows/s one rank consumes | {r['loader_rows_per_sec']:,.0f} / "
+        f"{r['trainer_rows_per_sec_per_rank']:,.0f} = {ratios['loader_over_per_rank_consumption']:.1f}x | ≥ 5x |",
+        "| scaling, torchrec_ddp examples/s at 1 / 2 / 4 workers | "
+        + " / ".join(f"{r['scaling'][k]:,.0f}" for k in sorted(r["scaling"], key=int)) + " | |",
+        f"| converge (average_) time per replicated MB, {conv['nproc']} ranks | {conv['seconds_per_mb'] * 1e3:.2f} ms/MB "
+        f"(+{conv['intercept_seconds'] * 1e3:.2f} ms fixed, R² {conv['r2']:.4f}; sizes "
+        + ", ".join(f"{s:g} MB: {x * 1e3:.1f} ms" for s, x in zip(conv["sizes_mb"], conv["seconds"])) + ") | linear |",
+    ]
+    return "\n".join(lines)
+
+
+def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
+    path = os.path.join(REPO, "BENCHMARKS.md")
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n\nEvery table here is produced by the script named in its heading.\n"
+    heading = "## Throughput, HDET overhead and scaling (benchmarks/run.py)"
+    section = (f"{heading}\n\n`{r['command']}` on {r['date']}, {r['machine']}; {r['runs']} interleaved repeat(s), "
+               f"medians; {r['setup']['nproc']} local gloo workers, {r['setup']['batch_size_per_rank']} examples "
+               f"per rank per step, data set `{r['setup']['data']}` ({r['setup']['steps']} steps per run). "
+               f"Raw numbers: `benchmarks/results.json`.\n\n{body}\n")
+    start = text.find(heading)
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip() + "\n\n" + section
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="one training day, one repeat (a few minutes)")
+    group.add_argument("--tiny", action="store_true", help="the tiny data set, 2 workers (smoke test; numbers mean nothing)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: 3 full, 1 quick)")
+    ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results.json"))
+    ap.add_argument("--write", action="store_true", help="record the table in BENCHMARKS.md")
+    ap.add_argument("--before", action="store_true",
+                    help="also run torchrec_ddp with the settings the profiling fixes replaced (" + " ".join(BEFORE) + ")")
+    args = ap.parse_args(argv)
+    mode_name = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = modes()[mode_name]
+    repeats = args.repeats or mode["repeats"]
+    command = "python -m benchmarks.run" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
+    # Make sure the data set exists before timing anything (generated on first use, like training).
+    subprocess.run([sys.executable, "-c", "import hydra,os\nfrom hydra import compose, initialize_config_dir\n"
+                    "from recsys_hdet.train import prepare_data\n"
+                    f"with initialize_config_dir(config_dir=os.path.join({REPO!r}, 'conf'), version_base='1.3'):\n"
+                    f"    prepare_data(compose('config', overrides=['data={mode['data']}']))"],
+                   cwd=REPO, check=True)
+    runs = contenders(mode, args.before)
+    samples: Dict[str, List[Dict[str, Any]]] = {n: [] for n in runs}
+    loader: List[float] = []
+    names = list(runs)
+    with tempfile.TemporaryDirectory() as workdir:
+        for rep in range(repeats):
+            order = names[rep % len(names):] + names[:rep % len(names)]  # rotate: no fixed position
+            for name in order:
+                s = runs[name](workdir)
+                samples[name].append(s)
+                print(f"[{rep + 1}/{repeats}] {name}: {s['examples_per_sec']:,.0f} ex/s, {s['train_seconds']:.1f} s, "
+                      f"peak RSS {s['peak_rss_mb']:.0f} MB", flush=True)
+            loader.append(loader_rows_per_sec(mode))
+            print(f"[{rep + 1}/{repeats}] loader: {loader[-1]:,.0f} rows/s", flush=True)
+        conv = converge(mode, workdir)
+    result = summarize(samples, loader, conv, mode_name, mode, command)
+    body = table(result)
+    print("\n" + body)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, args.out)
+    print(f"\nwrote {args.out}")
+    if args.write:
+        write_benchmarks_md(result, body)
+        print("recorded the table in BENCHMARKS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Smoke test of the benchmark harness: ``python -m benchmarks.run --tiny`` end to end.
+
+It checks that every contender ran and that results.json has the documented shape. No timing
+is asserted (the numbers of a tiny run on a loaded CI machine mean nothing).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_benchmark_harness_runs_in_tiny_mode(tmp_path, tiny_dataset, data_cache):
+    out = tmp_path / "results.json"
+    bench_md = os.path.join(REPO, "BENCHMARKS.md")
+    before = open(bench_md).read()
+    env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--tiny", "--out", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert set(r["throughput"]) == {"torch_reference", "torchrec_ddp", "hdet_T1000", "hdet_T100"}
+    assert all(v > 0 for v in r["throughput"].values())
+    assert r["runs"] == 1 and r["mode"] == "tiny" and "cores" in r["machine"]
+    assert r["loader_rows_per_sec"] > 0
+    assert set(r["peak_rss_mb"]) >= {"torch_reference", "torchrec_ddp", "hdet_T1000", "hdet_T100", "scaling_1"}
+    assert all(v > 50 for v in r["peak_rss_mb"].values())  # a real process's RSS, in MB
+    assert set(r["scaling"]) == {"1", "2"}
+    # Both HDET contenders synced at least once (the last step always converges).
+    assert r["syncs"]["hdet_T1000"] >= 1 and r["syncs"]["hdet_T100"] >= 1
+    assert len(r["converge"]["seconds"]) == len(r["converge"]["sizes_mb"]) >= 2
+    # The same model on the same data: the plain-PyTorch reference's loss is in the pipeline's range.
+    assert abs(r["train_loss"]["torch_reference"] - r["train_loss"]["torchrec_ddp"]) < 0.05
+    assert "| torchrec_ddp |" in proc.stdout
+    assert open(bench_md).read() == before  # only --write records into BENCHMARKS.md
