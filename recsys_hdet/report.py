@@ -132,26 +132,45 @@ def _hparam_panels(names: Sequence[str]):
 
 
 def fig_hparams(run: RunArtifacts) -> Optional[str]:
-    """Per explored hyperparameter: every replica's value (thin) and the base (bold) over training."""
+    """Per explored hyperparameter, two panels: every replica's value (thin) and the base (bold)
+    over training; below, each replica relative to the base (ratio for multiplicative ones such
+    as LRs, difference for additive ones), where the fan-out around the base is visible even when
+    the schedule spans decades."""
     if run.hdet:
         names = list(run.hdet[0]["hparams"].keys())
-        fig, axes = _hparam_panels(names)
+        cols = min(len(names), 4)
+        blocks = -(-len(names) // cols)
+        fig, axes = plt.subplots(2 * blocks, cols, figsize=(3.6 * cols, 5.0 * blocks), squeeze=False,
+                                 gridspec_kw={"height_ratios": [3, 2] * blocks})
+        for i in range(len(names), blocks * cols):
+            axes[2 * (i // cols)][i % cols].set_visible(False)
+            axes[2 * (i // cols) + 1][i % cols].set_visible(False)
         steps = [r["step"] for r in run.hdet]
-        for ax, name in zip(axes, names):
+        for i, name in enumerate(names):
+            top, bottom = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
             series = [r["hparams"][name] for r in run.hdet]
             n = len(series[0]["values"])
             cmap = plt.get_cmap("viridis", max(n, 2))
+            ratio = name.startswith("lr/") or name in ("weight_decay", "temperature")
             for k in range(n):
-                ax.plot(steps, [s["values"][k] for s in series], lw=0.9, alpha=0.8, color=cmap(k))
-            ax.plot(steps, [s["base"] for s in series], color="black", lw=2.2, label="base")
-            ax.set_title(name, fontsize=10)
-            if name.startswith("lr/") and all(s["base"] > 0 for s in series):
-                ax.set_yscale("log")
-            ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        return _figure(fig, "Explored hyperparameters: each replica's value in its window (thin lines) and the "
-                            "shared base (bold) at each sync")
+                top.plot(steps, [s["values"][k] for s in series], lw=0.9, alpha=0.8, color=cmap(k))
+                rel = [(s["values"][k] / s["base"] if s["base"] else float("nan")) if ratio else s["values"][k] - s["base"]
+                       for s in series]
+                bottom.plot(steps, rel, lw=0.9, drawstyle="steps-pre", color=cmap(k), label=f"replica {k}" if i == 0 else None)
+            top.plot(steps, [s["base"] for s in series], color="black", lw=2.2, label="base")
+            bottom.axhline(1.0 if ratio else 0.0, color="black", lw=1.5)
+            top.set_title(name, fontsize=10)
+            if ratio and all(s["base"] > 0 for s in series):
+                top.set_yscale("log")
+            bottom.set_ylabel("replica / base" if ratio else "replica − base", fontsize=8)
+            bottom.set_xlabel("step")
+            top.grid(alpha=0.3)
+            bottom.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        if n <= 8:
+            axes[1][0].legend(fontsize=6, ncol=2, loc="upper right", framealpha=0.6)
+        return _figure(fig, "Explored hyperparameters per replica: top, each replica's value in its window (thin) "
+                            "and the shared base (bold) at each sync; bottom, each replica relative to the base")
     if run.metrics and run.metrics[0].get("lr"):
         fig, ax = plt.subplots(figsize=(8, 3.4))
         groups = list(run.metrics[0]["lr"].keys())
