@@ -1,0 +1,64 @@
+"""The ablation pipeline: real (tiny) runs, resumability, and the tables it writes."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO, read_json
+
+
+def run_ablation(out, seeds, *overrides, data_cache):
+    env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "pipelines.ablation", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2",
+           *overrides, "--out", str(out), "--configs", "baseline_low", "--no-report", "--seeds", *seeds]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_ablation_is_resumable_and_summarizes_over_seeds(tmp_path, tiny_dataset, data_cache):
+    out = tmp_path / "study"
+    first = run_ablation(out, ["0"], data_cache=data_cache)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    seed0 = out / "runs" / "baseline_low" / "seed0"
+    summary_mtime = os.path.getmtime(seed0 / "summary.json")
+    # A crashed attempt at seed 1: a .partial directory without summary.json.
+    crashed = out / "runs" / "baseline_low" / "seed1.partial"
+    crashed.mkdir(parents=True)
+    (crashed / "junk").write_text("left by a crash")
+    second = run_ablation(out, ["0", "1"], data_cache=data_cache)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "baseline_low seed 0: finished earlier, skipped" in second.stdout
+    assert os.path.getmtime(seed0 / "summary.json") == summary_mtime
+    assert not crashed.exists() and (out / "runs" / "baseline_low" / "seed1" / "summary.json").exists()
+    assert not (out / "runs" / "baseline_low" / "seed1" / "junk").exists()
+    # Different seeds train differently (data order and init), and the table is their mean and std.
+    losses = [read_json(out / "runs" / "baseline_low" / f"seed{k}" / "summary.json")["train_loss"]["avg"] for k in (0, 1)]
+    assert losses[0] != losses[1]
+    result = json.loads((out / "ablation.json").read_text())
+    row = next(r for r in result["rows"] if r["config"] == "baseline_low")
+    assert row["seeds_run"] == 2 and row["diverged"] == 0
+    assert abs(row["train_loss"]["mean"] - sum(losses) / 2) < 1e-12
+    assert abs(row["train_loss"]["std"] - abs(losses[0] - losses[1]) / 2 ** 0.5) < 1e-12
+    md = (out / "ablation.md").read_text()
+    assert "| baseline_low |" in md and "3.294" in md  # the paper's number beside ours
+
+
+def test_a_failing_run_is_reported_and_the_exit_status_says_so(tmp_path, tiny_dataset, data_cache):
+    # An override the trainer rejects: the run fails, the pipeline carries on and exits 1 naming it.
+    proc = run_ablation(tmp_path / "study", ["0"], "optim.lr.embedding=-1", data_cache=data_cache)
+    assert proc.returncode == 1
+    assert "baseline_low seed 0 (exit status 2" in proc.stderr
+    assert (tmp_path / "study" / "runs" / "baseline_low" / "seed0.partial" / "train.log").exists()
+
+
+def test_base_vs_schedule_is_one_when_the_controller_follows_the_schedule():
+    from pipelines.ablation import GROUPS, base_vs_schedule
+
+    schedule = lambda step: (0.01 * (1 - step / 1000), 0.9)
+    records = [{"step": s, "hparams": {f"lr/{g}": {"next_base": schedule(s)[0] * (0.5 if g == "transformer" else 1.0),
+                                                  "velocity": 1e-6} for g in GROUPS}} for s in (100, 200, 300)]
+    ratios = base_vs_schedule(records, {g: schedule for g in GROUPS})
+    assert abs(ratios["embedding"] - 1.0) < 1e-12 and abs(ratios["transformer"] - 0.5) < 1e-12
+    # Syncs before the controller started (velocity 0) do not count.
+    assert base_vs_schedule([{**records[0], "hparams": {"lr/embedding": {"next_base": 1.0, "velocity": 0.0}}}],
+                            {"embedding": schedule}) == {}
