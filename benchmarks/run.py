@@ -268,12 +268,18 @@ def main(argv=None) -> int:
     runs = contenders(mode, args.before)
     samples: Dict[str, List[Dict[str, Any]]] = {n: [] for n in runs}
     loader: List[float] = []
+    retries: List[str] = []
     names = list(runs)
     with tempfile.TemporaryDirectory() as workdir:
         for rep in range(repeats):
             order = names[rep % len(names):] + names[:rep % len(names)]  # rotate: no fixed position
             for name in order:
-                s = runs[name](workdir)
+                try:
+                    s = runs[name](workdir)
+                except SystemExit as failure:  # one retry: a crash must not throw away the other samples
+                    print(f"[{rep + 1}/{repeats}] {name} failed, retrying once:\n{str(failure)[-1500:]}", flush=True)
+                    retries.append(f"{name} (repeat {rep + 1}): {str(failure).splitlines()[0]}")
+                    s = runs[name](workdir)
                 samples[name].append(s)
                 print(f"[{rep + 1}/{repeats}] {name}: {s['examples_per_sec']:,.0f} ex/s, {s['train_seconds']:.1f} s, "
                       f"peak RSS {s['peak_rss_mb']:.0f} MB", flush=True)
@@ -281,6 +287,7 @@ def main(argv=None) -> int:
             print(f"[{rep + 1}/{repeats}] loader: {loader[-1]:,.0f} rows/s", flush=True)
         conv = converge(mode, workdir)
     result = summarize(samples, loader, conv, mode_name, mode, command)
+    result["retried_after_failure"] = retries
     body = table(result)
     print("\n" + body)
     tmp = args.out + ".tmp"

@@ -19,6 +19,7 @@ import warnings
 import json
 import os
 import resource
+import sys
 import time
 from typing import Dict, List
 
@@ -124,7 +125,13 @@ def _worker(rank: int, world: int, port: int, args) -> None:
             json.dump({"steps": done, "examples": done * G, "train_seconds": seconds,
                        "examples_per_sec": done * G / seconds, "train_loss_avg": loss_sum / max(done, 1) / len(meta["tasks"]),
                        "peak_rss_mb": max(rss), "peak_rss_mb_per_worker": rss}, f, indent=2)
+    dist.barrier()
     dist.destroy_process_group()
+    # Leave without interpreter teardown: gloo's background threads can crash a finished worker
+    # at exit (SIGSEGV seen once in a benchmark run), as in recsys_hdet.distributed.launch.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv=None) -> None:
