@@ -276,7 +276,7 @@ def main(argv=None) -> int:
             for name in order:
                 try:
                     s = runs[name](workdir)
-                except SystemExit as failure:  # one retry: a crash must not throw away the other samples
+                except SystemExit as failure:  # one retry (a teardown crash was seen once); a second failure stops the run
                     print(f"[{rep + 1}/{repeats}] {name} failed, retrying once:\n{str(failure)[-1500:]}", flush=True)
                     retries.append(f"{name} (repeat {rep + 1}): {str(failure).splitlines()[0]}")
                     s = runs[name](workdir)

@@ -59,6 +59,10 @@ CONFIGS: Sequence[AblationConfig] = (
 # Running
 
 
+class StudyMismatch(ValueError):
+    """A finished run in the study directory was made with other overrides than this invocation's."""
+
+
 def run_dir(out: str, config: str, seed: int) -> str:
     return os.path.join(out, "runs", config, f"seed{seed}")
 
@@ -71,6 +75,13 @@ def run_one(out: str, cfg: AblationConfig, seed: int, extra_overrides: Sequence[
     """Trains one (config, seed) unless it is finished. Returns {"status", "process_seconds", "skipped"}."""
     final = run_dir(out, cfg.name, seed)
     if is_finished(final):
+        recorded = os.path.join(final, "ablation_run.json")
+        if os.path.isfile(recorded):
+            info = _load_json(recorded)
+            previous = info.get("overrides", info["command"][6:])  # older records: the command's tail
+            if list(previous) != list(extra_overrides):
+                raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
+                                    "use another --out, or delete that run to redo it")
         return {"skipped": True}
     partial = final + ".partial"
     if os.path.exists(partial):
@@ -86,7 +97,8 @@ def run_one(out: str, cfg: AblationConfig, seed: int, extra_overrides: Sequence[
     seconds = time.time() - start
     if code in (0, 3) and is_finished(partial):
         with open(os.path.join(partial, "ablation_run.json"), "w") as f:
-            json.dump({"command": cmd, "exit_status": code, "process_seconds": seconds}, f, indent=2)
+            json.dump({"command": cmd, "overrides": list(extra_overrides), "exit_status": code,
+                       "process_seconds": seconds}, f, indent=2)
         os.replace(partial, final)
         return {"skipped": False, "exit_status": code, "process_seconds": seconds}
     return {"skipped": False, "exit_status": code, "process_seconds": seconds, "crashed": True,
@@ -298,7 +310,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     todo = [(c, s) for s in args.seeds for c in configs]  # seed-major: one seed's table fills first
     crashed = []
     for i, (cfg, seed) in enumerate(todo, 1):
-        res = run_one(out, cfg, seed, args.overrides)
+        try:
+            res = run_one(out, cfg, seed, args.overrides)
+        except StudyMismatch as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         if res["skipped"]:
             print(f"[{i}/{len(todo)}] {cfg.name} seed {seed}: finished earlier, skipped", flush=True)
             continue

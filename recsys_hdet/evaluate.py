@@ -35,26 +35,42 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
 
     run = load_run(run_dir, days, data_root)
     eval_path = os.path.join(run.run_dir, "eval.json")
-    if not rescore and os.path.isfile(eval_path):
+    pred_path = os.path.join(run.run_dir, "predictions.parquet")
+    report_path = os.path.join(run.run_dir, "report.html")
+    if not rescore and os.path.isfile(eval_path) and os.path.isfile(pred_path):
         with open(eval_path) as f:
             previous = json.load(f)
-        if previous.get("days") == run.eval_days and os.path.isfile(os.path.join(run.run_dir, "predictions.parquet")):
+        if previous.get("days") == run.eval_days:
             print(f"{run.run_dir}: eval.json already scored days {run.eval_days}; reused (rescore=true to redo)")
+            if not os.path.isfile(report_path):
+                write_report(report_path, render_run(RunArtifacts(run.run_dir)))
             return previous
     print(f"{run.run_dir}: scoring days {run.eval_days} with {nproc} worker(s)", flush=True)
     probs = score_run(run, batch_size=batch_size, nproc=nproc)
     df = predictions_frame(run, probs)
     result = {"run_dir": run.run_dir, "days": run.eval_days, "experiment": run.summary.get("experiment"),
               **evaluate_frame(df, list(run.cfg.tasks))}
-    pred_path = os.path.join(run.run_dir, "predictions.parquet")
+    # All three are written to temporary names first and renamed together at the end, so a
+    # failure (e.g. in rendering) leaves the run directory as it was.
     df.write_parquet(pred_path + ".tmp")
+    write_json_atomic(eval_path + ".new", result)
+    artifacts = RunArtifacts(run.run_dir)
+    artifacts.evaluation = result
+    try:
+        write_report(report_path + ".new", render_run(artifacts))
+    except Exception:
+        for tmp in (pred_path + ".tmp", eval_path + ".new", report_path + ".new"):
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        raise
     os.replace(pred_path + ".tmp", pred_path)
-    write_json_atomic(eval_path, result)
-    write_report(os.path.join(run.run_dir, "report.html"), render_run(RunArtifacts(run.run_dir)))
+    os.replace(eval_path + ".new", eval_path)
+    os.replace(report_path + ".new", report_path)
+    num = lambda x, d=4: "-" if x is None else f"{x:.{d}f}"  # None: undefined on a one-class slice
     for task, m in result["eval"].items():
         o = result.get("oracle", {}).get(task)
-        print(f"  {task:>12}: AUC {m['auc']:.4f}  NE {m['ne']:.4f}" + (f"  (oracle {o['ne']:.4f})" if o else "")
-              + f"  logloss {m['logloss']:.4f}  calibration {m['calibration']:.3f}  n={m['count']}")
+        print(f"  {task:>12}: AUC {num(m['auc'])}  NE {num(m['ne'])}" + (f"  (oracle {num(o['ne'])})" if o else "")
+              + f"  logloss {num(m['logloss'])}  calibration {num(m['calibration'], 3)}  n={m['count']}")
     print(f"  wrote eval.json, predictions.parquet, report.html in {run.run_dir}", flush=True)
     return result
 

@@ -268,13 +268,15 @@ def task_metrics(probs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
     n = int(labels.numel())
     if n == 0:
         raise ValueError("no examples to evaluate")
-    p = probs.double().clamp(_EPS, 1 - _EPS)
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError("predictions contain NaN or inf")
+    p = probs.double().clamp(_EPS, 1 - _EPS)  # for the log loss; AUC ranks the raw scores (no ties added)
     y = labels.double()
     positive_rate = float(y.mean())
     ll = float(F.binary_cross_entropy(p, y))
     has_both = 0.0 < positive_rate < 1.0
     return {
-        "auc": float(binary_auroc(p, y.long())) if has_both else float("nan"),
+        "auc": float(binary_auroc(probs.double(), y.long())) if has_both else float("nan"),
         "ne": ll / binary_entropy(positive_rate) if has_both else float("nan"),
         "logloss": ll,
         "calibration": float(p.mean()) / positive_rate if positive_rate > 0 else float("nan"),
@@ -302,6 +304,8 @@ def _nan_to_none(x: Any) -> Any:
         return None
     if isinstance(x, dict):
         return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
     return x
 
 
@@ -318,7 +322,8 @@ def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int
             o = torch.from_numpy(df[ORACLE_PREFIX + t].to_numpy()).double().clamp(_EPS, 1 - _EPS)
             y = torch.from_numpy(df[LABEL_PREFIX + t].to_numpy()).double()
             ll = float(F.binary_cross_entropy(o, y))
-            oracle[t] = {"logloss": ll, "ne": ll / binary_entropy(float(y.mean()))}
+            rate = float(y.mean())
+            oracle[t] = {"logloss": ll, "ne": ll / binary_entropy(rate) if 0.0 < rate < 1.0 else float("nan")}
         out["oracle"] = oracle
     segments: Dict[str, Dict[str, Any]] = {}
     for name, col in SEGMENTS.items():

@@ -201,8 +201,8 @@ def fig_base_lrs(runs: Sequence[RunArtifacts]) -> Optional[str]:
                 xs = [h["step"] for h in r.hdet]
                 ys = [h["hparams"][f"lr/{g}"]["base"] for h in r.hdet]
             else:
-                xs = [m["step"] for m in r.metrics]
-                ys = [m["lr"][g] for m in r.metrics]
+                xs = [m["step"] for m in r.metrics if g in m.get("lr", {})]
+                ys = [m["lr"][g] for m in r.metrics if g in m.get("lr", {})]
             ax.plot(xs, ys, lw=1.3, label=r.label)
         ax.set_title(f"lr/{g}", fontsize=10)
         ax.set_yscale("log")

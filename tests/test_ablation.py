@@ -41,6 +41,9 @@ def test_ablation_is_resumable_and_summarizes_over_seeds(tmp_path, tiny_dataset,
     assert abs(row["train_loss"]["std"] - abs(losses[0] - losses[1]) / 2 ** 0.5) < 1e-12
     md = (out / "ablation.md").read_text()
     assert "| baseline_low |" in md and "3.294" in md  # the paper's number beside ours
+    # Resuming with other overrides would mix two studies in one table: refused, naming the run.
+    other = run_ablation(out, ["0"], "data.batch_size=128", data_cache=data_cache)
+    assert other.returncode == 2 and "seed0: finished with overrides" in other.stderr
 
 
 def test_a_failing_run_is_reported_and_the_exit_status_says_so(tmp_path, tiny_dataset, data_cache):
