@@ -245,6 +245,8 @@ def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
 
 
 def main(argv=None) -> int:
+    from recsys_hdet.components.metrics import write_json_atomic
+
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="one training day, one repeat (a few minutes)")
@@ -290,11 +292,7 @@ def main(argv=None) -> int:
     result["retried_after_failure"] = retries
     body = table(result)
     print("\n" + body)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, args.out)
+    write_json_atomic(args.out, result)
     print(f"\nwrote {args.out}")
     if args.write:
         write_benchmarks_md(result, body)

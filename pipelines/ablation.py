@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_atomic, write_text_atomic
+
 TASKS = ("contribution", "like", "long_dwell")
 GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
 
@@ -77,7 +79,7 @@ def run_one(out: str, cfg: AblationConfig, seed: int, extra_overrides: Sequence[
     if is_finished(final):
         recorded = os.path.join(final, "ablation_run.json")
         if os.path.isfile(recorded):
-            info = _load_json(recorded)
+            info = read_json(recorded)
             previous = info.get("overrides", info["command"][6:])  # older records: the command's tail
             if list(previous) != list(extra_overrides):
                 raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
@@ -107,18 +109,6 @@ def run_one(out: str, cfg: AblationConfig, seed: int, extra_overrides: Sequence[
 
 # ----------------------------------------------------------------------------------------------
 # Reading results
-
-
-def _load_json(path: str) -> Any:
-    with open(path) as f:
-        return json.load(f)
-
-
-def _read_jsonl(path: str) -> List[Dict[str, Any]]:
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def base_vs_schedule(hdet_records: List[Dict[str, Any]], schedules: Dict[str, Any]) -> Dict[str, float]:
@@ -165,7 +155,7 @@ def collect(out: str, seeds: Sequence[int]) -> Dict[str, Any]:
             path = run_dir(out, cfg.name, seed)
             if not is_finished(path):
                 continue
-            s = _load_json(os.path.join(path, "summary.json"))
+            s = read_json(os.path.join(path, "summary.json"))
             extra = os.path.join(path, "ablation_run.json")
             runs.append({
                 "seed": seed,
@@ -175,8 +165,8 @@ def collect(out: str, seeds: Sequence[int]) -> Dict[str, Any]:
                 "train_loss": s["train_loss"]["avg"],
                 "eval_ne": {t: s.get("eval", {}).get(t, {}).get("ne") for t in TASKS},
                 "wall_seconds": s["wall_seconds"],
-                "process_seconds": _load_json(extra)["process_seconds"] if os.path.isfile(extra) else None,
-                "base_vs_schedule": base_vs_schedule(_read_jsonl(os.path.join(path, "hdet.jsonl")),
+                "process_seconds": read_json(extra)["process_seconds"] if os.path.isfile(extra) else None,
+                "base_vs_schedule": base_vs_schedule(read_jsonl(os.path.join(path, "hdet.jsonl")),
                                                      _run_schedules(path, s["steps"]))
                 if s["status"] == "completed" else {},
             })
@@ -264,17 +254,10 @@ def render_markdown(result: Dict[str, Any], command: str, machine: str, report: 
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def comparison_report(out: str, seed: int) -> Optional[str]:
     """Runs ``recsys_hdet.evaluate`` in comparison mode over one seed's completed runs."""
     dirs = [run_dir(out, c.name, seed) for c in CONFIGS]
-    done = [d for d in dirs if is_finished(d) and _load_json(os.path.join(d, "summary.json"))["status"] == "completed"]
+    done = [d for d in dirs if is_finished(d) and read_json(os.path.join(d, "summary.json"))["status"] == "completed"]
     if not done:
         return None
     report_dir = os.path.join(out, "comparison")
@@ -323,7 +306,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[{i}/{len(todo)}] {cfg.name} seed {seed}: CRASHED, exit status {res['exit_status']}; "
                   f"see {res['log']}", flush=True)
             continue
-        s = _load_json(os.path.join(run_dir(out, cfg.name, seed), "summary.json"))
+        s = read_json(os.path.join(run_dir(out, cfg.name, seed), "summary.json"))
         print(f"[{i}/{len(todo)}] {cfg.name} seed {seed}: {s['status']}, train loss {s['train_loss']['avg']:.4f}, "
               f"{res['process_seconds']:.0f} s", flush=True)
     result = collect(out, args.seeds)
@@ -335,8 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         command += " " + " ".join(sys.argv[1:])
     result["command"] = command
     result["machine"] = machine_line()
-    write_atomic(os.path.join(out, "ablation.json"), json.dumps(result, indent=2) + "\n")
-    write_atomic(os.path.join(out, "ablation.md"),
+    write_json_atomic(os.path.join(out, "ablation.json"), result)
+    write_text_atomic(os.path.join(out, "ablation.md"),
                  render_markdown(result, command, result["machine"], result["comparison_report"]))
     print(f"wrote {os.path.join(out, 'ablation.md')} and ablation.json", flush=True)
     if crashed:

@@ -8,9 +8,9 @@ Three steps, each usable on its own:
 2. :func:`predictions_frame` joins them with the impressions' labels, oracle probabilities and
    the ids reports segment by: user activity level (``user_active_degree``), item popularity
    bucket (from the video's impressions in the run's training days) and tab.
-3. :func:`evaluate_frame` computes, per task and per segment, AUC (torchmetrics), log loss
-   (PyTorch's ``binary_cross_entropy``), NE, calibration, expected calibration error
-   (torchmetrics), positive rate and count, plus equal-count reliability curves.
+3. :func:`evaluate_frame` computes, per task and per segment, the trainer's held-out metrics
+   (:func:`recsys_hdet.components.metrics.task_metrics`: AUC, NE, log loss, calibration, ECE,
+   positive rate, count), plus equal-count reliability curves.
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import polars as pl
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
-from torchmetrics.functional.classification import binary_auroc, binary_calibration_error
 
 from recsys_hdet.components.dataloader import LABEL_PREFIX, ORACLE_PREFIX, DatasetMeta, split_days
-from recsys_hdet.components.metrics import binary_entropy
+from recsys_hdet.components.metrics import oracle_metrics, read_json, read_jsonl, task_metrics
 
 PRED_PREFIX = "pred_"
 # Segments: name -> column of predictions.parquet.
@@ -36,7 +34,6 @@ SEGMENTS = {"user_activity": "user_activity", "item_popularity": "item_popularit
 # Item popularity buckets by cumulative share of training impressions (items sorted by impressions).
 POPULARITY_BUCKETS = (("head", 0.5), ("torso", 0.8), ("tail", 1.0))
 COLD = "cold (unseen in training)"
-_EPS = 1e-7
 
 
 class EvaluationError(ValueError):
@@ -73,10 +70,7 @@ def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Opti
     summary_path = os.path.join(run_dir, "summary.json")
     if not os.path.isfile(summary_path):
         raise EvaluationError(f"{summary_path}: missing; the run did not finish")
-    import json
-
-    with open(summary_path) as f:
-        summary = json.load(f)
+    summary = read_json(summary_path)
     if summary.get("status") != "completed":
         raise EvaluationError(f"{summary_path}: status {summary.get('status')!r}; only completed runs have a "
                               "checkpoint to evaluate")
@@ -101,15 +95,8 @@ def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Opti
 def final_temperature(run_dir: str, default: float) -> float:
     """The attention temperature the run ended with: HDET's last base when it explored it (the
     value lives in the module, not in the checkpoint), else the configured one."""
-    import json
-
-    path = os.path.join(run_dir, "hdet.jsonl")
-    last = None
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    last = json.loads(line)
+    records = read_jsonl(os.path.join(run_dir, "hdet.jsonl"))
+    last = records[-1] if records else None
     if last and "temperature" in last.get("hparams", {}):
         return float(last["hparams"]["temperature"]["next_base"])
     return default
@@ -260,32 +247,6 @@ def predictions_frame(run: RunInfo, probs: np.ndarray) -> pl.DataFrame:
 # 3. Metrics
 
 
-def task_metrics(probs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
-    """AUC and ECE (torchmetrics), log loss (PyTorch), NE, calibration, positive rate, count.
-
-    NE = log loss / entropy of the positive rate; calibration = mean prediction / positive rate.
-    Metrics that need both classes are NaN (JSON null) on a one-class slice."""
-    n = int(labels.numel())
-    if n == 0:
-        raise ValueError("no examples to evaluate")
-    if not bool(torch.isfinite(probs).all()):
-        raise ValueError("predictions contain NaN or inf")
-    p = probs.double().clamp(_EPS, 1 - _EPS)  # for the log loss; AUC ranks the raw scores (no ties added)
-    y = labels.double()
-    positive_rate = float(y.mean())
-    ll = float(F.binary_cross_entropy(p, y))
-    has_both = 0.0 < positive_rate < 1.0
-    return {
-        "auc": float(binary_auroc(probs.double(), y.long())) if has_both else float("nan"),
-        "ne": ll / binary_entropy(positive_rate) if has_both else float("nan"),
-        "logloss": ll,
-        "calibration": float(p.mean()) / positive_rate if positive_rate > 0 else float("nan"),
-        "ece": float(binary_calibration_error(p, y.long(), n_bins=15, norm="l1")),
-        "positive_rate": positive_rate,
-        "count": n,
-    }
-
-
 def reliability_curve(probs: np.ndarray, labels: np.ndarray, bins: int = 20) -> Dict[str, List[float]]:
     """Equal-count bins of the prediction: mean prediction, observed positive rate, count per bin.
     Equal-count (not equal-width) because engagement probabilities crowd near zero."""
@@ -317,14 +278,8 @@ def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int
 
     out: Dict[str, Any] = {"rows": df.height, "eval": metrics_for(df)}
     if all(ORACLE_PREFIX + t in df.columns for t in tasks):
-        oracle = {}
-        for t in tasks:
-            o = torch.from_numpy(df[ORACLE_PREFIX + t].to_numpy()).double().clamp(_EPS, 1 - _EPS)
-            y = torch.from_numpy(df[LABEL_PREFIX + t].to_numpy()).double()
-            ll = float(F.binary_cross_entropy(o, y))
-            rate = float(y.mean())
-            oracle[t] = {"logloss": ll, "ne": ll / binary_entropy(rate) if 0.0 < rate < 1.0 else float("nan")}
-        out["oracle"] = oracle
+        out["oracle"] = {t: oracle_metrics(torch.from_numpy(df[ORACLE_PREFIX + t].to_numpy()),
+                                           torch.from_numpy(df[LABEL_PREFIX + t].to_numpy())) for t in tasks}
     segments: Dict[str, Dict[str, Any]] = {}
     for name, col in SEGMENTS.items():
         segments[name] = {}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -24,26 +23,14 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from recsys_hdet.components.metrics import read_json, read_jsonl, write_text_atomic  # noqa: E402
+
 TASK_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
 SEGMENT_TITLES = {"user_activity": "user activity level", "item_popularity": "item popularity bucket", "tab": "tab"}
 
 
 # ----------------------------------------------------------------------------------------------
 # Reading a run's artifacts
-
-
-def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def read_json(path: str) -> Optional[Dict[str, Any]]:
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 class RunArtifacts:
@@ -378,8 +365,4 @@ def render_comparison(runs: Sequence[RunArtifacts]) -> str:
     return _page("report: comparison", body)
 
 
-def write_report(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+write_report = write_text_atomic

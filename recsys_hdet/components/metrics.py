@@ -1,7 +1,8 @@
 """Evaluation metrics and the training-progress logger.
 
-Metrics per task on held-out predictions: AUC (torchmetrics), log loss, normalized entropy
-(log loss / entropy of the positive rate) and calibration (mean prediction / positive rate).
+Metrics per task on held-out predictions: AUC and ECE (torchmetrics), log loss (PyTorch),
+normalized entropy (log loss / entropy of the positive rate) and calibration (mean prediction /
+positive rate).
 Where the data carries the generator's true probabilities, the oracle's log loss and NE on the
 same rows are reported beside the model's: the floor no model can beat.
 """
@@ -13,10 +14,11 @@ import math
 import os
 import sys
 import time
-from typing import Dict, IO, Mapping, Optional, Sequence
+from typing import Any, Dict, IO, List, Mapping, Optional
 
 import torch
-from torchmetrics.functional.classification import binary_auroc
+import torch.nn.functional as F
+from torchmetrics.functional.classification import binary_auroc, binary_calibration_error
 
 _EPS = 1e-7
 
@@ -26,33 +28,38 @@ def binary_entropy(p: float) -> float:
     return -(p * math.log(p) + (1 - p) * math.log(1 - p))
 
 
-def log_loss(probs: torch.Tensor, labels: torch.Tensor) -> float:
-    p = probs.double().clamp(_EPS, 1 - _EPS)
-    y = labels.double()
-    return float(-(y * p.log() + (1 - y) * (1 - p).log()).mean())
-
-
 def task_metrics(probs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
-    """AUC, NE, log loss, calibration, positive rate and count for one task."""
+    """AUC and ECE (torchmetrics), log loss (PyTorch), NE, calibration, positive rate, count.
+
+    NE = log loss / entropy of the positive rate; calibration = mean prediction / positive rate.
+    Metrics that need both classes are NaN on a one-class slice. Used by the trainer's held-out
+    evaluation and by ``recsys_hdet.evaluate`` (per task and per segment)."""
     if probs.numel() == 0:
         raise ValueError("no held-out examples to evaluate")
-    positive_rate = float(labels.double().mean())
-    ll = log_loss(probs, labels)
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError("predictions contain NaN or inf")
+    p = probs.double().clamp(_EPS, 1 - _EPS)  # for the log loss; AUC ranks the raw scores (no ties added)
+    y = labels.double()
+    positive_rate = float(y.mean())
+    ll = float(F.binary_cross_entropy(p, y))
     has_both = 0.0 < positive_rate < 1.0
     return {
-        "auc": float(binary_auroc(probs.float(), labels.long())) if has_both else float("nan"),
+        "auc": float(binary_auroc(probs.double(), y.long())) if has_both else float("nan"),
         "ne": ll / binary_entropy(positive_rate) if has_both else float("nan"),
         "logloss": ll,
-        "calibration": float(probs.double().mean()) / positive_rate if positive_rate > 0 else float("nan"),
+        "calibration": float(p.mean()) / positive_rate if positive_rate > 0 else float("nan"),
+        "ece": float(binary_calibration_error(p, y.long(), n_bins=15, norm="l1")),
         "positive_rate": positive_rate,
         "count": int(labels.numel()),
     }
 
 
 def oracle_metrics(oracle_probs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
-    positive_rate = float(labels.double().mean())
-    ll = log_loss(oracle_probs, labels)
-    return {"logloss": ll, "ne": ll / binary_entropy(positive_rate)}
+    """The generator's true probabilities scored like a model: log loss and NE (NaN on one class)."""
+    y = labels.double()
+    positive_rate = float(y.mean())
+    ll = float(F.binary_cross_entropy(oracle_probs.double().clamp(_EPS, 1 - _EPS), y))
+    return {"logloss": ll, "ne": ll / binary_entropy(positive_rate) if 0.0 < positive_rate < 1.0 else float("nan")}
 
 
 class MetricLogger:
@@ -86,13 +93,32 @@ class MetricLogger:
         self._file.close()
 
 
-def write_json_atomic(path: str, obj: object) -> None:
-    """Writes JSON so that readers never see a half-written file."""
+def write_text_atomic(path: str, text: str) -> None:
+    """Writes a file so that readers never see it half-written: a temporary name, then a rename."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=True)
-        f.write("\n")
+        f.write(text)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: str, obj: object) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=True) + "\n")
+
+
+def read_json(path: str) -> Optional[Any]:
+    """A JSON artifact, or None when the file does not exist."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_jsonl(path: str) -> List[Dict[str, Any]]:
+    """A JSON-lines artifact (metrics.jsonl, hdet.jsonl); empty when the file does not exist."""
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def peak_rss_mb() -> float:
