@@ -15,6 +15,7 @@ plain ``python -m recsys_hdet.train`` on one machine starts ``trainer.nproc`` lo
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -145,7 +146,38 @@ def shard_model(
         device_mesh=pgs.mesh,
         use_inter_host_allreduce=True,
     )
-    return DistributedModelParallel(model, env=env, device=pgs.device, plan=plan, sharders=[sharder])
+    dmp = DistributedModelParallel(model, env=env, device=pgs.device, plan=plan, sharders=[sharder])
+    dmp._dmp_wrapped_module.register_comm_hook(pgs.world, finite_mean_allreduce_hook)
+    return dmp
+
+
+def finite_mean_allreduce_hook(group, bucket):  # (ProcessGroup, GradBucket) -> Future; DDP rejects
+    # string annotations (this module uses postponed evaluation), so they are left off.
+    """DDP's gradient all-reduce, averaged over the ranks whose bucket is finite.
+
+    With DDP's own hook one rank's NaN or inf gradient (a replica whose state blew up at its own
+    HDET learning rate) becomes every rank's gradient at the next step, so no replica is left to
+    restore it from. Here a non-finite bucket contributes zeros and is not counted: the healthy
+    ranks train on, and the non-finite rank is excluded and restored at the next HDET sync. When
+    every rank is non-finite the result is non-finite too (nothing to average), and the run stops
+    as diverged. One all-reduce per bucket, as DDP's (the count rides at the end of the buffer).
+    """
+    grad = bucket.buffer()
+    buffer = torch.empty(grad.numel() + 1, dtype=grad.dtype, device=grad.device)
+    finite = bool(torch.isfinite(grad).all())
+    if finite:
+        buffer[:-1].copy_(grad)
+    else:
+        buffer[:-1].zero_()
+    buffer[-1] = 1.0 if finite else 0.0
+    future = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+
+    def mean_over_finite(fut: torch.futures.Future) -> torch.Tensor:
+        total = fut.value()[0]
+        count = float(total[-1])
+        return total[:-1] / count if count > 0 else torch.full_like(grad, float("nan"))
+
+    return future.then(mean_over_finite)
 
 
 def _free_port() -> int:
@@ -202,7 +234,27 @@ def launch(fn: Callable[..., int], args: tuple, nproc: int) -> int:
                 if p.is_alive():
                     p.terminate()
     codes: List[Optional[int]] = [p.exitcode for p in ctx.processes]
+    _report_failed_workers(codes, ctx.error_files)
     nonzero = [c for c in codes if c]
     if not nonzero:
         return 0
     return nonzero[0] if nonzero[0] > 0 else 1
+
+
+def _report_failed_workers(codes: List[Optional[int]], error_files: List[str]) -> None:
+    """Says on stderr how each crashed worker ended: its traceback (torch.multiprocessing leaves it
+    in the worker's error file, which nobody reads unless the parent joins), or the signal."""
+    import pickle
+
+    for rank, (code, path) in enumerate(zip(codes, error_files)):
+        if not code:
+            continue
+        trace = None
+        if path and os.path.isfile(path) and os.path.getsize(path) > 0:
+            with open(path, "rb") as f:
+                trace = pickle.load(f)
+        if code < 0:
+            print(f"worker {rank} was killed by signal {signal.Signals(-code).name}", file=sys.stderr, flush=True)
+        elif trace:
+            print(f"worker {rank} failed (exit status {code}):\n{trace.rstrip()}", file=sys.stderr, flush=True)
+        # else: a status the worker returned (e.g. diverged), which the job reports itself

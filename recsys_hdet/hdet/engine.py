@@ -33,7 +33,8 @@ Method, section by section:
    (``b <- b + drift + lambda m``, clamped). Every hparam has its own permutation.
 8. Non-finite guard: a rank whose window loss or state is non-finite is excluded from the average
    and from the controller's weights (a replica is excluded when any of its ranks is), restored
-   by the average, and reported in the sync record.
+   by the average, and reported in the sync record. When every rank is non-finite nothing is
+   averaged or controlled, and the record lists every rank as excluded (the run has diverged).
 
 Limits: the loss signal is the training loss (biased against regularizers; issue 4 revisits);
 values are constant within a window once the controller runs, as in the paper.
@@ -243,8 +244,11 @@ class HDETEngine:
         rank_ok = torch.isfinite(rank_loss) & (torch.stack(gathered)[:, 1] > 0)
         excluded_ranks = [r for r in range(self.world_size) if not bool(rank_ok[r])]
         # 2. Converge over the healthy ranks; an excluded rank is restored from their average.
+        #    With none healthy there is nothing to restore from: the record says so (every rank
+        #    excluded) and the caller stops the run as diverged.
         if len(excluded_ranks) == self.world_size:
-            raise FloatingPointError("every replica is non-finite: nothing to restore from")
+            return {"step": self.step_count, "losses": [None] * self.world_size, "hparams": {},
+                    "excluded": excluded_ranks}
         self.converge(excluded_ranks)
         # 3. Controller per hparam, then fresh permutations.
         syncs_left = max(math.ceil((self.total_steps - self.step_count) / self.config.sync_every), 0)

@@ -1,0 +1,61 @@
+"""Fault injection, for tests of what the job does when a worker goes wrong.
+
+Not a user knob: set the environment variable ``RECSYS_HDET_FAULTS`` to a comma-separated list of
+``KIND@step=S[:rank=R]`` (every rank when ``rank`` is left out). After the optimizer step of
+training step ``S`` (1-based) on rank ``R``:
+
+- ``nan_state``: writes NaN into the rank's first replicated dense parameter, as an update that
+  blew up would (the state is non-finite; the losses that follow are too).
+
+Unset (the normal case), :func:`faults_from_env` returns an empty plan and the trainer's check is
+one dictionary lookup per step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+
+ENV = "RECSYS_HDET_FAULTS"
+KINDS = ("nan_state",)
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+    rank: Optional[int]  # None: every rank
+
+
+def parse_faults(spec: str) -> List[Fault]:
+    faults = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        kind, _, where = item.partition("@")
+        fields = dict(part.split("=", 1) for part in where.split(":") if "=" in part)
+        if kind not in KINDS or "step" not in fields or set(fields) - {"step", "rank"}:
+            raise ValueError(f"{ENV}={spec!r}: cannot read {item!r}; expected KIND@step=S[:rank=R], KIND in {KINDS}")
+        faults.append(Fault(kind, int(fields["step"]), int(fields["rank"]) if "rank" in fields else None))
+    return faults
+
+
+class FaultPlan:
+    """The faults for one rank, by step."""
+
+    def __init__(self, faults: List[Fault], rank: int) -> None:
+        self.by_step: Dict[int, List[str]] = {}
+        for f in faults:
+            if f.rank is None or f.rank == rank:
+                self.by_step.setdefault(f.step, []).append(f.kind)
+
+    def after_optimizer_step(self, step: int, dense_tensors: List[torch.Tensor]) -> None:
+        for kind in self.by_step.get(step, ()):
+            if kind == "nan_state":
+                with torch.no_grad():
+                    dense_tensors[0].view(-1)[0] = float("nan")
+
+
+def faults_from_env(rank: int) -> FaultPlan:
+    return FaultPlan(parse_faults(os.environ.get(ENV, "")), rank)
