@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from recsys_hdet.components.checkpoint import load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams, set_temperature
 from recsys_hdet.components.dataloader import ORACLE_PREFIX, DatasetMeta, ParquetBatchStream, split_days
+from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
 from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, write_json_atomic
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
@@ -152,6 +153,8 @@ class Trainer:
             f"{self.pgs.layout.sharding_group_size} per sharding group x {self.pgs.layout.replicas} replicas"
         )
         status, train_loss, steps, train_seconds = self._train(model, optimizer, scheduler, averager, train_stream, total_steps)
+        if status == "completed":
+            self._check_replicas_identical(averager)
         examples = steps * train_stream.examples_per_step
         summary: Dict[str, Any] = {
             "experiment": str(cfg.experiment_name),
@@ -226,6 +229,16 @@ class Trainer:
                 axis=ReplicaAxis.per_rank(layout.world_size)),
         )
 
+    def _check_replicas_identical(self, averager: ReplicaAverager) -> None:
+        """After the pass's final average every replica must hold the same model: evaluation scores
+        each rank's copy and the checkpoint keeps one. A difference is a wiring bug, never data."""
+        differing = averager.differing_state()
+        if differing:
+            raise RuntimeError(f"the replicas' {' and '.join(differing)} state differs after the final average")
+        if self.world > 1:
+            self.log(f"final model bit-identical on every replica (dense over {self.world} ranks, embeddings over "
+                     f"{self.pgs.layout.replicas} sharding group(s))")
+
     def _warm_noise(self, averager: ReplicaAverager) -> None:
         """Each replica perturbs the warm-started weights with its own noise (method section 4)."""
         layout, nu, seed = self.pgs.layout, float(self.cfg.hdet.warm_init.nu), int(self.cfg.hdet.seed)
@@ -257,6 +270,7 @@ class Trainer:
         window_start = start
         serving_signal = self.hdet and str(self.cfg.hdet.get("signal", "train")) == "serving"
         profiler = StepProfiler.from_config(cfg.get("profile"), self.run_dir) if self.rank == 0 else None
+        faults = faults_from_env(self.rank)
         for batch in stream:
             if profiler is not None:
                 profiler.before_step(step)
@@ -277,6 +291,7 @@ class Trainer:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+            faults.after_optimizer_step(step + 1, averager.dense_tensors)
             if self.hdet:
                 # Weighted task loss as the replica's signal (the training objective, per example).
                 hdet_start = time.perf_counter()
@@ -297,13 +312,15 @@ class Trainer:
                 optimizer.apply_hparams()
             step += 1
             window_steps += 1
+            # Every replica non-finite at a sync: none to restore the others from (same on all ranks).
+            nothing_to_restore = self.hdet and record is not None and len(record["excluded"]) == self.world
             if sync_every and (step % sync_every == 0 or step == total_steps):
                 averager.average_embeddings()
             detached = per_task.detach().double()
             finite = bool(torch.isfinite(detached).all())
             window[:num_tasks] += detached if finite else 0.0
             window[num_tasks] += 0.0 if finite else 1.0
-            if step % log_every == 0 or step == total_steps:
+            if step % log_every == 0 or step == total_steps or nothing_to_restore:
                 # One small all-reduce per interval: every rank takes the same decision.
                 stats = torch.cat([window, torch.tensor([float(window_steps)], dtype=torch.float64)])
                 dist.all_reduce(stats)
@@ -323,9 +340,10 @@ class Trainer:
                 # Under HDET a non-finite replica is excluded and restored at the next sync; the run
                 # diverged only when no replica produced a finite loss in the interval.
                 non_finite = (good_steps == 0) if self.hdet else (stats[num_tasks] > 0)
-                if non_finite or not math.isfinite(avg) or avg > diverge_loss:
-                    reason = "a non-finite loss" if non_finite or not math.isfinite(avg) else (
-                        f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}")
+                if nothing_to_restore or non_finite or not math.isfinite(avg) or avg > diverge_loss:
+                    reason = ("every replica non-finite at the sync, none to restore the others from"
+                              if nothing_to_restore else "a non-finite loss" if non_finite or not math.isfinite(avg)
+                              else f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}")
                     self.log(f"DIVERGED at step {step}: {reason}. Stopping; no evaluation or checkpoint.")
                     status = "diverged"
                     break

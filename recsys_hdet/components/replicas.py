@@ -17,6 +17,7 @@ divided: gloo has no AVG), i.e. coalesced, never one call per tensor. Works on g
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from typing import Dict, List
 
@@ -111,6 +112,14 @@ def average_(tensors: List[torch.Tensor], group: dist.ProcessGroup, include: boo
             offset += t.numel()
 
 
+def digest(tensors: List[torch.Tensor]) -> str:
+    """A hash of the tensors' bytes: equal on two ranks exactly when their copies are bit-identical."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def all_finite(tensors: List[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
@@ -134,6 +143,22 @@ class ReplicaAverager:
 
     def average_dense(self, include: bool = True) -> None:
         average_(self.dense_tensors, self.world_group, include)
+
+    def differing_state(self) -> List[str]:
+        """Which replicated state is not bit-identical across its replicas: ``"dense"`` (compared over
+        the world) and/or ``"embedding"`` (over each replica group). Empty when every replica holds
+        the same model, as it must after a final average: DCP saves one copy of replicated state, so
+        a difference would silently drop the other copies. The same answer on every rank."""
+        kinds = (("dense", self.dense_tensors, self.world_group),
+                 ("embedding", self.embedding_tensors, self.replica_group))
+        differs = torch.zeros(len(kinds))
+        for i, (_, tensors, group) in enumerate(kinds):
+            if dist.get_world_size(group) > 1:
+                digests: List[str] = [""] * dist.get_world_size(group)
+                dist.all_gather_object(digests, digest(tensors), group=group)
+                differs[i] = float(len(set(digests)) > 1)
+        dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=self.world_group)
+        return [kind for (kind, _, _), d in zip(kinds, differs.tolist()) if d]
 
     def local_state_is_finite(self) -> bool:
         """Whether this rank's *replicated* state is finite: what an average can restore. Single-copy
