@@ -252,13 +252,19 @@ def main(argv=None) -> int:
     group.add_argument("--quick", action="store_true", help="one training day, one repeat (a few minutes)")
     group.add_argument("--tiny", action="store_true", help="the tiny data set, 2 workers (smoke test; numbers mean nothing)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: 3 full, 1 quick)")
-    ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results.json"))
+    ap.add_argument("--out", default=None,
+                    help="where results.json goes (default: benchmarks/results.json, the committed figures, for the "
+                         "full mode; outputs/benchmarks/results-<mode>.json for --quick and --tiny, so a trial never "
+                         "replaces them)")
     ap.add_argument("--write", action="store_true", help="record the table in BENCHMARKS.md")
     ap.add_argument("--before", action="store_true",
                     help="also run torchrec_ddp with the settings the profiling fixes replaced (" + " ".join(BEFORE) + ")")
     args = ap.parse_args(argv)
     mode_name = "tiny" if args.tiny else "quick" if args.quick else "full"
     mode = modes()[mode_name]
+    if args.out is None:
+        args.out = os.path.join(REPO, "benchmarks", "results.json") if mode_name == "full" else \
+            os.path.join(REPO, "outputs", "benchmarks", f"results-{mode_name}.json")
     repeats = args.repeats or mode["repeats"]
     command = "python -m benchmarks.run" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
     # Make sure the data set exists before timing anything (generated on first use, like training).
@@ -292,6 +298,7 @@ def main(argv=None) -> int:
     result["retried_after_failure"] = retries
     body = table(result)
     print("\n" + body)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json_atomic(args.out, result)
     print(f"\nwrote {args.out}")
     if args.write:

@@ -20,6 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from recsys_hdet.config import ConfigError, validate_config
 
 EXIT_BAD_INPUT = 2
+# Set once Hydra has composed the config and entered main(): an exit before that is Hydra's own
+# report of a config it cannot compose (unknown preset or group option, malformed override).
+_config_composed = False
 
 
 def _quiet() -> None:
@@ -104,7 +107,8 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
     with file_lock(run_dir + ".lock"):
         if ready():
             return path
-        pre = hydra.compose(config_name="config", overrides=[f"+experiment={preset}"])
+        pre = hydra.compose(config_name="config",
+                            overrides=[f"+experiment={preset}", *cfg.trainer.get("warm_start_overrides", [])])
         if pre.trainer.get("warm_start"):
             raise ConfigError(f"config trainer.warm_start_preset={preset}: that preset needs a warm start itself")
         validate_config(pre)
@@ -125,6 +129,8 @@ def main(cfg: DictConfig) -> None:
 
     from recsys_hdet.distributed import launch, under_torchrun
 
+    global _config_composed
+    _config_composed = True
     job_start = time.time()
     run_dir = hydra.core.hydra_config.HydraConfig.get().runtime.output_dir
     try:
@@ -147,4 +153,10 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as e:
+        # Hydra prints why it cannot compose the config and exits 1; that is bad config: status 2.
+        if e.code == 1 and not _config_composed:
+            sys.exit(EXIT_BAD_INPUT)
+        raise
