@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, read_json
 
 
@@ -15,6 +17,7 @@ def run_ablation(out, seeds, *overrides, data_cache):
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # several training runs end to end; `make test-all` runs it
 def test_ablation_is_resumable_and_summarizes_over_seeds(tmp_path, tiny_dataset, data_cache):
     out = tmp_path / "study"
     first = run_ablation(out, ["0"], data_cache=data_cache)

@@ -36,7 +36,7 @@ def test_invalid_config_value_is_named(tmp_path, data_cache, override, needles):
 
 def test_unknown_experiment_is_named(tmp_path, data_cache):
     proc = run_train(tmp_path / "run", "+experiment=no_such_preset", data_cache=data_cache, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, "bad config: exit status 2, as the README says"
     assert "experiment/no_such_preset" in proc.stderr
     assert "demo" in proc.stderr, "Hydra lists the available presets"
     assert not os.path.exists(tmp_path / "run" / "summary.json")

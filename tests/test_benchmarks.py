@@ -9,18 +9,27 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
-def test_benchmark_harness_runs_in_tiny_mode(tmp_path, tiny_dataset, data_cache):
-    out = tmp_path / "results.json"
+@pytest.mark.slow  # several training runs end to end; `make test-all` runs it
+def test_benchmark_harness_runs_in_tiny_mode(tiny_dataset, data_cache):
+    # Without --out, a tiny (or quick) run writes beside the committed figures, never over them.
+    out = os.path.join(REPO, "outputs", "benchmarks", "results-tiny.json")
+    if os.path.exists(out):
+        os.remove(out)
     bench_md = os.path.join(REPO, "BENCHMARKS.md")
-    before = open(bench_md).read()
+    committed = os.path.join(REPO, "benchmarks", "results.json")
+    before, committed_before = open(bench_md).read(), open(committed).read()
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--tiny", "--out", str(out)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--tiny"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    r = json.loads(out.read_text())
+    assert open(committed).read() == committed_before
+    with open(out) as f:
+        r = json.load(f)
     assert set(r["throughput"]) == {"torch_reference", "torchrec_ddp", "hdet_T1000", "hdet_T100"}
     assert all(v > 0 for v in r["throughput"].values())
     assert r["runs"] == 1 and r["mode"] == "tiny" and "cores" in r["machine"]

@@ -1,4 +1,5 @@
 """HDET in the training job: real multi-process runs of python -m recsys_hdet.train."""
+import math
 import os
 
 import pytest
@@ -33,6 +34,13 @@ def test_alpha_zero_reproduces_the_plain_run_exactly(tmp_path, data_cache, tiny_
     lr_plain = [r["lr"] for r in read_jsonl(tmp_path / "plain" / "metrics.jsonl")]
     lr_hdet = [r["lr"] for r in read_jsonl(tmp_path / "hdet" / "metrics.jsonl")]
     assert lr_plain == lr_hdet
+    # ...and HDET did run (mutant: HDET silently off at alpha = 0): a sync every 5 steps and at the end.
+    steps = read_json(tmp_path / "hdet" / "summary.json")["steps"]
+    expected = [*range(5, steps + 1, 5), *([steps] if steps % 5 else [])]
+    assert [r["step"] for r in read_jsonl(tmp_path / "hdet" / "hdet.jsonl")] == expected
+    assert read_json(tmp_path / "hdet" / "summary.json")["hdet"]["syncs"] == len(expected)
+    assert "HDET sync at step 5:" in hdet.stdout
+    assert not os.path.exists(tmp_path / "plain" / "hdet.jsonl")
 
 
 def test_two_by_two_hdet_run_spreads_every_group_and_reshuffles(tmp_path, data_cache, tiny_dataset):
@@ -59,3 +67,92 @@ def test_two_by_two_hdet_run_spreads_every_group_and_reshuffles(tmp_path, data_c
         assert len(set(orders)) > 1, f"{name} is reshuffled between syncs"
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "completed"
+
+
+def _fault_run(run_dir, faults, data_cache, *overrides):
+    env_faults = {"RECSYS_HDET_FAULTS": faults}
+    os.environ.update(env_faults)
+    try:
+        return run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+                         "hdet.sync_every=4", "hdet.controller_start=0", *overrides, data_cache=data_cache)
+    finally:
+        del os.environ["RECSYS_HDET_FAULTS"]
+
+
+def test_a_non_finite_replica_in_a_real_run_is_excluded_restored_and_training_goes_on(tmp_path, data_cache, tiny_dataset):
+    """Mutants: the trainer's converge closure averaging nothing, or averaging NaN state in; DDP's
+    gradient all-reduce letting one rank's NaN poison every rank; "diverged" on any non-finite rank."""
+    run_dir = tmp_path / "nan"
+    # After step 6, rank 3 (sharding group 1) holds a NaN dense parameter.
+    proc = _fault_run(run_dir, "nan_state@step=6:rank=3", data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = read_jsonl(run_dir / "hdet.jsonl")
+    by_step = {r["step"]: r for r in records}
+    # Rank 3's NaN output reaches its sharding-group peer (rank 2) through the embedding all-to-all's
+    # gradients; the other sharding group's ranks stay finite (the gradient all-reduce skips NaN).
+    assert by_step[4]["excluded"] == [] and by_step[8]["excluded"] == [2, 3]
+    assert by_step[8]["losses"][2] is None and by_step[8]["losses"][3] is None
+    assert all(x is not None for x in by_step[8]["losses"][:2])
+    later = [r for r in records if r["step"] > 8]
+    assert later and all(r["excluded"] == [] and None not in r["losses"] for r in later), "restored at the sync"
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "completed"
+    assert all(math.isfinite(s["eval"][t]["ne"]) and s["eval"][t]["ne"] < 1.2 for t in s["eval"])
+    assert "excluded ranks [2, 3]" in proc.stdout
+    assert "final model bit-identical on every replica" in proc.stdout
+
+
+def test_the_run_diverges_only_when_no_replica_is_finite(tmp_path, data_cache, tiny_dataset):
+    run_dir = tmp_path / "all_nan"
+    proc = _fault_run(run_dir, "nan_state@step=6", data_cache)  # every rank
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "DIVERGED at step 8: every replica non-finite at the sync" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert read_jsonl(run_dir / "hdet.jsonl")[-1] == {"step": 8, "losses": [None] * 4, "hparams": {},
+                                                      "excluded": [0, 1, 2, 3]}
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "diverged" and s["steps"] == 8 and "eval" not in s
+    assert not os.path.exists(run_dir / "checkpoint")
+
+
+def test_serving_signal_judges_replicas_by_the_served_loss(tmp_path, data_cache, tiny_dataset):
+    """hdet.signal=serving scores the replicas by the loss without smoothing (or dropout); train by the
+    training objective. With label smoothing 0.4 the smoothed BCE can never fall below the entropy of
+    a 0.2/0.8 target, H(0.2) = 0.5004 nats per task, while the served loss falls well below it."""
+    floor = -(0.2 * math.log(0.2) + 0.8 * math.log(0.8))
+    windows = {}
+    for signal in ("train", "serving"):
+        run_dir = tmp_path / signal
+        proc = run_train(run_dir, *FAST, "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=enabled",
+                         "hdet.sync_every=10", f"hdet.signal={signal}", "loss.label_smoothing=0.4",
+                         "trainer.checkpoint=false", data_cache=data_cache)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        windows[signal] = [r["losses"] for r in read_jsonl(run_dir / "hdet.jsonl")]
+    assert all(x > floor for w in windows["train"] for x in w), windows["train"]
+    assert all(x < floor - 0.05 for w in windows["serving"][1:] for x in w), windows["serving"]
+
+
+def test_warm_start_is_pretrained_on_first_use_and_each_replica_gets_its_own_noise(tmp_path, data_cache, tiny_dataset):
+    """trainer.warm_start_preset trains the missing checkpoint first; hdet.warm_init.nu perturbs every
+    replica by N(0, (nu ||theta|| / sqrt(d))^2) per tensor. With learning rates of 1e-9 nothing else
+    moves the weights, so the final average of R = 2 replicas (2 ranks = 2 sharding groups of 1, for
+    the dense and the embedding groups alike) is theta_0 plus noise of norm nu ||theta_0|| / sqrt(2)."""
+    pre = tmp_path / "pre"
+    nu = 0.01
+    tiny_lr = [f"optim.lr.{g}=1e-9" for g in ("embedding", "transformer", "non_embedding", "no_decay")]
+    proc = run_train(tmp_path / "warm", *FAST, "trainer.nproc=2", "trainer.sharding_group_size=1", "hdet=enabled",
+                     "hdet.autolr=false", f"hdet.warm_init.nu={nu}", f"trainer.warm_start={pre / 'checkpoint'}",
+                     "trainer.warm_start_preset=baseline_low",
+                     "trainer.warm_start_overrides=['data=tiny','trainer.nproc=2','trainer.sharding_group_size=1',"
+                     "'data.train_days=1']", *tiny_lr, data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "training it first with +experiment=baseline_low" in proc.stdout
+    assert read_json(pre / "summary.json")["status"] == "completed"
+    assert f"HDET warm init: every replica perturbed with nu={nu}" in proc.stdout
+    before = _checkpoint_tensors(pre / "checkpoint", tmp_path / "before.pt")
+    after = _checkpoint_tensors(tmp_path / "warm" / "checkpoint", tmp_path / "after.pt")
+    large = [k for k, t in before.items() if t.is_floating_point() and t.numel() >= 1000]
+    assert any(k.startswith("ebc.") for k in large) and any(not k.startswith("ebc.") for k in large)
+    for k in large:
+        relative = float((after[k] - before[k]).norm() / before[k].norm())
+        assert relative == pytest.approx(nu / math.sqrt(2), rel=0.1), k

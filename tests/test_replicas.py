@@ -47,6 +47,16 @@ def _average_worker(sharding_group_size):
     averager.average_dense()
     for a, b in zip(averager.dense_tensors, dense_before):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    # Under HDET the ranks' dense copies differ (one LR each): the average is over the whole world,
+    # not over a replica group (mutant: averaging dense state over pgs.replica).
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for i, t in enumerate(averager.dense_tensors):
+            t.add_(float(rank + 1) * (i + 1) * 1e-3)
+    averager.average_dense()
+    world_mean_offset = sum(range(1, world + 1)) / world * 1e-3
+    for i, (a, b) in enumerate(zip(averager.dense_tensors, dense_before)):
+        torch.testing.assert_close(a, b + world_mean_offset * (i + 1), rtol=1e-5, atol=1e-6)
     dist.destroy_process_group()
 
 
@@ -86,3 +96,27 @@ def _guard_worker():
 
 def test_a_non_finite_replica_is_left_out_of_the_average_and_restored_from_it():
     spawn(_guard_worker, 4)
+
+
+def _differing_state_worker():
+    from recsys_hdet.components.replicas import ReplicaAverager
+    from recsys_hdet.distributed import init_process_groups
+
+    pgs = init_process_groups(2)  # two embedding replicas (sharding groups), four dense replicas
+    model, opt = tiny_sharded_model(pgs)
+    averager = ReplicaAverager(model, pgs.replica, pgs.world)
+    assert averager.differing_state() == [], "a freshly built model is the same on every replica"
+    train_steps(model, opt, seed=dist.get_rank(), steps=2)  # each sharding group trains its own tables
+    assert averager.differing_state() == ["embedding"]
+    averager.average_embeddings()
+    assert averager.differing_state() == []
+    if dist.get_rank() == 1:  # one rank's dense copy moves by one ulp
+        with torch.no_grad():
+            averager.dense_tensors[-1].view(-1)[0] = torch.nextafter(averager.dense_tensors[-1].view(-1)[0],
+                                                                    torch.tensor(float("inf")))
+    assert averager.differing_state() == ["dense"], "the same answer on every rank, down to one ulp"
+    dist.destroy_process_group()
+
+
+def test_differing_state_names_what_the_replicas_disagree_on():
+    spawn(_differing_state_worker, 4)

@@ -1,0 +1,102 @@
+"""The wiring mutants each test is meant to catch, and a script that checks that it does.
+
+    .venv/bin/python tests/mutants.py            # every mutant (about 10 minutes on 2 cores)
+    .venv/bin/python tests/mutants.py A C        # some of them
+
+For each mutant: the repository is copied to a scratch directory, one product line is replaced
+(the line must be there exactly once, so a refactor that moves it makes this script say so instead
+of silently testing nothing), and the named tests run there. A mutant is killed when they fail.
+Not collected by pytest (the file name does not start with ``test_``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Mutant:
+    key: str
+    what: str
+    path: str
+    original: str
+    mutated: str
+    tests: Sequence[str]
+
+
+MUTANTS = (
+    Mutant("A", "plain runs never average their embedding replicas", "recsys_hdet/trainer.py",
+           "sync_every = int(cfg.embedding_sync_every) if averager.has_embedding_replicas and not self.hdet else 0",
+           "sync_every = 0",
+           ["tests/test_train.py::test_two_process_run_writes_the_artifact_contract"]),
+    Mutant("B", "HDET silently off at alpha = 0", "recsys_hdet/trainer.py",
+           "self.hdet = bool(cfg.hdet.enabled)",
+           "self.hdet = bool(cfg.hdet.enabled) and float(cfg.hdet.alpha) > 0",
+           ["tests/test_hdet_train.py::test_alpha_zero_reproduces_the_plain_run_exactly"]),
+    Mutant("C", "the rank's 'state is finite' flag ignored in the engine's sync", "recsys_hdet/hdet/engine.py",
+           "mine = torch.tensor([window, 1.0 if self.state_is_finite() else 0.0], dtype=torch.float64)",
+           "mine = torch.tensor([window, 1.0], dtype=torch.float64)",
+           ["tests/test_hdet_engine.py::test_a_non_finite_replica_is_excluded_and_training_goes_on"]),
+    Mutant("D", "dense state averaged over the replica group instead of the world", "recsys_hdet/components/replicas.py",
+           "average_(self.dense_tensors, self.world_group, include)",
+           "average_(self.dense_tensors, self.replica_group, include)",
+           ["tests/test_replicas.py::test_embedding_replicas_average_to_bit_identical_copies"]),
+    Mutant("E", "the trainer's converge closure averages a non-finite rank in", "recsys_hdet/trainer.py",
+           "averager.average_dense(include=layout.rank not in excluded_ranks)",
+           "averager.average_dense(include=True)",
+           ["tests/test_hdet_train.py::test_a_non_finite_replica_in_a_real_run_is_excluded_restored_and_training_goes_on"]),
+    Mutant("F", "DDP's own gradient all-reduce (one rank's NaN poisons all)", "recsys_hdet/distributed.py",
+           "    dmp._dmp_wrapped_module.register_comm_hook(pgs.world, finite_mean_allreduce_hook)\n",
+           "",
+           ["tests/test_hdet_train.py::test_a_non_finite_replica_in_a_real_run_is_excluded_restored_and_training_goes_on"]),
+    Mutant("G", "warm-init noise never applied", "recsys_hdet/trainer.py",
+           "if cfg.trainer.get(\"warm_start\") and float(cfg.hdet.warm_init.nu) > 0:",
+           "if False:",
+           ["tests/test_hdet_train.py::test_warm_start_is_pretrained_on_first_use_and_each_replica_gets_its_own_noise"]),
+    Mutant("H", "hdet.signal=serving ignored", "recsys_hdet/trainer.py",
+           "serving_signal = self.hdet and str(self.cfg.hdet.get(\"signal\", \"train\")) == \"serving\"",
+           "serving_signal = False",
+           ["tests/test_hdet_train.py::test_serving_signal_judges_replicas_by_the_served_loss"]),
+)
+
+
+def check(m: Mutant, scratch_root: str) -> str:
+    scratch = os.path.join(scratch_root, m.key)
+    shutil.copytree(REPO, scratch, ignore=shutil.ignore_patterns(".venv", ".cache", "outputs", ".git", "__pycache__"))
+    path = os.path.join(scratch, m.path)
+    text = open(path).read()
+    if text.count(m.original) != 1:
+        return f"NOT APPLIED: the line occurs {text.count(m.original)} times in {m.path}"
+    with open(path, "w") as f:
+        f.write(text.replace(m.original, m.mutated))
+    env = {**os.environ, "PYTHONPATH": scratch, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
+                          cwd=scratch, env=env, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines() or ["(no output)"]
+    # The first failure line pytest prints ("E   ..."), so the reader sees why the tests failed.
+    why = next((l.strip() for l in lines if l.startswith("E ") and "Error" in l or l.startswith("E   assert")), "")
+    verdict = "killed" if proc.returncode == 1 else "SURVIVED" if proc.returncode == 0 else f"error {proc.returncode}"
+    return f"{verdict}: {lines[-1]}" + (f" ({why[:160]})" if why else "")
+
+
+def main(keys: Sequence[str]) -> int:
+    chosen = [m for m in MUTANTS if not keys or m.key in keys]
+    survived = 0
+    with tempfile.TemporaryDirectory() as scratch_root:
+        for m in chosen:
+            result = check(m, scratch_root)
+            survived += not result.startswith("killed")
+            print(f"{m.key} | {m.what} | {' '.join(t.split('::')[-1] for t in m.tests)} | {result}", flush=True)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
