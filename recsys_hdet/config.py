@@ -34,6 +34,15 @@ def _positive_int(cfg: DictConfig, key: str) -> None:
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key, value, "must be an integer >= 1")
 
 
+def probe_rows(cfg: DictConfig) -> int:
+    """Rows reserved from each training day for HDET's probe signal: only when the probe can tell
+    replicas apart (HDET on, a spread, the controller on); otherwise the run trains on every row."""
+    h = cfg.hdet
+    if not (h.enabled and h.get("signal") == "probe" and float(h.alpha) > 0 and bool(h.autolr)):
+        return 0
+    return int(h.probe_rows)
+
+
 def validate_config(cfg: DictConfig) -> None:
     for key in ("trainer.nproc", "trainer.sharding_group_size", "trainer.log_every", "trainer.eval_batch_size", "trainer.embedding_sync_every",
                 "data.batch_size", "data.eval_days", "model.embedding_dim", "model.attention_heads"):
@@ -71,7 +80,10 @@ def validate_config(cfg: DictConfig) -> None:
             raise ConfigError(str(e)) from None
         _require(float(h.ceiling_multiple) >= 1.0, "hdet.ceiling_multiple", h.ceiling_multiple, "must be >= 1")
         _require(float(h.warm_init.nu) >= 0.0, "hdet.warm_init.nu", h.warm_init.nu, "must be >= 0")
-        _require(h.get("signal", "train") in ("train", "serving"), "hdet.signal", h.get("signal"), "'train' or 'serving'")
+        _require(h.get("signal", "train") in ("train", "serving", "probe"), "hdet.signal", h.get("signal"),
+                 "'train', 'serving' or 'probe'")
+        if h.get("signal") == "probe":
+            _positive_int(cfg, "hdet.probe_rows")
         from recsys_hdet.components.hparam_bindings import EXPLORABLE
 
         explore = h.get("explore") or {}

@@ -79,11 +79,18 @@ def _check_days_and_steps(cfg: DictConfig, root: str) -> None:
                                    int(cfg.data.get("skip_days", 0)))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    from recsys_hdet.config import probe_rows
+
     global_batch = int(cfg.data.batch_size) * int(cfg.trainer.nproc)
     rows = sum(int(meta.days[d]["rows"]) for d in train_days)
     if rows < global_batch:
         raise ConfigError(f"config data.batch_size={cfg.data.batch_size} x trainer.nproc={cfg.trainer.nproc}: "
                           f"the training days of {root} hold {rows} rows, less than one global batch")
+    reserved = probe_rows(cfg)
+    smallest = min(int(meta.days[d]["rows"]) for d in train_days)
+    if reserved and smallest - reserved < global_batch:
+        raise ConfigError(f"config hdet.probe_rows={reserved}: the smallest training day of {root} has {smallest} "
+                          f"rows; with the probe rows reserved it cannot fill one global batch of {global_batch}")
 
 
 def ensure_warm_start(cfg: DictConfig) -> str | None:

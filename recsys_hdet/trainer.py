@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from recsys_hdet.components.checkpoint import load_model, save_model
+from recsys_hdet.config import probe_rows
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams, set_temperature
 from recsys_hdet.components.dataloader import ORACLE_PREFIX, DatasetMeta, ParquetBatchStream, split_days
 from recsys_hdet.components.faults import faults_from_env
@@ -32,6 +33,7 @@ from recsys_hdet.hdet.warm_init import perturb_
 from recsys_hdet.models.ranker import PARAM_GROUPS, MultiTaskRanker, SparseFeature
 
 EXIT_DIVERGED = 3
+
 
 
 def build_model(cfg: DictConfig, meta: DatasetMeta, device: str = "meta") -> MultiTaskRanker:
@@ -110,7 +112,7 @@ class Trainer:
                                            int(cfg.data.get("skip_days", 0)))
         train_stream = ParquetBatchStream(
             meta, train_days, int(cfg.data.batch_size), self.rank, self.world, int(cfg.seed),
-            shuffle_within_day=bool(cfg.data.shuffle_within_day),
+            shuffle_within_day=bool(cfg.data.shuffle_within_day), reserve_rows=probe_rows(cfg),
         )
         total_steps = len(train_stream)
         if total_steps < 1:
@@ -139,7 +141,7 @@ class Trainer:
         if self.hdet:
             if cfg.trainer.get("warm_start") and float(cfg.hdet.warm_init.nu) > 0:
                 self._warm_noise(averager)
-            scheduler = self._build_hdet_scheduler(model, optimizer, averager, total_steps)
+            scheduler = self._build_hdet_scheduler(model, optimizer, averager, total_steps, train_stream)
         else:
             scheduler = GroupLRScheduler(optimizer.groups, schedules, bool(cfg.optim.schedule.cycle_momentum))
             optimizer.apply_hparams()
@@ -187,13 +189,21 @@ class Trainer:
         return 0 if status == "completed" else EXIT_DIVERGED
 
     # ------------------------------------------------------------------------------------------
-    def _build_hdet_scheduler(self, model, optimizer: GroupedOptimizer, averager: ReplicaAverager, total_steps: int):
+    def _build_hdet_scheduler(self, model, optimizer: GroupedOptimizer, averager: ReplicaAverager, total_steps: int,
+                              stream: ParquetBatchStream):
         cfg, layout = self.cfg, self.pgs.layout
         h = cfg.hdet
         sched = cfg.optim.schedule
         if not averager.has_embedding_replicas:
             self.log("HDET: one sharding group, so no embedding replicas: the embedding group follows the base "
                      "schedule (use trainer.sharding_group_size < trainer.nproc to explore it)")
+
+        probe = None
+        if stream.reserve_rows:
+            batch = int(cfg.trainer.eval_batch_size)
+            probe = lambda: self._probe_loss(model, stream.reserved_batches(batch))
+            self.log(f"HDET signal: every replica scores the same {stream.reserve_rows} rows reserved from each "
+                     "training day, at each sync")
 
         def converge(excluded_ranks):
             bad_groups = {r // layout.sharding_group_size for r in excluded_ranks}
@@ -220,6 +230,7 @@ class Trainer:
             state_is_finite=averager.local_state_is_finite,
             on_change=optimizer.apply_hparams,
             process_group=self.pgs.world,
+            probe=probe,
             extra_hparams=build_explored_hparams(
                 h.get("explore") or {},
                 starts={"dropout": float(cfg.model.dropout), "weight_decay": float(cfg.optim.dense.weight_decay),
@@ -228,6 +239,20 @@ class Trainer:
                 model=model, dense_groups=optimizer.groups, loss=self.loss_settings,
                 axis=ReplicaAxis.per_rank(layout.world_size)),
         )
+
+    @torch.no_grad()
+    def _probe_loss(self, model, batches) -> float:
+        """This replica's task-weighted loss on the probe rows, as it serves (eval mode: no dropout,
+        no smoothing). Every rank scores the same rows, so replicas differ by their parameters only."""
+        model.eval()
+        total = torch.zeros(len(self.tasks), dtype=torch.float64)
+        rows = 0
+        for batch in batches:
+            logits = model(batch.dense, batch.sparse)
+            total += F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").sum(0).double()
+            rows += batch.labels.shape[0]
+        model.train()
+        return self._weighted_mean(total / rows)
 
     def _check_replicas_identical(self, averager: ReplicaAverager) -> None:
         """After the pass's final average every replica must hold the same model: evaluation scores

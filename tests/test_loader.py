@@ -125,3 +125,25 @@ def test_split_days_needs_a_training_and_a_held_out_day(tiny_dataset):
     assert train == list(meta.days)[:-1] and held == list(meta.days)[-1:]
     with pytest.raises(ValueError, match="data.eval_days=3"):
         split_days(meta, 3)
+
+
+def test_probe_rows_are_the_same_on_every_rank_never_trained_on_and_never_held_out(tiny_dataset):
+    meta = DatasetMeta.load(tiny_dataset)
+    train_days, eval_days = split_days(meta, eval_days=1)
+    world, reserve = 2, 500
+    streams = [_stream(meta, rank=r, world=world, days=train_days, extras=KEYS, reserve_rows=reserve)
+               for r in range(world)]
+    trained = [set() for _ in range(world)]
+    probes = {}  # day -> per-rank probe row keys
+    iterators = [iter(s) for s in streams]
+    for batches in zip(*iterators):
+        for r, (s, b) in enumerate(zip(streams, batches)):
+            trained[r] |= _row_keys([b])
+            day = s.days[s._day_index]
+            probes.setdefault(day, [None] * world)[r] = _row_keys(s.reserved_batches(128))
+    assert set(probes) == set(train_days)
+    held_out = _row_keys(_stream(meta, days=eval_days, extras=KEYS, shuffle_within_day=False, pad_last=True))
+    for day, per_rank in probes.items():
+        assert len(per_rank[0]) == reserve and all(p == per_rank[0] for p in per_rank), "identical on every rank"
+        assert not per_rank[0] & (trained[0] | trained[1]), "probe rows are never trained on"
+        assert not per_rank[0] & held_out, "probe rows never come from a held-out day"

@@ -12,6 +12,9 @@ Design:
   labels from ``label_<task>``. Columns such as ``oracle_*`` and raw ids are never model inputs;
   ``Batch.extras`` carries them for evaluation only when asked for.
 - Position = (day index, batch index within the day); ``state_dict``/``load_state_dict`` restore it.
+- ``reserve_rows``: the last rows of each day (in stream order) are never trained on; every rank
+  can score them (:meth:`ParquetBatchStream.reserved_batches`, the same rows on every rank), e.g.
+  as HDET's probe: a comparison of the replicas on identical data the pass does not train on.
 
 Limits: a day must fit in memory (days are tens of MB here); multi-day files are not split.
 """
@@ -118,8 +121,11 @@ class ParquetBatchStream:
         shuffle_within_day: bool = True,
         pad_last: bool = False,
         extras: Sequence[str] = (),
+        reserve_rows: int = 0,
     ) -> None:
         self.meta = meta
+        self.reserve_rows = reserve_rows
+        self._arrays: Optional[_DayArrays] = None  # the day being read (for its reserved rows)
         self.days = list(days)
         self.batch_size = batch_size
         self.rank = rank
@@ -133,7 +139,7 @@ class ParquetBatchStream:
 
     # -- sizes -------------------------------------------------------------------------------
     def batches_in_day(self, day: str) -> int:
-        rows = int(self.meta.days[day]["rows"])
+        rows = int(self.meta.days[day]["rows"]) - self.reserve_rows
         global_batch = self.batch_size * self.world_size
         return -(-rows // global_batch) if self.pad_last else rows // global_batch
 
@@ -158,13 +164,21 @@ class ParquetBatchStream:
             day = self.days[self._day_index]
             n_batches = self.batches_in_day(day)
             if self._batch_index < n_batches:
-                arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras)
+                arrays = self._arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras)
                 while self._batch_index < n_batches:
                     batch = self._make_batch(arrays, self._batch_index)
                     self._batch_index += 1
                     yield batch
             self._day_index += 1
             self._batch_index = 0
+
+    def reserved_batches(self, batch_size: int) -> List[Batch]:
+        """The current day's reserved rows (identical on every rank), in batches of ``batch_size``."""
+        a = self._arrays
+        if a is None or self.reserve_rows == 0:
+            raise RuntimeError("reserved_batches: no day is being read, or no rows are reserved")
+        rows = torch.arange(a.rows - self.reserve_rows, a.rows)
+        return [self._gather(a, idx, torch.ones(len(idx), dtype=torch.bool)) for idx in rows.split(batch_size)]
 
     def _make_batch(self, a: _DayArrays, index: int) -> Batch:
         B = self.batch_size

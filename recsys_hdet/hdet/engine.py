@@ -27,6 +27,19 @@ Method, section by section:
    ~400x; both of ours decay, since the schedule only falls after its peak.)
    Before the controller starts, and for any hparam with alpha = 0 or a single replica (no signal
    to read), the base is the schedule's value at the current step.
+3b. Scale-free, log-space control (our extension, ``space="log"``; the paper's form above stays
+   ``space="linear"``, ``score="softmax"``). Replica r's value is ``base * (1 + alpha) ** u_pi(r)``
+   with the same offsets ``u`` in [-1, 1] (geometric multipliers, mean log-multiplier 0). The base
+   is the schedule times a controlled factor, ``base(t) = schedule(t) * exp(o)``: with no signal
+   ``o`` stays put and the base keeps the schedule's shape (warm-up included, so the controller may
+   start at step 0). At a sync the signal ``g`` in [-1, 1] is how strongly the window's losses
+   favour the higher offsets (``score``: "zscore", the correlation of ``-L`` with ``u``; "rank",
+   the same on ranks, i.e. centred-rank fitness shaping; "softmax", the paper's weights, giving
+   ``g = sum w u - mean u``); both scale-free scores rank a non-finite replica worst, so a replica
+   that blew up is the strongest signal, not only an exclusion. Then ``m <- beta m + (1 - beta) g``
+   and ``o <- clamp(o + step * m, range)``: ``step`` is in natural-log units per sync (by default
+   ``travel_decades * ln 10 / controlled syncs``, so a short and a long run can travel as far), and
+   ``range`` is given in decades around the schedule (``range_decades``).
 5. Beyond learning rate: any scalar is a :class:`ScalarHParam`. Scale-like ones spread
    multiplicatively (above); bounded ones additively, ``value = clamp(base + w u_pi(r))`` with
    ``u`` the same symmetric offsets in [-1, 1], and their base moves additively
@@ -36,30 +49,69 @@ Method, section by section:
    by the average, and reported in the sync record. When every rank is non-finite nothing is
    averaged or controlled, and the record lists every rank as excluded (the run has diverged).
 
-Limits: the loss signal is the training loss (biased against regularizers; issue 4 revisits);
-values are constant within a window once the controller runs, as in the paper.
+Signal: by default each rank's mean training loss over the window; a ``probe`` callable replaces it
+by a loss measured at the sync, before averaging (e.g. every replica scoring the same rows, so that
+the differences come from the parameters, not the data). Limits: in linear space values are
+constant within a window once the controller runs, as in the paper; in log space they follow the
+schedule within the window.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 
-def spread_multipliers(num_replicas: int, alpha: float) -> torch.Tensor:
-    """rho_r for r in [0, N): symmetric around 1, in [1 - alpha, 1 + alpha], float64."""
+def spread_offsets(num_replicas: int) -> torch.Tensor:
+    """u_r for r in [0, N): evenly spaced, symmetric around 0, in [-1, 1] (0 for one replica), float64."""
     if num_replicas < 1:
         raise ValueError(f"num_replicas={num_replicas}: must be >= 1")
+    centre = (num_replicas - 1) / 2.0
+    return (torch.arange(num_replicas, dtype=torch.float64) - centre) / max(centre, 0.5)
+
+
+def spread_multipliers(num_replicas: int, alpha: float, space: str = "linear") -> torch.Tensor:
+    """rho_r for r in [0, N), float64. "linear" (the paper): ``1 + alpha u``, mean 1, in
+    [1 - alpha, 1 + alpha]. "log": ``(1 + alpha) ** u``, mean log 0, in [1 / (1 + alpha), 1 + alpha]."""
     if alpha < 0:
         raise ValueError(f"hdet.alpha={alpha}: must be >= 0")
-    centre = (num_replicas - 1) / 2.0
-    delta = max(centre, 0.5)
-    offsets = (torch.arange(num_replicas, dtype=torch.float64) - centre) / delta
-    return 1.0 + alpha * offsets
+    u = spread_offsets(num_replicas)
+    return (1.0 + alpha) ** u if space == "log" else 1.0 + alpha * u
+
+
+def preference(losses: torch.Tensor, ok: torch.Tensor, u: torch.Tensor, score: str, sigma: float) -> float:
+    """g: how strongly the replicas' losses favour the higher offsets ``u``. Replicas not ``ok``
+    (non-finite) are left out by "softmax" (the paper's ``sum w u - mean u``, w = softmax((mean L -
+    L) / sigma), in loss units) and ranked worst by the scale-free scores: "zscore", the correlation
+    of ``-L`` with ``u``, and "rank", the correlation of the ranks of ``-L`` with ``u`` (centred-rank
+    fitness shaping). Both are in [-1, 1] and unchanged when the losses are scaled or shifted."""
+    if score == "softmax":
+        if int(ok.sum()) < 2:
+            return 0.0
+        L, uu = losses[ok], u[ok]
+        w = torch.softmax((L.mean() - L) / sigma, dim=0)
+        return float((w * uu).sum() - uu.mean())
+    fitness = torch.where(ok, -losses, torch.tensor(float("-inf"), dtype=torch.float64))
+    finite = torch.isfinite(fitness)
+    if int(finite.sum()) == 0:
+        return 0.0
+    if score == "rank":
+        # Average ranks (ties share one), 0 = worst; a non-finite replica is the worst.
+        order = fitness.argsort()
+        ranks = torch.empty_like(fitness)
+        ranks[order] = torch.arange(len(fitness), dtype=torch.float64)
+        f = torch.stack([ranks[fitness == x].mean() for x in fitness])
+    else:  # zscore: standardised over the finite ones; a non-finite replica one spread below the worst
+        good = fitness[finite]
+        spread = float(good.std()) if len(good) > 1 and float(good.std()) > 0 else 1.0
+        f = torch.where(finite, (fitness - good.mean()) / spread, (good.min() - good.mean()) / spread - 1.0)
+    fc, uc = f - f.mean(), u - u.mean()
+    denominator = float((fc.square().sum() * uc.square().sum()).sqrt())
+    return float((fc * uc).sum()) / denominator if denominator > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -90,17 +142,19 @@ class ScalarHParam:
     floor: float  # lower bound of the controlled base; the schedule's end
     ceiling: float  # upper bound of the controlled base
     apply: Callable[[float], None]  # puts this replica's value where it takes effect
-    # How values spread around the base: "multiplicative" (value = base * rho, for scale-like
-    # values: LR, weight decay, temperature) or "additive" (value = base + offset, clamped to
-    # [floor, ceiling], for bounded values: dropout, label smoothing).
+    # How values spread around the base: "multiplicative" (value = base * (1 + alpha u), the
+    # paper's linear form, for scale-like values: LR, weight decay, temperature), "log" (value =
+    # base * (1 + alpha) ** u, controlled in log space relative to the schedule; floor and ceiling
+    # are then unused: the config's range_decades bounds it) or "additive" (value = base + offset,
+    # clamped to [floor, ceiling], for bounded values: dropout, label smoothing).
     space: str = "multiplicative"
     # Half-width of the spread: alpha for multiplicative (None: the config's alpha), the largest
     # offset for additive (required there).
     spread: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if self.space not in ("multiplicative", "additive"):
-            raise ValueError(f"hparam {self.name}: space={self.space!r}: 'multiplicative' or 'additive'")
+        if self.space not in ("multiplicative", "log", "additive"):
+            raise ValueError(f"hparam {self.name}: space={self.space!r}: 'multiplicative', 'log' or 'additive'")
         if self.space == "additive" and self.spread is None:
             raise ValueError(f"hparam {self.name}: an additive hparam needs its spread (largest offset)")
         if self.spread is not None and (self.spread < 0 or not math.isfinite(self.spread)):
@@ -119,13 +173,21 @@ class HDETConfig:
     lam: float = 0.5  # lambda
     autolr: bool = True
     seed: int = 0
-    decay: str = "schedule"  # how the base decays with no signal: "schedule" or "geometric"
+    decay: str = "schedule"  # linear space: how the base decays with no signal: "schedule" or "geometric"
+    # Defaults are the paper's form; conf/hdet/enabled.yaml sets the measured product defaults.
+    space: str = "linear"  # how learning rates spread and are controlled: "linear" (paper) or "log"
+    score: str = "softmax"  # "softmax" (paper: absolute sigma), "zscore" or "rank" (scale-free)
+    log_step: Optional[float] = None  # log space: step in natural-log units per sync (None: from travel_decades)
+    travel_decades: float = 2.0  # log space: how far a consistent signal moves the base over the run
+    range_decades: Tuple[float, float] = (-2.0, 2.0)  # log space: bounds of base / schedule, in decades
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "HDETConfig":
         """The fields of this class read from a larger mapping (e.g. the ``hdet`` config group)."""
         types = {"alpha": float, "sync_every": int, "controller_start": int, "beta": float, "sigma": float,
-                 "lam": float, "autolr": bool, "seed": int, "decay": str}
+                 "lam": float, "autolr": bool, "seed": int, "decay": str, "space": str, "score": str,
+                 "log_step": lambda v: None if v is None else float(v), "travel_decades": float,
+                 "range_decades": lambda v: tuple(float(x) for x in v)}
         return cls(**{k: t(values[k]) for k, t in types.items() if k in values})
 
     def __post_init__(self) -> None:
@@ -137,6 +199,15 @@ class HDETConfig:
             (self.sigma > 0 and math.isfinite(self.sigma), "sigma", "must be a finite number > 0"),
             (self.lam >= 0 and math.isfinite(self.lam), "lam", "must be a finite number >= 0"),
             (self.decay in ("schedule", "geometric"), "decay", "must be 'schedule' or 'geometric'"),
+            (self.space in ("linear", "log"), "space", "must be 'linear' or 'log'"),
+            (self.score in ("softmax", "zscore", "rank"), "score", "must be 'softmax', 'zscore' or 'rank'"),
+            (self.log_step is None or (self.log_step >= 0 and math.isfinite(self.log_step)), "log_step",
+             "must be null or a finite number >= 0"),
+            (self.travel_decades >= 0 and math.isfinite(self.travel_decades), "travel_decades",
+             "must be a finite number >= 0"),
+            (len(self.range_decades) == 2 and self.range_decades[0] <= 0 <= self.range_decades[1]
+             and all(math.isfinite(x) for x in self.range_decades), "range_decades",
+             "must be [low, high] with low <= 0 <= high (decades around the schedule)"),
         ]
         for ok, key, expected in checks:
             if not ok:
@@ -149,6 +220,7 @@ class _HParamState:
     velocity: float = 0.0
     permutation: List[int] = field(default_factory=list)
     controlled: bool = False  # True once the controller owns the base
+    log_offset: float = 0.0  # log space: ln(base / schedule)
 
 
 class HDETEngine:
@@ -166,6 +238,7 @@ class HDETEngine:
         converge: Callable[[List[int]], None],
         state_is_finite: Callable[[], bool] = lambda: True,
         group: Optional[dist.ProcessGroup] = None,
+        probe: Optional[Callable[[], float]] = None,
     ) -> None:
         names = [h.name for h in hparams]
         if len(set(names)) != len(names):
@@ -177,15 +250,21 @@ class HDETEngine:
         self.converge = converge
         self.state_is_finite = state_is_finite
         self.group = group
+        self.probe = probe
         self.world_size = len(self.hparams[0].axis.replica_of_rank) if self.hparams else 1
         self.widths = {h.name: config.alpha if h.spread is None else h.spread for h in self.hparams}
-        # Per replica slot: the multiplier (multiplicative) or the offset (additive).
+        # Per replica slot: its offset u in [-1, 1], and the multiplier (multiplicative, log) or
+        # the additive offset (additive) that it stands for.
+        self.offsets = {h.name: spread_offsets(h.axis.num_replicas) for h in self.hparams}
         self.spreads = {
-            h.name: spread_multipliers(h.axis.num_replicas, self.widths[h.name])
-            - (0.0 if h.space == "multiplicative" else 1.0)
+            h.name: self.widths[h.name] * self.offsets[h.name] if h.space == "additive"
+            else spread_multipliers(h.axis.num_replicas, self.widths[h.name], "log" if h.space == "log" else "linear")
             for h in self.hparams
         }
         self.by_name = {h.name: h for h in self.hparams}
+        self.log_step = config.log_step if config.log_step is not None else (
+            config.travel_decades * math.log(10.0) / max(self.controlled_syncs(), 1))
+        self.log_range = tuple(d * math.log(10.0) for d in config.range_decades)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step_count = 0
         self.window_loss_sum = 0.0
@@ -193,6 +272,12 @@ class HDETEngine:
         self.state: Dict[str, _HParamState] = {h.name: _HParamState(base=h.schedule(0)) for h in self.hparams}
         self._draw_permutations()
         self._apply()
+
+    def controlled_syncs(self) -> int:
+        """Syncs whose controller update still has steps to act on: at or after controller_start,
+        before the last step."""
+        T, start = self.config.sync_every, self.config.controller_start
+        return sum(1 for t in range(T, self.total_steps, T) if t >= start)
 
     # -- what each replica trains with -----------------------------------------------------------
     def signal_possible(self, h: ScalarHParam) -> bool:
@@ -202,7 +287,7 @@ class HDETEngine:
         """The value of every replica of ``name`` now (replica order)."""
         h, s, spread = self.by_name[name], self.state[name], self.spreads[name]
         slots = [float(spread[s.permutation[r]]) for r in range(len(s.permutation))]
-        if h.space == "multiplicative":
+        if h.space != "additive":
             return [s.base * rho for rho in slots]
         return [min(max(s.base + offset, h.floor), h.ceiling) for offset in slots]
 
@@ -214,11 +299,17 @@ class HDETEngine:
         for h in self.hparams:
             self.state[h.name].permutation = torch.randperm(h.axis.num_replicas, generator=self.generator).tolist()
 
+    def _schedule_now(self, h: ScalarHParam) -> float:
+        return h.schedule(min(self.step_count, self.total_steps - 1))
+
     def _apply(self) -> None:
         for h in self.hparams:
             s = self.state[h.name]
-            if not s.controlled:
-                s.base = h.schedule(min(self.step_count, self.total_steps - 1))
+            if h.space == "log":
+                # The schedule's shape, times the controlled factor (1 until the controller moves it).
+                s.base = self._schedule_now(h) * math.exp(s.log_offset)
+            elif not s.controlled:
+                s.base = self._schedule_now(h)
             h.apply(self.my_value(h))
 
     # -- the training-loop hook -------------------------------------------------------------------
@@ -233,15 +324,18 @@ class HDETEngine:
         return record
 
     def _sync(self) -> Dict[str, Any]:
-        # 1. One gather of every rank's window loss (and whether its state is finite).
-        window = self.window_loss_sum / max(self.window_steps, 1)
-        mine = torch.tensor([window, 1.0 if self.state_is_finite() else 0.0], dtype=torch.float64)
+        # 1. One gather of every rank's signal (window training loss, or the probe's loss measured
+        #    now, before averaging), its window training loss, and whether its state is finite.
+        train_window = self.window_loss_sum / max(self.window_steps, 1)
+        signal = float(self.probe()) if self.probe is not None else train_window
+        mine = torch.tensor([signal, 1.0 if self.state_is_finite() else 0.0, train_window], dtype=torch.float64)
         gathered = [mine]
         if self.world_size > 1:
             gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
             dist.all_gather(gathered, mine, group=self.group)
-        rank_loss = torch.stack(gathered)[:, 0]
-        rank_ok = torch.isfinite(rank_loss) & (torch.stack(gathered)[:, 1] > 0)
+        table = torch.stack(gathered)
+        rank_loss = table[:, 0]
+        rank_ok = torch.isfinite(rank_loss) & (table[:, 1] > 0)
         excluded_ranks = [r for r in range(self.world_size) if not bool(rank_ok[r])]
         # 2. Converge over the healthy ranks; an excluded rank is restored from their average.
         #    With none healthy there is nothing to restore from: the record says so (every rank
@@ -252,13 +346,12 @@ class HDETEngine:
         self.converge(excluded_ranks)
         # 3. Controller per hparam, then fresh permutations.
         syncs_left = max(math.ceil((self.total_steps - self.step_count) / self.config.sync_every), 0)
-        # "losses" are per rank (the finest replicas); non-finite ones are written as null.
-        record: Dict[str, Any] = {
-            "step": self.step_count,
-            "losses": [float(x) if math.isfinite(x) else None for x in rank_loss.tolist()],
-            "hparams": {},
-            "excluded": excluded_ranks,
-        }
+        finite_or_none = lambda xs: [float(x) if math.isfinite(x) else None for x in xs]
+        # "losses" are per rank (the finest replicas): what the controller scored; null if non-finite.
+        record: Dict[str, Any] = {"step": self.step_count, "losses": finite_or_none(rank_loss.tolist()),
+                                  "hparams": {}, "excluded": excluded_ranks}
+        if self.probe is not None:
+            record["train_losses"] = finite_or_none(table[:, 2].tolist())
         for h in self.hparams:
             losses, ok = self._replica_losses(h, rank_loss, rank_ok)
             values = self.values(h.name)
@@ -267,12 +360,15 @@ class HDETEngine:
             if self.signal_possible(h) and self.step_count >= self.config.controller_start:
                 s.controlled = True
                 self._control(h, s, losses, ok, values, syncs_left)
-            else:
+            elif h.space != "log":
                 s.base = h.schedule(min(self.step_count, self.total_steps - 1))
             # base and values: what the window just scored trained with (its last step);
             # next_base: the base from here on (the controller's update, or the schedule).
-            record["hparams"][h.name] = {"base": window_base, "values": values, "velocity": s.velocity,
-                                         "next_base": s.base}
+            entry = {"base": window_base, "values": values, "velocity": s.velocity, "next_base": s.base}
+            if h.space == "log":
+                entry["next_base"] = h.schedule(min(self.step_count, self.total_steps - 1)) * math.exp(s.log_offset)
+                entry["log_offset"] = s.log_offset
+            record["hparams"][h.name] = entry
         self._draw_permutations()
         self.window_loss_sum, self.window_steps = 0.0, 0
         return record
@@ -290,14 +386,19 @@ class HDETEngine:
 
     def _control(self, h, s: _HParamState, losses, ok, values, syncs_left: int) -> None:
         cfg = self.config
-        v = torch.tensor(values, dtype=torch.float64)[ok]
-        L = losses[ok]
-        if len(L) >= 2:
-            scores = (L.mean() - L) / cfg.sigma
-            w = torch.softmax(scores, dim=0)
-            delta = float((w * v).sum() - v.mean())
-        else:
-            delta = 0.0
+        u = self.offsets[h.name][torch.tensor(s.permutation)]  # each replica's offset this window
+        g = preference(losses, ok, u, cfg.score, cfg.sigma)
+        if h.space == "log":
+            # Momentum and step in log units: the same relative move anywhere on the schedule.
+            s.velocity = cfg.beta * s.velocity + (1 - cfg.beta) * g
+            s.log_offset = min(max(s.log_offset + self.log_step * s.velocity, self.log_range[0]), self.log_range[1])
+            return
+        if cfg.score == "softmax":  # the paper's Delta, on the values the replicas trained with
+            v = torch.tensor(values, dtype=torch.float64)[ok]
+            L = losses[ok]
+            delta = float((torch.softmax((L.mean() - L) / cfg.sigma, dim=0) * v).sum() - v.mean()) if len(L) >= 2 else 0.0
+        else:  # g in offset units, back to value units
+            delta = g * self.widths[h.name] * (s.base if h.space == "multiplicative" else 1.0)
         s.velocity = cfg.beta * s.velocity + (1 - cfg.beta) * delta
         if h.space == "multiplicative":
             decayed = s.base * (1 - self._gamma(h, s.base, syncs_left))
@@ -341,7 +442,8 @@ class HDETEngine:
             "window_steps": self.window_steps,
             "generator": self.generator.get_state(),
             "hparams": {
-                n: {"base": s.base, "velocity": s.velocity, "permutation": list(s.permutation), "controlled": s.controlled}
+                n: {"base": s.base, "velocity": s.velocity, "permutation": list(s.permutation),
+                    "controlled": s.controlled, "log_offset": s.log_offset}
                 for n, s in self.state.items()
             },
         }
@@ -352,5 +454,6 @@ class HDETEngine:
         self.window_steps = int(state["window_steps"])
         self.generator.set_state(state["generator"])
         for n, s in state["hparams"].items():
-            self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]), bool(s["controlled"]))
+            self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]),
+                                         bool(s["controlled"]), float(s.get("log_offset", 0.0)))
         self._apply()

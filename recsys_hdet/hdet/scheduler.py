@@ -14,6 +14,10 @@ Same constructor arguments as OneCycleLR (``max_lr`` per param group, ``total_st
 - ``on_change`` runs after values are written (e.g. to push them into fused kernels).
 - ``extra_hparams``: other scalar hyperparameters explored in the same engine (same syncs, one
   gather of window losses for all, each with its own permutation).
+- ``probe``: a callable measuring this replica's loss at a sync, in place of its window training
+  loss (see :class:`~recsys_hdet.hdet.engine.HDETEngine`).
+- ``hdet.space="log"``: the learning rates spread geometrically and are controlled in log space
+  relative to the schedule (``ceiling_multiple`` then does not apply; ``range_decades`` does).
 Any other base schedule works the same way: pass ``schedules={name: callable(step) -> lr}`` and
 ``floors`` instead of the OneCycle arguments.
 """
@@ -56,6 +60,7 @@ class HDETOneCycleLR:
         process_group: Optional[dist.ProcessGroup] = None,
         log_prefix: str = "lr/",
         extra_hparams: Sequence[ScalarHParam] = (),
+        probe: Optional[Callable[[], float]] = None,
     ) -> None:
         self.optimizer = optimizer
         self.on_change = on_change
@@ -88,13 +93,14 @@ class HDETOneCycleLR:
                 floor=self.schedules[n].min_lr,
                 ceiling=ceiling_multiple * max_lrs[n],
                 apply=lambda value, n=n: self._set_lr(n, value),
+                space="log" if hdet.space == "log" else "multiplicative",
             )
             for n in names
         ]
         self.last_step = 0
         self._write_momentum()
         self.engine = HDETEngine([*hparams, *extra_hparams], hdet, rank, total_steps, converge or (lambda excluded: None),
-                                 state_is_finite, process_group)
+                                 state_is_finite, process_group, probe)
         self.on_change()
 
     def _set_lr(self, name: str, value: float) -> None:
