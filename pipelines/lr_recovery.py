@@ -1,0 +1,245 @@
+"""``python -m pipelines.lr_recovery``: can one HDET run find each group's learning rate?
+
+A study with a known answer, on the benchmark data set, cold start (no warm-start checkpoint):
+
+1. A grid of plain runs (HDET off) over the embedding LR x one shared dense LR (the transformer,
+   non_embedding and no_decay groups), 5 x 5 points on a log grid spanning 100x, one seed: the
+   grid optimum (lowest held-out NE, mean over tasks).
+2. From the grid optimum (``tuned``) and four misset starts (every group 10x too low; 10x too
+   high; embedding 10x low with dense 10x high; the reverse), seeds 0 1 2 each:
+   - the plain run at that point (the gap HDET should close),
+   - full HDET with the scale-free controller (``HDET_NEW``),
+   - full HDET in the paper's form (softmax, sigma 0.1, training-loss signal: ``HDET_PAPER``).
+3. ``lr_recovery.json`` and ``lr_recovery.md``: per start, plain and HDET held-out NE (mean over
+   tasks and seeds), the share of the gap to the grid optimum that HDET closed, each group's final
+   base (mean over the last quarter of the syncs) over the grid-optimal LR, diverged counts, wall
+   time; and ``lr_recovery.png``: each group's base over the pass with the grid optimum drawn.
+
+Every run is an ordinary ``python -m recsys_hdet.train +experiment=baseline_low ...`` job trained
+by :func:`pipelines.ablation.run_one`, so the study is resumable exactly as the ablation is
+(finished runs are skipped, a crashed one is redone). Phase 2 needs phase 1's optimum, so a rerun
+after an interrupted grid continues the grid first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from pipelines.ablation import AblationConfig, StudyMismatch, machine_line, run_dir, run_one
+from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_atomic, write_text_atomic
+
+TASKS = ("contribution", "like", "long_dwell")
+DENSE = ("transformer", "non_embedding", "no_decay")
+PRESET = "baseline_low"  # plain, 2 x 2 layout, benchmark data, cold start
+# 5 points per axis, half a decade apart: 100x end to end, centred between Baseline-Low and -High.
+EMBEDDING_GRID = tuple(0.06 * 10 ** (k / 2) for k in (-2, -1, 0, 1, 2))
+DENSE_GRID = tuple(0.003 * 10 ** (k / 2) for k in (-2, -1, 0, 1, 2))
+STARTS: Dict[str, Tuple[float, float]] = {  # (embedding, dense) factor relative to the grid optimum
+    "tuned": (1.0, 1.0),
+    "all_low": (0.1, 0.1),
+    "all_high": (10.0, 10.0),
+    "emb_low_dense_high": (0.1, 10.0),
+    "emb_high_dense_low": (10.0, 0.1),
+}
+HDET_NEW = ("hdet=enabled", "hdet.space=log", "hdet.score=rank", "hdet.signal=probe", "hdet.alpha=1.0",
+            "hdet.controller_start=0", "hdet.travel_decades=3.0")
+HDET_PAPER = ("hdet=enabled", "hdet.space=linear", "hdet.score=softmax", "hdet.sigma=0.1", "hdet.signal=train",
+              "hdet.alpha=0.1111111111111111", "hdet.controller_start=0")
+VARIANTS = {"plain": (), "hdet": HDET_NEW, "hdet_paper": HDET_PAPER}
+
+
+def lr_overrides(embedding: float, dense: float) -> List[str]:
+    return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE)]
+
+
+def _run(out: str, name: str, seed: int, overrides: Sequence[str], extra: Sequence[str]) -> Optional[Dict[str, Any]]:
+    """Trains one run (unless finished) and returns its summary, or None if it crashed."""
+    res = run_one(out, AblationConfig(name, PRESET, name, None, None), seed, [*overrides, *extra])
+    path = run_dir(out, name, seed)
+    if res.get("crashed"):
+        print(f"{name} seed {seed}: CRASHED (exit status {res['exit_status']}), see {res['log']}", flush=True)
+        return None
+    s = read_json(os.path.join(path, "summary.json"))
+    state = "skipped (finished earlier)" if res["skipped"] else f"{res['process_seconds']:.0f} s"
+    print(f"{name} seed {seed}: {s['status']}, mean NE {mean_ne(s)}, {state}", flush=True)
+    return s
+
+
+def mean_ne(summary: Dict[str, Any]) -> Optional[float]:
+    if summary.get("status") != "completed":
+        return None
+    return statistics.fmean(summary["eval"][t]["ne"] for t in TASKS)
+
+
+def grid_name(i: int, j: int) -> str:
+    return f"grid/e{i}_d{j}"
+
+
+def final_bases(path: str) -> Dict[str, float]:
+    """Each LR group's base over the last quarter of the syncs (geometric mean)."""
+    records = [r for r in read_jsonl(os.path.join(path, "hdet.jsonl")) if r.get("hparams")]
+    tail = records[len(records) - max(1, len(records) // 4):]
+    out = {}
+    for g in ("embedding", *DENSE):
+        vals = [r["hparams"][f"lr/{g}"]["next_base"] for r in tail]
+        out[g] = math.exp(statistics.fmean(math.log(v) for v in vals))
+    return out
+
+
+def _mean(xs: List[Optional[float]]) -> Optional[float]:
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def _std(xs: List[Optional[float]]) -> Optional[float]:
+    xs = [x for x in xs if x is not None]
+    return statistics.stdev(xs) if len(xs) > 1 else None
+
+
+def study(out: str, seeds: Sequence[int], extra: Sequence[str]) -> Dict[str, Any]:
+    # Phase 1: the grid, one seed.
+    grid = {}
+    for i, e in enumerate(EMBEDDING_GRID):
+        for j, d in enumerate(DENSE_GRID):
+            s = _run(out, grid_name(i, j), seeds[0], lr_overrides(e, d), extra)
+            grid[(i, j)] = {"embedding": e, "dense": d, "ne": mean_ne(s) if s else None,
+                            "wall_seconds": s["wall_seconds"] if s else None}
+    done = {k: v for k, v in grid.items() if v["ne"] is not None}
+    best = min(done, key=lambda k: done[k]["ne"])
+    optimum = {"embedding": grid[best]["embedding"], "dense": grid[best]["dense"], "ne": grid[best]["ne"]}
+    print(f"grid optimum: embedding {optimum['embedding']:.4g}, dense {optimum['dense']:.4g}, "
+          f"mean NE {optimum['ne']:.4f}", flush=True)
+    # Phase 2: the starts.
+    starts = {}
+    for start, (fe, fd) in STARTS.items():
+        lrs = lr_overrides(optimum["embedding"] * fe, optimum["dense"] * fd)
+        per_variant = {}
+        for variant, overrides in VARIANTS.items():
+            runs = []
+            for seed in seeds:
+                name = f"{start}/{variant}"
+                s = _run(out, name, seed, [*lrs, *overrides], extra)
+                path = run_dir(out, name, seed)
+                runs.append({"seed": seed, "status": s["status"] if s else "crashed", "ne": mean_ne(s) if s else None,
+                             "wall_seconds": s["wall_seconds"] if s else None,
+                             "bases": final_bases(path) if s and variant != "plain" and s["status"] == "completed" else None,
+                             "dir": os.path.relpath(path, out)})
+            per_variant[variant] = runs
+        starts[start] = summarize_start(per_variant, optimum)
+    return {"grid": [{"embedding": v["embedding"], "dense": v["dense"], "ne": v["ne"]} for v in grid.values()],
+            "grid_optimum": optimum, "starts": starts, "seeds": list(seeds),
+            "wall_seconds_grid": sum(v["wall_seconds"] or 0 for v in grid.values())}
+
+
+def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[str, float]) -> Dict[str, Any]:
+    plain_ne = _mean([r["ne"] for r in per_variant["plain"]])
+    out: Dict[str, Any] = {"plain_ne": plain_ne, "plain_ne_std": _std([r["ne"] for r in per_variant["plain"]])}
+    for variant in ("hdet", "hdet_paper"):
+        runs = per_variant[variant]
+        ne = _mean([r["ne"] for r in runs])
+        prefix = "hdet" if variant == "hdet" else "paper"
+        gap = None if plain_ne is None or ne is None or plain_ne == optimum["ne"] else \
+            (plain_ne - ne) / (plain_ne - optimum["ne"])
+        ratios = {}
+        finished = [r["bases"] for r in runs if r["bases"]]
+        if finished:
+            for key, groups in (("embedding", ("embedding",)), ("dense", DENSE)):
+                logs = [math.log(b[g] / optimum[key]) for b in finished for g in groups]
+                ratios[key] = math.exp(statistics.fmean(logs))
+        out.update({f"{prefix}_ne": ne, f"{prefix}_ne_std": _std([r["ne"] for r in runs]),
+                    f"{prefix}_gap_closed": gap, f"{prefix}_final_base_over_optimum": ratios,
+                    f"{prefix}_diverged": sum(r["status"] == "diverged" for r in runs),
+                    f"{prefix}_wall_seconds": _mean([r["wall_seconds"] for r in runs])})
+    # The acceptance keys name the new controller's figures without a prefix.
+    out.update({"hdet_ne": out["hdet_ne"], "gap_closed": out["hdet_gap_closed"],
+                "final_base_over_optimum": out["hdet_final_base_over_optimum"], "diverged": out["hdet_diverged"],
+                "seeds": len(per_variant["hdet"]), "runs": per_variant})
+    return out
+
+
+def _f(x: Optional[float], digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def render_markdown(result: Dict[str, Any]) -> str:
+    o = result["grid_optimum"]
+    lines = ["# Learning-rate recovery on the benchmark data set", "",
+             f"Produced by `{result['command']}` on {result['machine']}. Grid optimum (plain runs, seed "
+             f"{result['seeds'][0]}): embedding {o['embedding']:.4g}, dense {o['dense']:.4g}, mean held-out NE "
+             f"{o['ne']:.4f}. NE is the held-out day's normalized entropy, mean over the three tasks and the seeds.",
+             "", "| start | plain NE | HDET NE | gap closed | emb base / opt | dense base / opt | diverged | "
+             "paper-form NE | paper gap closed | paper emb / opt | paper dense / opt |", "|---|" + "---|" * 10]
+    for name, s in result["starts"].items():
+        r, p = s["final_base_over_optimum"], s["paper_final_base_over_optimum"]
+        lines.append(f"| {name} | {_f(s['plain_ne'])} ± {_f(s['plain_ne_std'])} | {_f(s['hdet_ne'])} ± "
+                     f"{_f(s['hdet_ne_std'])} | {_f(s['gap_closed'], 2)} | {_f(r.get('embedding'), 2)} | "
+                     f"{_f(r.get('dense'), 2)} | {s['diverged']}/{s['seeds']} | {_f(s['paper_ne'])} | "
+                     f"{_f(s['paper_gap_closed'], 2)} | {_f(p.get('embedding'), 2)} | {_f(p.get('dense'), 2)} |")
+    lines += ["", "## The grid (mean held-out NE, plain runs)", "",
+              "| embedding \\ dense | " + " | ".join(f"{d:.3g}" for d in DENSE_GRID) + " |", "|---|" + "---|" * 5]
+    by = {(g["embedding"], g["dense"]): g["ne"] for g in result["grid"]}
+    for e in EMBEDDING_GRID:
+        lines.append(f"| {e:.3g} | " + " | ".join(_f(by.get((e, d))) for d in DENSE_GRID) + " |")
+    lines += ["", "![each group's base over the pass](lr_recovery.png)", ""]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: Dict[str, Any], out: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    o = result["grid_optimum"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
+    for ax, (key, group) in zip(axes, (("embedding", "embedding"), ("dense", "transformer"))):
+        for name, s in result["starts"].items():
+            run = next((r for r in s["runs"]["hdet"] if r["bases"]), None)
+            if run is None:
+                continue
+            recs = [r for r in read_jsonl(os.path.join(out, run["dir"], "hdet.jsonl")) if r.get("hparams")]
+            ax.plot([r["step"] for r in recs], [r["hparams"][f"lr/{group}"]["next_base"] for r in recs], label=name)
+        ax.axhline(o[key], color="k", linestyle="--", label="grid optimum (max LR)")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_title(f"{group} base LR (seed {result['seeds'][0]})")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipelines.lr_recovery", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--out", default="outputs/lr_recovery")
+    ap.add_argument("--docs", default=None, help="also write lr_recovery.{md,json,png} into this directory (e.g. docs)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
+    args = ap.parse_args(argv)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    try:
+        result = study(out, args.seeds, args.overrides)
+    except StudyMismatch as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result["command"] = "python -m pipelines.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
+    result["machine"] = machine_line()
+    for target in [out] + ([os.path.abspath(args.docs)] if args.docs else []):
+        os.makedirs(target, exist_ok=True)
+        write_json_atomic(os.path.join(target, "lr_recovery.json"), result)
+        write_text_atomic(os.path.join(target, "lr_recovery.md"), render_markdown(result))
+        plot(result, out, os.path.join(target, "lr_recovery.png"))
+    print(f"wrote lr_recovery.md/.json/.png into {out}" + (f" and {args.docs}" if args.docs else ""), flush=True)
+    crashed = [f"{n} {r['seed']}" for n, s in result["starts"].items() for v in s["runs"].values() for r in v
+               if r["status"] == "crashed"]
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
