@@ -257,3 +257,49 @@ def test_the_paper_s_softmax_controller_cannot_recover_a_10x_error_at_our_loss_s
     final = run["bases"][-1]
     for n in "ab":
         assert abs(math.log10(final[n] / run["optimum"][n])) > math.log10(3), (n, final)
+
+
+def test_preference_scores_are_scale_free_and_rank_a_non_finite_replica_worst():
+    from recsys_hdet.hdet.engine import preference, spread_offsets
+
+    u = spread_offsets(4)
+    losses = torch.tensor([0.30, 0.25, 0.21, 0.20], dtype=torch.float64)  # higher offsets did better
+    ok = torch.ones(4, dtype=torch.bool)
+    for score in ("zscore", "rank"):
+        g = preference(losses, ok, u, score, sigma=0.1)
+        assert 0 < g <= 1
+        assert preference(losses * 1e-3 + 7.0, ok, u, score, sigma=0.1) == pytest.approx(g, rel=1e-9)
+        assert preference(losses.flip(0), ok, u, score, sigma=0.1) == pytest.approx(-g, rel=1e-9)
+    assert preference(losses, ok, u, "rank", sigma=0.1) == pytest.approx(1.0)  # perfectly monotone
+    # A replica that blew up at the highest offset is the strongest evidence against going higher.
+    blown = torch.tensor([0.30, 0.25, 0.21, float("nan")], dtype=torch.float64)
+    bad = torch.tensor([True, True, True, False])
+    assert preference(blown, bad, u, "rank", sigma=0.1) < 0 and preference(blown, bad, u, "zscore", sigma=0.1) < 0
+    # The paper's softmax: sum w u - mean u, with absolute sigma; near zero when sigma dwarfs the differences.
+    w = torch.softmax((losses.mean() - losses) / 0.1, dim=0)
+    assert preference(losses, ok, u, "softmax", sigma=0.1) == pytest.approx(float((w * u).sum() - u.mean()), rel=1e-12)
+    assert abs(preference(losses * 1e-2, ok, u, "softmax", sigma=0.1)) < 0.01
+
+
+def _log_space_warmup_worker():
+    dist.init_process_group("gloo")
+    total = 200
+    opt = _optimizer(("g",))
+    sched = HDETOneCycleLR(opt, max_lr=[0.1], total_steps=total, pct_start=0.3,
+                           hdet=HDETConfig(space="log", score="rank", alpha=0.5, sync_every=10, controller_start=0))
+    ref_opt = _optimizer(("g",))
+    ref = torch.optim.lr_scheduler.OneCycleLR(ref_opt, max_lr=0.1, total_steps=total, pct_start=0.3)
+    rho = spread_multipliers(2, 0.5, "log").tolist()
+    for step in range(total):
+        base = sched.engine.state["lr/g"].base
+        assert base == pytest.approx(ref_opt.param_groups[0]["lr"], rel=1e-12), step
+        assert min(abs(opt.param_groups[0]["lr"] / base - r) for r in rho) < 1e-12
+        sched.step(loss=1.0)  # equal losses: no signal, the controller (on from step 0) leaves the schedule be
+        if step + 1 < total:
+            ref.step()
+    assert sched.engine.state["lr/g"].log_offset == 0.0
+    dist.destroy_process_group()
+
+
+def test_log_space_controller_from_step_zero_follows_the_one_cycle_warm_up_without_signal():
+    spawn(_log_space_warmup_worker, 2)
