@@ -46,10 +46,15 @@ STARTS: Dict[str, Tuple[float, float]] = {  # (embedding, dense) factor relative
     "emb_low_dense_high": (0.1, 10.0),
     "emb_high_dense_low": (10.0, 0.1),
 }
+# The scale-free controller (items 1-4 of issue 10): probe signal, centred ranks, log space with a
+# x2 spread, on from step 0. beta 0.5: the momentum remembers ~2 syncs of a ~20-sync pass (the
+# paper's 0.9 remembers ~10, half of our run; it was set for ~1000 syncs).
 HDET_NEW = ("hdet=enabled", "hdet.space=log", "hdet.score=rank", "hdet.signal=probe", "hdet.alpha=1.0",
-            "hdet.controller_start=0", "hdet.travel_decades=3.0")
+            "hdet.controller_start=0", "hdet.beta=0.5", "hdet.travel_decades=3.0")
+# The form the product shipped before (the paper's): softmax with sigma 0.1 on the training loss,
+# linear spread 1 +- 1/9, controller from step 300 (conf/hdet/enabled.yaml's values then).
 HDET_PAPER = ("hdet=enabled", "hdet.space=linear", "hdet.score=softmax", "hdet.sigma=0.1", "hdet.signal=train",
-              "hdet.alpha=0.1111111111111111", "hdet.controller_start=0")
+              "hdet.alpha=0.1111111111111111", "hdet.beta=0.9", "hdet.controller_start=300")
 VARIANTS = {"plain": (), "hdet": HDET_NEW, "hdet_paper": HDET_PAPER}
 
 
