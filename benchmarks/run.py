@@ -12,6 +12,10 @@ so that drift in machine load hits every contender alike:
 - ``hdet_T1000``, ``hdet_T100``: the same with HDET on (alpha = 1/9 on the dense groups, controller
   on from the first sync) and converge every 1000 / 100 steps
 - ``scaling_1``, ``scaling_2``: ``torchrec_ddp`` on 1 and 2 workers (4 is ``torchrec_ddp`` itself)
+- ``hdet_probe_T100``: ``hdet_T100`` with the probe signal (every replica scores the same
+  ``hdet.probe_rows`` rows at each sync) and the scale-free log-space controller; the difference
+  in hook time from ``hdet_T100`` per sync is the probe's cost, reported as its share of training
+  time at T = 1000 (per-sync cost / 1000 steps of ``torchrec_ddp``)
 
 plus, outside the interleaving, the input pipeline alone (rank 0 of 4's ``ParquetBatchStream``:
 rows per second delivered as ready batches, KeyedJaggedTensor included) and the converge step's
@@ -110,6 +114,8 @@ def contenders(mode: Dict[str, Any], before: bool = False) -> Dict[str, Callable
         "torchrec_ddp": pipeline([]),
         "hdet_T1000": pipeline([*hdet, "hdet.sync_every=1000"]),
         "hdet_T100": pipeline([*hdet, "hdet.sync_every=100"]),
+        "hdet_probe_T100": pipeline([*hdet, "hdet.sync_every=100", "hdet.signal=probe", "hdet.space=log",
+                                     "hdet.score=rank", "hdet.alpha=1.0"]),
     }
     for k in (1, 2):
         if k < n:
@@ -155,6 +161,11 @@ def summarize(samples: Dict[str, List[Dict[str, Any]]], loader: List[float], con
     per_rank_consumption = tput["torchrec_ddp"] / mode["nproc"]
     hooks = {n: statistics.median(s["hdet_hook_seconds"] / s["train_seconds"] for s in samples[n])
              for n in ("hdet_T1000", "hdet_T100")}
+    # The probe's cost per sync: hook time beyond hdet_T100's (same syncs), then its share of
+    # 1000 steps of torchrec_ddp, i.e. of training at T = 1000.
+    syncs_t100 = samples["hdet_T100"][0]["syncs"]
+    probe_per_sync = (med("hdet_probe_T100", "hdet_hook_seconds") - med("hdet_T100", "hdet_hook_seconds")) / syncs_t100
+    step_seconds = med("torchrec_ddp", "train_seconds") / samples["torchrec_ddp"][0]["steps"]
     scaling = {str(k): tput[f"scaling_{k}"] for k in (1, 2) if f"scaling_{k}" in tput}
     scaling[str(mode["nproc"])] = tput["torchrec_ddp"]
     return {
@@ -177,6 +188,8 @@ def summarize(samples: Dict[str, List[Dict[str, Any]]], loader: List[float], con
             "loader_over_per_rank_consumption": statistics.median(loader) / per_rank_consumption,
         },
         "hdet_hooks_fraction_of_train": hooks,
+        "probe": {"seconds_per_sync": probe_per_sync, "step_seconds": step_seconds,
+                  "fraction_of_train_at_T1000": probe_per_sync / (1000 * step_seconds)},
         "syncs": {n: samples[n][0]["syncs"] for n in ("hdet_T1000", "hdet_T100")},
         "loader_rows_per_sec": statistics.median(loader),
         "loader_rows_per_sec_min_max": [min(loader), max(loader)],
@@ -215,6 +228,9 @@ def table(r: Dict[str, Any]) -> str:
         f"| HDET T=100 cost over torchrec_ddp (end to end, medians) | {ratios['hdet_T100_cost_over_torchrec_ddp'] * 100:+.2f}% "
         f"({r['syncs']['hdet_T100']} syncs) | report |",
         f"| HDET T=100: time in HDET hooks / train time (rank 0) | {hooks['hdet_T100'] * 100:.2f}% | |",
+        f"| probe signal: seconds per sync (hdet_probe_T100 hooks - hdet_T100 hooks) / its share of training "
+        f"at T=1000 | {r['probe']['seconds_per_sync']:.3f} s / {r['probe']['fraction_of_train_at_T1000'] * 100:.2f}% "
+        f"| ≤ 1% |",
         f"| input pipeline rows/s (rank 0's stream) / rows/s one rank consumes | {r['loader_rows_per_sec']:,.0f} / "
         f"{r['trainer_rows_per_sec_per_rank']:,.0f} = {ratios['loader_over_per_rank_consumption']:.1f}x | ≥ 5x |",
         "| scaling, torchrec_ddp examples/s at 1 / 2 / 4 workers | "

@@ -34,6 +34,7 @@ def test_benchmark_harness_runs_in_tiny_mode(tiny_dataset, data_cache):
     assert all(v > 0 for v in r["throughput"].values())
     assert r["runs"] == 1 and r["mode"] == "tiny" and "cores" in r["machine"]
     assert r["loader_rows_per_sec"] > 0
+    assert r["throughput_all"]["hdet_probe_T100"] > 0 and r["probe"]["step_seconds"] > 0
     assert set(r["peak_rss_mb"]) >= {"torch_reference", "torchrec_ddp", "hdet_T1000", "hdet_T100", "scaling_1"}
     assert all(v > 50 for v in r["peak_rss_mb"].values())  # a real process's RSS, in MB
     assert set(r["scaling"]) == {"1", "2"}
