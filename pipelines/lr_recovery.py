@@ -36,9 +36,13 @@ from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_ato
 TASKS = ("contribution", "like", "long_dwell")
 DENSE = ("transformer", "non_embedding", "no_decay")
 PRESET = "baseline_low"  # plain, 2 x 2 layout, benchmark data, cold start
-# 5 points per axis, half a decade apart: 100x end to end, centred between Baseline-Low and -High.
-EMBEDDING_GRID = tuple(0.06 * 10 ** (k / 2) for k in (-2, -1, 0, 1, 2))
-DENSE_GRID = tuple(0.003 * 10 ** (k / 2) for k in (-2, -1, 0, 1, 2))
+# Centres of the grid, between Baseline-Low's and Baseline-High's LRs; each axis spans 100x.
+GRID_CENTRE = {"embedding": 0.06, "dense": 0.003}
+
+
+def grid_axis(centre: float, points: int) -> Tuple[float, ...]:
+    """``points`` LRs evenly spaced in log from centre / 10 to centre x 10 (5 points: half a decade apart)."""
+    return tuple(centre * 10 ** (-1 + 2 * k / (points - 1)) for k in range(points))
 STARTS: Dict[str, Tuple[float, float]] = {  # (embedding, dense) factor relative to the grid optimum
     "tuned": (1.0, 1.0),
     "all_low": (0.1, 0.1),
@@ -106,11 +110,12 @@ def _std(xs: List[Optional[float]]) -> Optional[float]:
     return statistics.stdev(xs) if len(xs) > 1 else None
 
 
-def study(out: str, seeds: Sequence[int], extra: Sequence[str]) -> Dict[str, Any]:
+def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
+          starts: Sequence[str] = tuple(STARTS)) -> Dict[str, Any]:
     # Phase 1: the grid, one seed.
     grid = {}
-    for i, e in enumerate(EMBEDDING_GRID):
-        for j, d in enumerate(DENSE_GRID):
+    for i, e in enumerate(grid_axis(GRID_CENTRE["embedding"], points)):
+        for j, d in enumerate(grid_axis(GRID_CENTRE["dense"], points)):
             s = _run(out, grid_name(i, j), seeds[0], lr_overrides(e, d), extra)
             grid[(i, j)] = {"embedding": e, "dense": d, "ne": mean_ne(s) if s else None,
                             "wall_seconds": s["wall_seconds"] if s else None}
@@ -120,8 +125,9 @@ def study(out: str, seeds: Sequence[int], extra: Sequence[str]) -> Dict[str, Any
     print(f"grid optimum: embedding {optimum['embedding']:.4g}, dense {optimum['dense']:.4g}, "
           f"mean NE {optimum['ne']:.4f}", flush=True)
     # Phase 2: the starts.
-    starts = {}
-    for start, (fe, fd) in STARTS.items():
+    results = {}
+    for start in starts:
+        fe, fd = STARTS[start]
         lrs = lr_overrides(optimum["embedding"] * fe, optimum["dense"] * fd)
         per_variant = {}
         for variant, overrides in VARIANTS.items():
@@ -135,9 +141,9 @@ def study(out: str, seeds: Sequence[int], extra: Sequence[str]) -> Dict[str, Any
                              "bases": final_bases(path) if s and variant != "plain" and s["status"] == "completed" else None,
                              "dir": os.path.relpath(path, out)})
             per_variant[variant] = runs
-        starts[start] = summarize_start(per_variant, optimum)
+        results[start] = summarize_start(per_variant, optimum)
     return {"grid": [{"embedding": v["embedding"], "dense": v["dense"], "ne": v["ne"]} for v in grid.values()],
-            "grid_optimum": optimum, "starts": starts, "seeds": list(seeds),
+            "grid_points": points, "grid_optimum": optimum, "starts": results, "seeds": list(seeds),
             "wall_seconds_grid": sum(v["wall_seconds"] or 0 for v in grid.values())}
 
 
@@ -185,11 +191,13 @@ def render_markdown(result: Dict[str, Any]) -> str:
                      f"{_f(s['hdet_ne_std'])} | {_f(s['gap_closed'], 2)} | {_f(r.get('embedding'), 2)} | "
                      f"{_f(r.get('dense'), 2)} | {s['diverged']}/{s['seeds']} | {_f(s['paper_ne'])} | "
                      f"{_f(s['paper_gap_closed'], 2)} | {_f(p.get('embedding'), 2)} | {_f(p.get('dense'), 2)} |")
+    emb = sorted({g["embedding"] for g in result["grid"]})
+    dense = sorted({g["dense"] for g in result["grid"]})
     lines += ["", "## The grid (mean held-out NE, plain runs)", "",
-              "| embedding \\ dense | " + " | ".join(f"{d:.3g}" for d in DENSE_GRID) + " |", "|---|" + "---|" * 5]
+              "| embedding \\ dense | " + " | ".join(f"{d:.3g}" for d in dense) + " |", "|---|" + "---|" * len(dense)]
     by = {(g["embedding"], g["dense"]): g["ne"] for g in result["grid"]}
-    for e in EMBEDDING_GRID:
-        lines.append(f"| {e:.3g} | " + " | ".join(_f(by.get((e, d))) for d in DENSE_GRID) + " |")
+    for e in emb:
+        lines.append(f"| {e:.3g} | " + " | ".join(_f(by.get((e, d))) for d in dense) + " |")
     lines += ["", "![each group's base over the pass](lr_recovery.png)", ""]
     return "\n".join(lines) + "\n"
 
@@ -223,13 +231,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.lr_recovery", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="outputs/lr_recovery")
+    ap.add_argument("--grid-points", type=int, default=5, help="LRs per grid axis (default 5; at least 2)")
+    ap.add_argument("--starts", nargs="+", default=list(STARTS), choices=list(STARTS), help="a subset of the starts")
     ap.add_argument("--docs", default=None, help="also write lr_recovery.{md,json,png} into this directory (e.g. docs)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
     args = ap.parse_args(argv)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     try:
-        result = study(out, args.seeds, args.overrides)
+        if args.grid_points < 2:
+            raise StudyMismatch(f"--grid-points {args.grid_points}: at least 2")
+        result = study(out, args.seeds, args.overrides, args.grid_points, args.starts)
     except StudyMismatch as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -78,7 +78,7 @@ def check(m: Mutant, scratch_root: str) -> str:
     with open(path, "w") as f:
         f.write(text.replace(m.original, m.mutated))
     env = {**os.environ, "PYTHONPATH": scratch, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "slow or not slow", *m.tests],
                           cwd=scratch, env=env, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines() or ["(no output)"]
     # The first failure line pytest prints ("E   ..."), so the reader sees why the tests failed.

@@ -49,6 +49,7 @@ def test_ablation_is_resumable_and_summarizes_over_seeds(tmp_path, tiny_dataset,
     assert other.returncode == 2 and "seed0: finished with overrides" in other.stderr
 
 
+@pytest.mark.slow  # more multi-process runs than the default suite has time for; `make test-all` runs it
 def test_a_failing_run_is_reported_and_the_exit_status_says_so(tmp_path, tiny_dataset, data_cache):
     # An override the trainer rejects: the run fails, the pipeline carries on and exits 1 naming it.
     proc = run_ablation(tmp_path / "study", ["0"], "optim.lr.embedding=-1", data_cache=data_cache)

@@ -173,6 +173,7 @@ def test_comparison_report_renders(hdet_run, tmp_path, data_cache):
     assert "hdet" in text and "plain" in text
 
 
+@pytest.mark.slow  # more multi-process runs than the default suite has time for; `make test-all` runs it
 def test_bad_run_directories_fail_with_a_clear_message(tmp_path, hdet_run, data_cache):
     missing = run_evaluate(f"run_dir={tmp_path / 'nope'}", data_cache=data_cache)
     assert missing.returncode == 2 and "no such directory" in missing.stderr

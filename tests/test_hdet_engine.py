@@ -116,7 +116,7 @@ def _controller_run(preference, decay, tmp_path):
     return torch.load(path)
 
 
-@pytest.mark.parametrize("decay", ["schedule", "geometric"])
+@pytest.mark.parametrize("decay", ["schedule", pytest.param("geometric", marks=pytest.mark.slow)])
 def test_controller_moves_the_base_toward_what_the_losses_favour(tmp_path, decay):
     up, down, flat = (_controller_run(p, decay, tmp_path) for p in (1, -1, 0))
     at = {s: b for s, b in flat["bases"]}

@@ -74,6 +74,7 @@ def _adversarial_worker(name, direction):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # more multi-process runs than the default suite has time for; `make test-all` runs it
 @pytest.mark.parametrize("name", ["dropout", "temp"])
 @pytest.mark.parametrize("direction", [1, -1])
 def test_bounds_hold_under_adversarial_losses(name, direction):

@@ -115,6 +115,7 @@ def test_the_run_diverges_only_when_no_replica_is_finite(tmp_path, data_cache, t
     assert not os.path.exists(run_dir / "checkpoint")
 
 
+@pytest.mark.slow  # more multi-process runs than the default suite has time for; `make test-all` runs it
 def test_serving_signal_judges_replicas_by_the_served_loss(tmp_path, data_cache, tiny_dataset):
     """hdet.signal=serving scores the replicas by the loss without smoothing (or dropout); train by the
     training objective. With label smoothing 0.4 the smoothed BCE can never fall below the entropy of
@@ -132,6 +133,7 @@ def test_serving_signal_judges_replicas_by_the_served_loss(tmp_path, data_cache,
     assert all(x < floor - 0.05 for w in windows["serving"][1:] for x in w), windows["serving"]
 
 
+@pytest.mark.slow  # more multi-process runs than the default suite has time for; `make test-all` runs it
 def test_warm_start_is_pretrained_on_first_use_and_each_replica_gets_its_own_noise(tmp_path, data_cache, tiny_dataset):
     """trainer.warm_start_preset trains the missing checkpoint first; hdet.warm_init.nu perturbs every
     replica by N(0, (nu ||theta|| / sqrt(d))^2) per tensor. With learning rates of 1e-9 nothing else

@@ -1,0 +1,40 @@
+"""The learning-rate recovery pipeline end to end on tiny data: its artifacts and its resumability."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, read_json
+
+
+def _study(out, data_cache):
+    env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "pipelines.lr_recovery", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1",
+           "--out", str(out), "--grid-points", "2", "--starts", "tuned", "all_low", "--seeds", "0"]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.mark.slow  # ten training runs; `make test-all` runs it
+def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, data_cache):
+    out = tmp_path / "study"
+    proc = _study(out, data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = read_json(out / "lr_recovery.json")
+    assert len(r["grid"]) == 4 and all(g["ne"] is not None for g in r["grid"])
+    best = min(r["grid"], key=lambda g: g["ne"])
+    assert r["grid_optimum"] == {"embedding": best["embedding"], "dense": best["dense"], "ne": best["ne"]}
+    assert set(r["starts"]) == {"tuned", "all_low"}
+    for start in r["starts"].values():
+        assert {"plain_ne", "hdet_ne", "gap_closed", "final_base_over_optimum", "diverged", "seeds"} <= set(start)
+        assert start["seeds"] == 1 and start["diverged"] == 0
+        assert set(start["final_base_over_optimum"]) == {"embedding", "dense"}
+        assert all(v > 0 for v in start["final_base_over_optimum"].values())
+    # The tuned plain run trains at the grid optimum's point with the same seed.
+    assert r["starts"]["tuned"]["plain_ne"] == pytest.approx(best["ne"], abs=2e-3)
+    assert os.path.getsize(out / "lr_recovery.png") > 10_000
+    assert "| all_low |" in (out / "lr_recovery.md").read_text()
+    again = _study(out, data_cache)
+    assert again.returncode == 0 and "CRASHED" not in again.stdout
+    assert again.stdout.count("skipped (finished earlier)") == 10
+    assert read_json(out / "lr_recovery.json")["starts"] == r["starts"]
