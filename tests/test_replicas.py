@@ -60,7 +60,7 @@ def _average_worker(sharding_group_size):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("sharding_group_size", [2, 1, 4])
+@pytest.mark.parametrize("sharding_group_size", [2, 1, pytest.param(4, marks=pytest.mark.slow)])
 def test_embedding_replicas_average_to_bit_identical_copies(sharding_group_size):
     spawn(_average_worker, 4, sharding_group_size)
 
