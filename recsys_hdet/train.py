@@ -130,6 +130,22 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
     return path
 
 
+def _remove_hydra_leftovers(run_dir: str) -> None:
+    """A run that fails validation trains and writes nothing: Hydra has already written ``.hydra/``
+    and an empty job log into the run directory, so those go, and the directory too if that leaves
+    it empty (a directory that held anything else is kept)."""
+    import shutil
+
+    shutil.rmtree(os.path.join(run_dir, ".hydra"), ignore_errors=True)
+    log = os.path.join(run_dir, "train.log")
+    if os.path.isfile(log) and os.path.getsize(log) == 0:
+        os.remove(log)
+    try:
+        os.rmdir(run_dir)
+    except OSError:
+        pass  # not empty: it held something before this run
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from data_tools.errors import DataError
@@ -149,6 +165,7 @@ def main(cfg: DictConfig) -> None:
         warm_start = ensure_warm_start(cfg)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
+        _remove_hydra_leftovers(run_dir)
         sys.exit(EXIT_BAD_INPUT)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["data"]["root"] = root
