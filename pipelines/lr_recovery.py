@@ -230,10 +230,12 @@ def plot(result: Dict[str, Any], out: str, path: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.lr_recovery", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--out", default="outputs/lr_recovery")
+    ap.add_argument("--out", default="docs/lr_recovery",
+                    help="study directory (runs/<start>/<variant>/seed<k>); the default is committed without "
+                         "checkpoints, so a later session resumes where an earlier one stopped")
     ap.add_argument("--grid-points", type=int, default=5, help="LRs per grid axis (default 5; at least 2)")
     ap.add_argument("--starts", nargs="+", default=list(STARTS), choices=list(STARTS), help="a subset of the starts")
-    ap.add_argument("--docs", default=None, help="also write lr_recovery.{md,json,png} into this directory (e.g. docs)")
+    ap.add_argument("--docs", default="docs", help="where lr_recovery.{md,json,png} go (default docs)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
     args = ap.parse_args(argv)
     out = os.path.abspath(args.out)
@@ -247,12 +249,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     result["command"] = "python -m pipelines.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
-    for target in [out] + ([os.path.abspath(args.docs)] if args.docs else []):
-        os.makedirs(target, exist_ok=True)
-        write_json_atomic(os.path.join(target, "lr_recovery.json"), result)
-        write_text_atomic(os.path.join(target, "lr_recovery.md"), render_markdown(result))
-        plot(result, out, os.path.join(target, "lr_recovery.png"))
-    print(f"wrote lr_recovery.md/.json/.png into {out}" + (f" and {args.docs}" if args.docs else ""), flush=True)
+    docs = os.path.abspath(args.docs)
+    os.makedirs(docs, exist_ok=True)
+    write_json_atomic(os.path.join(docs, "lr_recovery.json"), result)
+    write_text_atomic(os.path.join(docs, "lr_recovery.md"), render_markdown(result))
+    plot(result, out, os.path.join(docs, "lr_recovery.png"))
+    print(f"wrote lr_recovery.md/.json/.png into {docs}", flush=True)
     crashed = [f"{n} {r['seed']}" for n, s in result["starts"].items() for v in s["runs"].values() for r in v
                if r["status"] == "crashed"]
     return 1 if crashed else 0

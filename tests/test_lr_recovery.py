@@ -11,7 +11,7 @@ from conftest import REPO, read_json
 def _study(out, data_cache):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "pipelines.lr_recovery", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1",
-           "--out", str(out), "--grid-points", "2", "--starts", "tuned", "all_low", "--seeds", "0"]
+           "--out", str(out), "--docs", str(out), "--grid-points", "2", "--starts", "tuned", "all_low", "--seeds", "0"]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
 
 
