@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from recsys_hdet.components.checkpoint import load_model, save_model
-from recsys_hdet.config import probe_rows
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams, set_temperature
 from recsys_hdet.components.dataloader import ORACLE_PREFIX, DatasetMeta, ParquetBatchStream, split_days
 from recsys_hdet.components.faults import faults_from_env
@@ -27,13 +26,13 @@ from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycl
 from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, write_json_atomic
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
 from recsys_hdet.components.replicas import ReplicaAverager
+from recsys_hdet.config import probe_rows
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.hdet import HDETConfig, HDETOneCycleLR, ReplicaAxis
 from recsys_hdet.hdet.warm_init import perturb_
 from recsys_hdet.models.ranker import PARAM_GROUPS, MultiTaskRanker, SparseFeature
 
 EXIT_DIVERGED = 3
-
 
 
 def build_model(cfg: DictConfig, meta: DatasetMeta, device: str = "meta") -> MultiTaskRanker:
