@@ -35,12 +35,10 @@ def _positive_int(cfg: DictConfig, key: str) -> None:
 
 
 def probe_rows(cfg: DictConfig) -> int:
-    """Rows reserved from each training day for HDET's probe signal: only when the probe can tell
-    replicas apart (HDET on, a spread, the controller on); otherwise the run trains on every row."""
+    """Rows reserved from each training day for HDET's probe signal (0 unless HDET is on with
+    ``signal: probe``: every other run, alpha = 0 with the default signal included, trains on every row)."""
     h = cfg.hdet
-    if not (h.enabled and h.get("signal") == "probe" and float(h.alpha) > 0 and bool(h.autolr)):
-        return 0
-    return int(h.probe_rows)
+    return int(h.probe_rows) if h.enabled and h.get("signal") == "probe" else 0
 
 
 def validate_config(cfg: DictConfig) -> None:

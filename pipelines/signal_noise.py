@@ -1,0 +1,133 @@
+"""``python -m pipelines.signal_noise``: how noisy is each HDET signal, against the effect it measures?
+
+Four HDET runs of one preset (default: ``baseline_low`` on the benchmark data, cold start), the
+controller off so that every run follows the same schedule:
+
+- ``train_alpha0`` / ``probe_alpha0``: no spread. Every replica trains with the same learning
+  rates, so every difference between the replicas' losses at a sync is noise: with ``train``, each
+  rank's window loss on its own data; with ``probe``, the replicas scored on the same rows (what is
+  left is the drift of the embedding copies between syncs).
+- ``train_spread`` / ``probe_spread``: the scale-free controller's spread (log space, x2 each way,
+  ``alpha = 1``): the differences now also carry the learning rates' effect.
+
+For each run, from ``hdet.jsonl``: the standard deviation of the replicas' deviations from their
+mean at each sync (pooled over syncs), and per learning-rate group the mean over syncs of the rank
+correlation between ``-loss`` and the replicas' spread offsets (``preference``: what the ``rank``
+score feeds the controller; 0 on average when there is nothing to find). Writes
+``signal_noise.{md,json}``. Resumable like the ablation (finished runs are skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+
+from pipelines.ablation import AblationConfig, StudyMismatch, machine_line, run_dir, run_one
+from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_atomic, write_text_atomic
+from recsys_hdet.hdet.engine import preference, spread_offsets
+
+GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
+COMMON = ("hdet=enabled", "hdet.autolr=false", "hdet.space=log", "hdet.score=rank")
+RUNS = {
+    "train_alpha0": (*COMMON, "hdet.alpha=0.0", "hdet.signal=train"),
+    "probe_alpha0": (*COMMON, "hdet.alpha=0.0", "hdet.signal=probe"),
+    "train_spread": (*COMMON, "hdet.alpha=1.0", "hdet.signal=train"),
+    "probe_spread": (*COMMON, "hdet.alpha=1.0", "hdet.signal=probe"),
+}
+
+
+def measure(records) -> Dict[str, Any]:
+    """Noise (std of per-sync deviations) and per-group mean rank preference from sync records."""
+    deviations, prefs = [], {g: [] for g in GROUPS}
+    for r in records:
+        losses = r["losses"]
+        if None in losses or not r.get("hparams"):
+            continue
+        mean = statistics.fmean(losses)
+        deviations += [x - mean for x in losses]
+        for g in GROUPS:
+            h = r["hparams"].get(f"lr/{g}")
+            if h is None or h["base"] <= 0:
+                continue
+            n = len(h["values"])
+            # Each replica's offset u from its value: value = base (1 + alpha)^u, so u is the
+            # rank of value / base among the spread's; with no spread every u is 0.
+            ratios = [v / h["base"] for v in h["values"]]
+            if max(ratios) == min(ratios):
+                continue  # no spread: nothing to correlate with
+            u = torch.zeros(n, dtype=torch.float64)
+            u[sorted(range(n), key=ratios.__getitem__)] = spread_offsets(n)
+            per_replica = torch.tensor([statistics.fmean(losses[k] for k in _members(len(losses), n, i))
+                                        for i in range(n)], dtype=torch.float64)
+            prefs[g].append(preference(per_replica, torch.ones(n, dtype=torch.bool), u, "rank", 1.0))
+    return {"syncs": len(records), "noise_std": statistics.pstdev(deviations) if deviations else None,
+            "preference": {g: statistics.fmean(p) if p else None for g, p in prefs.items()}}
+
+
+def _members(ranks: int, replicas: int, i: int):
+    """The ranks of replica ``i`` when ``ranks`` ranks form ``replicas`` contiguous replicas."""
+    block = ranks // replicas
+    return range(i * block, (i + 1) * block)
+
+
+def _f(x: Optional[float], digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def render_markdown(result: Dict[str, Any]) -> str:
+    lines = ["# HDET signal noise", "", f"Produced by `{result['command']}` on {result['machine']}. Noise: the "
+             "standard deviation of the replicas' losses around their mean at each sync, pooled over syncs. "
+             "Preference: the mean over syncs of the rank correlation between -loss and each replica's spread "
+             "offset (what the rank score gives the controller; positive: higher learning rates did better).", "",
+             "| run | syncs | loss std across replicas | " + " | ".join(f"preference {g}" for g in GROUPS) + " | train loss |",
+             "|---|---|---|" + "---|" * (len(GROUPS) + 1)]
+    for name, m in result["runs"].items():
+        lines.append(f"| {name} | {m['syncs']} | {_f(m['noise_std'], 5)} | "
+                     + " | ".join(_f(m["preference"][g], 3) for g in GROUPS) + f" | {_f(m['train_loss'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipelines.signal_noise", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="baseline_low")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="docs/signal_noise", help="study directory (committed without checkpoints)")
+    ap.add_argument("--docs", default="docs", help="where signal_noise.{md,json} go")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    args = ap.parse_args(argv)
+    out = os.path.abspath(args.out)
+    result: Dict[str, Any] = {"preset": args.preset, "seed": args.seed, "runs": {}}
+    for name, overrides in RUNS.items():
+        try:
+            res = run_one(out, AblationConfig(name, args.preset, name, None, None), args.seed,
+                          [*overrides, *args.overrides])
+        except StudyMismatch as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if res.get("crashed"):
+            print(f"{name}: CRASHED (exit status {res['exit_status']}), see {res['log']}", file=sys.stderr)
+            return 1
+        path = run_dir(out, name, args.seed)
+        m = measure(read_jsonl(os.path.join(path, "hdet.jsonl")))
+        m["train_loss"] = read_json(os.path.join(path, "summary.json"))["train_loss"]["avg"]
+        result["runs"][name] = m
+        print(f"{name}: noise std {_f(m['noise_std'], 5)}, preference "
+              + " ".join(f"{g}={_f(v, 3)}" for g, v in m["preference"].items()), flush=True)
+    result["command"] = "python -m pipelines.signal_noise " + " ".join(sys.argv[1:] if argv is None else argv)
+    result["machine"] = machine_line()
+    docs = os.path.abspath(args.docs)
+    os.makedirs(docs, exist_ok=True)
+    write_json_atomic(os.path.join(docs, "signal_noise.json"), result)
+    write_text_atomic(os.path.join(docs, "signal_noise.md"), render_markdown(result))
+    print(f"wrote signal_noise.md/.json into {docs}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
