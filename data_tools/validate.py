@@ -81,6 +81,13 @@ def _header(path: str) -> list[str]:
         raise data_error(path, None, "file not found")
     if os.path.getsize(path) == 0:
         raise data_error(path, None, "empty file (0 bytes, no header)")
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) not in (b"\n", b"\r"):
+            # A CSV writer ends every line with a newline; a file without one was cut off, and its
+            # last line (a truncated value, a row missing fields) would be read as data.
+            raise data_error(path, None, "the file does not end with a newline: its last line is cut off "
+                                         "(truncated file?)")
     try:
         return list(scan_raw_csv(path).collect_schema().names())
     except Exception as e:  # noqa: BLE001 - any parser failure is a data problem
@@ -164,8 +171,9 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
         dtypes.update({c: pl.Float64 for c in oracle_cols})
         d, hm = pl.col("date__p"), pl.col("hourmin__p")
         y, m, dd = d // 10000, (d // 100) % 100, d % 100
-        baddate = d.is_not_null() & ~((y >= 1900) & (y <= 2200) & (m >= 1) & (m <= 12)
-                                      & (dd >= 1) & (dd <= 31))
+        # A calendar date (20220431 is not one), in a plausible range.
+        calendar = d.cast(pl.String).str.to_date("%Y%m%d", strict=False)
+        baddate = d.is_not_null() & (calendar.is_null() | (y < 1900) | (y > 2200))
         badhm = (hm < 0) | (hm > 2359) | (hm % 100 > 59)
         extra = [
             baddate.sum().alias("__baddate"), d.filter(baddate).first().alias("__baddateval"),
@@ -179,7 +187,7 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
                         S.LOG_ID_COLUMNS + tuple(label_cols) + ("time_ms",), tuple(oracle_cols),
                         extra, lenient_int=False)
         if st["__baddate"]:
-            raise data_error(f, "date", f"{st['__baddate']} values not YYYYMMDD dates "
+            raise data_error(f, "date", f"{st['__baddate']} values not calendar dates in YYYYMMDD form "
                                         f"(e.g. {st['__baddateval']!r})")
         if st["__badhm"]:
             raise data_error(f, "hourmin", f"{st['__badhm']} values not an HHMM time of day "

@@ -305,6 +305,25 @@ def test_bad_empty_log(raw_copy, tmp_path, kind):
     assert "empty" in str(e.value)
 
 
+def test_calendar_invalid_date_is_named(raw_copy, tmp_path):
+    log = _raw(raw_copy)[0]
+    _rewrite(log, lambda d: d.with_columns(
+        pl.when(pl.int_range(pl.len()) == 4).then(pl.lit("20220431")).otherwise(pl.col("date")).alias("date")))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, log, "date")
+    assert "20220431" in str(e.value) and "calendar" in str(e.value)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])  # the log, the user features, the video features
+def test_a_file_cut_off_mid_line_is_refused(raw_copy, tmp_path, which):
+    path = _raw(raw_copy)[which]
+    with open(path, "rb+") as f:
+        f.truncate(os.path.getsize(path) - 3)  # inside the last line's last field
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, path, None)
+    assert "does not end with a newline" in str(e.value)
+
+
 def test_validate_raw_ok(raw_dir):
     info = validate_raw(_raw(raw_dir)[0], *_raw(raw_dir)[1:])
     assert info["dates"] == [20220408, 20220409, 20220410] and info["has_oracle"]
