@@ -84,11 +84,15 @@ def _log1p_nonneg(e: pl.Expr) -> pl.Expr:
 
 
 def convert(log, users: str, videos: str, out: str, vocab: dict | None = None, *,
-            overwrite: bool = False, source: dict | None = None, verbose: bool = False) -> dict:
+            overwrite: bool = False, source: dict | None = None, verbose: bool = False,
+            max_unmatched_fraction: float = 0.01, max_conflicting_duplicates: int = 0) -> dict:
     """Convert raw CSVs (``log``: a glob, path or list) into the processed directory ``out``.
 
     Returns the written meta dict. Raises DataError (naming file and column) on bad input;
-    on any failure ``out`` is left untouched and no temp directory remains.
+    on any failure ``out`` is left untouched and no temp directory remains. Joins are checked
+    first (:func:`check_joins`): log rows whose user or video has no feature row, and feature
+    rows that repeat an id with other values, are counted, reported in ``meta.source.joins`` and
+    refused above ``max_unmatched_fraction`` of the log rows / ``max_conflicting_duplicates`` ids.
     """
     t0 = time.time()
     out = os.path.abspath(os.fspath(out))
@@ -97,6 +101,8 @@ def convert(log, users: str, videos: str, out: str, vocab: dict | None = None, *
     voc = resolve_vocab(vocab)
     info = validate_raw(log, users, videos)
     files = info["log_files"]
+    joins = check_joins(files, users, videos, max_unmatched_fraction, max_conflicting_duplicates)
+    source = {**(source or {}), "joins": joins}
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
@@ -117,7 +123,42 @@ def convert(log, users: str, videos: str, out: str, vocab: dict | None = None, *
     if verbose:
         rows = sum(d["rows"] for d in meta["days"].values())
         print(f"converted {rows} rows in {len(meta['days'])} days into {out} in {time.time() - t0:.1f}s")
+        print("joins: " + ", ".join(f"{k} {v}" for k, v in joins.items()))
     return meta
+
+
+def check_joins(files, users: str, videos: str, max_unmatched_fraction: float,
+                max_conflicting_duplicates: int) -> dict:
+    """Counts what the feature joins would otherwise do silently: log rows whose user (video) has no
+    feature row (they would get all-zero features), and ids repeated in a feature file, exactly
+    (dropped) or with conflicting values (only the first would be kept). Raises DataError above the
+    thresholds, naming the file, the column, the count and an example id."""
+    ids = pl.concat([scan_raw_csv(f).select(parse_expr("user_id", pl.Int64, lenient_int=False),
+                                             parse_expr("video_id", pl.Int64, lenient_int=False)) for f in files])
+    counts: dict = {}
+    log_rows = ids.select(pl.len()).collect().item()
+    counts["log_rows"] = log_rows
+    for kind, path, col in (("user", users, "user_id"), ("video", videos, "video_id")):
+        table = scan_raw_csv(path).with_columns(parse_expr(col, pl.Int64))
+        per_id = table.group_by(col).agg(pl.len().alias("n"), pl.struct(pl.all().exclude(col)).n_unique().alias("distinct"))
+        dup = per_id.filter(pl.col("n") > 1).select(
+            pl.len().alias("ids"), (pl.col("distinct") > 1).sum().alias("conflicting"),
+            pl.col(col).filter(pl.col("distinct") > 1).first().alias("example")).collect().row(0, named=True)
+        unmatched = ids.join(table.select(col).unique(), on=col, how="anti").select(
+            pl.len().alias("rows"), pl.col(col).first().alias("example")).collect().row(0, named=True)
+        counts[f"unmatched_{kind}_rows"] = unmatched["rows"]
+        counts[f"duplicate_{kind}_ids"] = dup["ids"]
+        counts[f"conflicting_{kind}_ids"] = dup["conflicting"]
+        if dup["conflicting"] > max_conflicting_duplicates:
+            raise data_error(path, col, f"{dup['conflicting']} ids repeated with conflicting feature values (e.g. "
+                                        f"{dup['example']}); allowed: {max_conflicting_duplicates} "
+                                        "(--max-conflicting-duplicates)")
+        if unmatched["rows"] > max_unmatched_fraction * log_rows:
+            raise data_error(path, col, f"{unmatched['rows']} of {log_rows} log rows "
+                                        f"({unmatched['rows'] / log_rows:.2%}) have a {col} with no row in this "
+                                        f"file (e.g. {unmatched['example']}); allowed: {max_unmatched_fraction:.2%} "
+                                        "(--max-unmatched)")
+    return counts
 
 
 def _convert_into(tmp, files, users, videos, voc, info, source) -> dict:
@@ -261,10 +302,15 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", action="append", default=[], metavar="NAME=INT",
                     help=f"hashed vocab size (defaults: {S.DEFAULT_VOCAB})")
     ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--max-unmatched", type=float, default=0.01, metavar="FRACTION",
+                    help="largest share of log rows whose user or video has no feature row (default 0.01)")
+    ap.add_argument("--max-conflicting-duplicates", type=int, default=0, metavar="N",
+                    help="ids a feature file may repeat with conflicting values (default 0)")
     args = ap.parse_args(argv)
     try:
         convert(args.log, args.users, args.videos, args.out, _parse_vocab_args(args.vocab),
-                overwrite=args.overwrite, verbose=True)
+                overwrite=args.overwrite, verbose=True, max_unmatched_fraction=args.max_unmatched,
+                max_conflicting_duplicates=args.max_conflicting_duplicates)
     except DataError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 1

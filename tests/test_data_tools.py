@@ -186,13 +186,23 @@ def test_convert_matches_contract(processed, raw_dir):
     assert total == raw.height
 
 
-def test_convert_missing_join_gives_zeros(raw_copy, tmp_path):
+def test_unmatched_joins_are_counted_and_refused_above_the_threshold(raw_copy, tmp_path):
     log, users, videos = _raw(raw_copy)
     # drop one user and one video from the feature tables
     _rewrite(users, lambda d: d.filter(pl.col("user_id") != "0"))
     _rewrite(videos, lambda d: d.filter(pl.col("video_id") != "1"))
+    raw = pl.read_csv(log, infer_schema=False)
+    n_user, n_video = (raw["user_id"] == "0").sum(), (raw["video_id"] == "1").sum()
+    with pytest.raises(DataError) as e:
+        convert(log, users, videos, str(tmp_path / "refused"), VOCAB,
+                max_unmatched_fraction=min(n_user, n_video) / raw.height / 2)
+    assert "have a user_id with no row" in str(e.value) or "have a video_id with no row" in str(e.value)
+    assert not os.path.exists(tmp_path / "refused")
     out = str(tmp_path / "o")
-    convert(log, users, videos, out, VOCAB)
+    meta = convert(log, users, videos, out, VOCAB, max_unmatched_fraction=1.0)
+    joins = meta["source"]["joins"]
+    assert joins["unmatched_user_rows"] == n_user and joins["unmatched_video_rows"] == n_video
+    assert joins["log_rows"] == raw.height
     df = pl.concat([pl.read_parquet(os.path.join(out, f)) for f in sorted(os.listdir(out))
                     if f.endswith(".parquet")])
     u = df.filter(pl.col("user_id_raw") == 0)
@@ -201,6 +211,20 @@ def test_convert_missing_join_gives_zeros(raw_copy, tmp_path):
     assert (u["user_active_degree"] == 0).all() and (u["log_follow_user_num"] == 0).all()
     assert (v["author_id"] == 0).all() and (v["tag"].list.len() == 0).all()
     assert (v["log_video_duration_s"] == 0).all() and (v["aspect_ratio"] == 0).all()
+
+
+def test_conflicting_duplicate_feature_rows_are_refused(raw_copy, tmp_path):
+    log, users, videos = _raw(raw_copy)
+    _rewrite(users, lambda d: pl.concat([d, d.head(1).with_columns(pl.lit("999").alias("follow_user_num"))]))
+    with pytest.raises(DataError) as e:
+        convert(log, users, videos, str(tmp_path / "o"), VOCAB)
+    _assert_names(e, users, "user_id")
+    assert "1 ids repeated with conflicting feature values" in str(e.value)
+    # The same row twice is no conflict: it is counted and dropped.
+    _rewrite(users, lambda d: d.unique(subset=["user_id"], keep="first", maintain_order=True))
+    _rewrite(users, lambda d: pl.concat([d, d.head(1)]))
+    meta = convert(log, users, videos, str(tmp_path / "o2"), VOCAB)
+    assert meta["source"]["joins"]["duplicate_user_ids"] == 1 and meta["source"]["joins"]["conflicting_user_ids"] == 0
 
 
 def test_convert_ignores_extra_columns(raw_copy, processed, tmp_path):
