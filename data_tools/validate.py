@@ -94,6 +94,20 @@ def _header(path: str) -> list[str]:
         raise data_error(path, None, f"not a readable CSV file ({type(e).__name__}: {e})") from None
 
 
+def _check_field_counts(path: str, header: list[str]) -> None:
+    """Every line has the header's number of fields. polars reads a row with too few fields as
+    nulls in the missing columns, so a ragged or cut row would pass as missing values: count the
+    separators outside quotes on every line instead (one extra pass over the file)."""
+    lines = pl.scan_csv(path, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String})
+    fields = pl.col("line").str.replace_all('"[^"]*"', "").str.count_matches(",") + 1
+    bad = lines.with_row_index("index").filter((fields != len(header)) & (pl.col("line").str.len_bytes() > 0))
+    st = bad.select(pl.len().alias("n"), pl.col("index").first().alias("first"),
+                    fields.first().alias("fields")).collect(engine="streaming").row(0, named=True)
+    if st["n"]:
+        raise data_error(path, None, f"{st['n']} lines do not have the header's {len(header)} fields (first at line "
+                                     f"{st['first'] + 1}, with {st['fields']}): a ragged or cut-off file")
+
+
 def _check_csv(path: str, kind: str, dtypes: dict, required, not_null, nonneg,
                floats_finite, extra_checks=None, lenient_int: bool = True) -> dict:
     cols = _header(path)
@@ -101,6 +115,7 @@ def _check_csv(path: str, kind: str, dtypes: dict, required, not_null, nonneg,
     if missing:
         raise data_error(path, missing[0],
                          f"required {kind} column missing (missing: {missing}; file has: {cols})")
+    _check_field_counts(path, cols)
     checked = [c for c in dtypes if c in cols]
     # stage 1: parse every column once; stage 2: aggregate the parsed columns
     stage1 = [pl.col(c) for c in checked]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import multiprocessing as mp
@@ -346,6 +348,19 @@ def test_a_file_cut_off_mid_line_is_refused(raw_copy, tmp_path, which):
     e = _convert_err(raw_copy, tmp_path)
     _assert_names(e, path, None)
     assert "does not end with a newline" in str(e.value)
+
+
+@pytest.mark.parametrize("which", [0, 2])  # the log, the video features (quoted tag lists)
+def test_a_ragged_row_is_refused_with_its_line(raw_copy, tmp_path, which):
+    path = _raw(raw_copy)[which]
+    lines = open(path).read().splitlines(keepends=True)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow(next(csv.reader([lines[5]]))[:-2])
+    lines[5] = out.getvalue()  # line 6 loses its last two fields
+    open(path, "w").write("".join(lines))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, path, None)
+    assert "1 lines do not have the header's" in str(e.value) and "first at line 6" in str(e.value)
 
 
 def test_validate_raw_ok(raw_dir):
