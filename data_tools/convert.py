@@ -11,10 +11,11 @@ Feature encoding:
 - string categoricals use a sorted vocabulary of the values in the feature files, 1-based,
   0 = missing; their vocab is ``len(values) + 1``
 - hour = hourmin // 100 + 1 (0 = missing), vocab 25
-- missing joins -> 0 ids, 0.0 dense, empty tag list
+- missing joins -> 0 ids, 0.0 dense, empty tag list (counted, and refused above --max-unmatched)
 
 CLI: ``python -m data_tools.convert --log GLOB --users FILE --videos FILE --out DIR
-[--vocab user_id=N ...] [--overwrite]``
+[--vocab user_id=N ...] [--overwrite]``; exit status 2 on bad input (the message names the file
+and column; nothing is written).
 """
 
 from __future__ import annotations
@@ -294,7 +295,13 @@ def _parse_vocab_args(items) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    used = lambda cols: ", ".join(cols)
+    epilog = (f"Columns read (every other column is ignored):\n"
+              f"  log:    {used(S.LOG_REQUIRED)} (+ {used(S.ORACLE_COLUMNS)} when present: synthetic data's "
+              f"true probabilities)\n"
+              f"  users:  {used(S.USER_REQUIRED)}\n"
+              f"  videos: {used(S.VIDEO_REQUIRED)}\n")
+    ap = argparse.ArgumentParser(description=__doc__, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log", required=True, nargs="+", help="log CSV file(s) or glob(s)")
     ap.add_argument("--users", required=True)
     ap.add_argument("--videos", required=True)
@@ -313,7 +320,7 @@ def main(argv=None) -> int:
                 max_conflicting_duplicates=args.max_conflicting_duplicates)
     except DataError as e:
         print(f"ERROR: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

@@ -7,7 +7,7 @@
 Both raise :class:`data_tools.errors.DataError` whose message names the file, the column and
 the problem. Each file is checked with one lazy aggregate query.
 
-CLI: ``python -m data_tools.validate DIR`` (exit status 1 and the message on bad data).
+CLI: ``python -m data_tools.validate DIR`` (exit status 2 and the message on bad data).
 """
 
 from __future__ import annotations
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
         meta = validate_processed(args.dir)
     except DataError as e:
         print(f"INVALID: {e}", file=sys.stderr)
-        return 1
+        return 2
     rows = sum(d.get("rows", 0) for d in meta["days"].values())
     print(f"OK: {args.dir}: {len(meta['days'])} days, {rows} rows, "
           f"{len(meta['sparse'])} sparse, {len(meta['dense'])} dense, has_oracle={meta['has_oracle']}")

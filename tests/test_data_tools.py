@@ -258,7 +258,7 @@ def test_convert_without_oracle_and_cli(raw_copy, tmp_path):
     assert not any(c.startswith("oracle_") for c in df.columns)
     assert validate_main([out]) == 0
     # existing output is not overwritten without --overwrite
-    assert convert_main(["--log", log, "--users", users, "--videos", videos, "--out", out]) == 1
+    assert convert_main(["--log", log, "--users", users, "--videos", videos, "--out", out]) == 2
 
 
 # ---- bad raw inputs -------------------------------------------------------------------------------
@@ -386,7 +386,7 @@ def test_processed_corrupt_parquet(proc_copy):
     with pytest.raises(DataError) as e:
         validate_processed(proc_copy)
     _assert_names(e, path, None)
-    assert validate_main([proc_copy]) == 1
+    assert validate_main([proc_copy]) == 2
 
 
 def test_processed_empty_day_partition(proc_copy):
