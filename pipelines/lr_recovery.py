@@ -66,10 +66,14 @@ def lr_overrides(embedding: float, dense: float) -> List[str]:
     return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE)]
 
 
-def _run(out: str, name: str, seed: int, overrides: Sequence[str], extra: Sequence[str]) -> Optional[Dict[str, Any]]:
-    """Trains one run (unless finished) and returns its summary, or None if it crashed."""
-    res = run_one(out, AblationConfig(name, PRESET, name, None, None), seed, [*overrides, *extra])
+def _run(out: str, name: str, seed: int, overrides: Sequence[str], extra: Sequence[str],
+         report_only: bool = False) -> Optional[Dict[str, Any]]:
+    """Trains one run (unless finished) and returns its summary, or None if it crashed (or, with
+    ``report_only``, has not run yet: nothing is trained then)."""
     path = run_dir(out, name, seed)
+    if report_only:
+        return read_json(os.path.join(path, "summary.json"))  # None when the run has not finished
+    res = run_one(out, AblationConfig(name, PRESET, name, None, None), seed, [*overrides, *extra])
     if res.get("crashed"):
         print(f"{name} seed {seed}: CRASHED (exit status {res['exit_status']}), see {res['log']}", flush=True)
         return None
@@ -111,14 +115,21 @@ def _std(xs: List[Optional[float]]) -> Optional[float]:
 
 
 def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
-          starts: Sequence[str] = tuple(STARTS)) -> Dict[str, Any]:
+          starts: Sequence[str] = tuple(STARTS), report_only: bool = False) -> Dict[str, Any]:
     # Phase 1: the grid, one seed.
     grid = {}
     for i, e in enumerate(grid_axis(GRID_CENTRE["embedding"], points)):
         for j, d in enumerate(grid_axis(GRID_CENTRE["dense"], points)):
-            s = _run(out, grid_name(i, j), seeds[0], lr_overrides(e, d), extra)
-            grid[(i, j)] = {"embedding": e, "dense": d, "ne": mean_ne(s) if s else None,
-                            "wall_seconds": s["wall_seconds"] if s else None}
+            s = _run(out, grid_name(i, j), seeds[0], lr_overrides(e, d), extra, report_only)
+            grid[(i, j)] = {"embedding": e, "dense": d, "ne": mean_ne(s) if s else None, "finished": s is not None,
+                            "status": s["status"] if s else None, "wall_seconds": s["wall_seconds"] if s else None}
+    partial = {"grid": [{k: v[k] for k in ("embedding", "dense", "ne", "status")} for v in grid.values()],
+               "grid_points": points, "seeds": list(seeds), "starts": {}, "grid_optimum": None,
+               "wall_seconds_grid": sum(v["wall_seconds"] or 0 for v in grid.values())}
+    if not all(v["finished"] for v in grid.values()):
+        # (report_only) the optimum is not known until every grid point has run: no starts yet.
+        partial["partial"] = f"{sum(v['finished'] for v in grid.values())} of {len(grid)} grid runs finished"
+        return partial
     done = {k: v for k, v in grid.items() if v["ne"] is not None}
     best = min(done, key=lambda k: done[k]["ne"])
     optimum = {"embedding": grid[best]["embedding"], "dense": grid[best]["dense"], "ne": grid[best]["ne"]}
@@ -134,17 +145,19 @@ def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
             runs = []
             for seed in seeds:
                 name = f"{start}/{variant}"
-                s = _run(out, name, seed, [*lrs, *overrides], extra)
+                s = _run(out, name, seed, [*lrs, *overrides], extra, report_only)
                 path = run_dir(out, name, seed)
-                runs.append({"seed": seed, "status": s["status"] if s else "crashed", "ne": mean_ne(s) if s else None,
+                missing = "not run yet" if report_only else "crashed"
+                runs.append({"seed": seed, "status": s["status"] if s else missing, "ne": mean_ne(s) if s else None,
                              "wall_seconds": s["wall_seconds"] if s else None,
                              "bases": final_bases(path) if s and variant != "plain" and s["status"] == "completed" else None,
                              "dir": os.path.relpath(path, out)})
             per_variant[variant] = runs
         results[start] = summarize_start(per_variant, optimum)
-    return {"grid": [{"embedding": v["embedding"], "dense": v["dense"], "ne": v["ne"]} for v in grid.values()],
-            "grid_points": points, "grid_optimum": optimum, "starts": results, "seeds": list(seeds),
-            "wall_seconds_grid": sum(v["wall_seconds"] or 0 for v in grid.values())}
+    unfinished = sum(r["status"] == "not run yet" for s in results.values() for v in s["runs"].values() for r in v)
+    if unfinished:
+        partial["partial"] = f"{unfinished} runs of the starts not run yet"
+    return {**partial, "grid_optimum": optimum, "starts": results}
 
 
 def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[str, float]) -> Dict[str, Any]:
@@ -167,9 +180,8 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[
                     f"{prefix}_diverged": sum(r["status"] == "diverged" for r in runs),
                     f"{prefix}_wall_seconds": _mean([r["wall_seconds"] for r in runs])})
     # The acceptance keys name the new controller's figures without a prefix.
-    out.update({"hdet_ne": out["hdet_ne"], "gap_closed": out["hdet_gap_closed"],
-                "final_base_over_optimum": out["hdet_final_base_over_optimum"], "diverged": out["hdet_diverged"],
-                "seeds": len(per_variant["hdet"]), "runs": per_variant})
+    out.update({"gap_closed": out["hdet_gap_closed"], "final_base_over_optimum": out["hdet_final_base_over_optimum"],
+                "diverged": out["hdet_diverged"], "seeds": len(per_variant["hdet"]), "runs": per_variant})
     return out
 
 
@@ -179,8 +191,15 @@ def _f(x: Optional[float], digits: int = 4) -> str:
 
 def render_markdown(result: Dict[str, Any]) -> str:
     o = result["grid_optimum"]
-    lines = ["# Learning-rate recovery on the benchmark data set", "",
-             f"Produced by `{result['command']}` on {result['machine']}. Grid optimum (plain runs, seed "
+    lines = ["# Learning-rate recovery on the benchmark data set", ""]
+    if result.get("partial"):
+        lines += [f"**PARTIAL RESULT: {result['partial']}.** Every figure below comes from a finished run; "
+                  "rerun `python -m pipelines.lr_recovery` to continue the study (finished runs are skipped).", ""]
+    if o is None:
+        lines += [f"Produced by `{result['command']}` on {result['machine']}. The grid optimum and the starts "
+                  "follow once every grid point has run.", ""]
+        return "\n".join(lines + _grid_table(result)) + "\n"
+    lines += [f"Produced by `{result['command']}` on {result['machine']}. Grid optimum (plain runs, seed "
              f"{result['seeds'][0]}): embedding {o['embedding']:.4g}, dense {o['dense']:.4g}, mean held-out NE "
              f"{o['ne']:.4f}. NE is the held-out day's normalized entropy, mean over the three tasks and the seeds.",
              "", "| start | plain NE | HDET NE | gap closed | emb base / opt | dense base / opt | diverged | "
@@ -191,15 +210,20 @@ def render_markdown(result: Dict[str, Any]) -> str:
                      f"{_f(s['hdet_ne_std'])} | {_f(s['gap_closed'], 2)} | {_f(r.get('embedding'), 2)} | "
                      f"{_f(r.get('dense'), 2)} | {s['diverged']}/{s['seeds']} | {_f(s['paper_ne'])} | "
                      f"{_f(s['paper_gap_closed'], 2)} | {_f(p.get('embedding'), 2)} | {_f(p.get('dense'), 2)} |")
+    lines += [""] + _grid_table(result) + ["", "![each group's base over the pass](lr_recovery.png)", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _grid_table(result: Dict[str, Any]) -> List[str]:
     emb = sorted({g["embedding"] for g in result["grid"]})
     dense = sorted({g["dense"] for g in result["grid"]})
-    lines += ["", "## The grid (mean held-out NE, plain runs)", "",
-              "| embedding \\ dense | " + " | ".join(f"{d:.3g}" for d in dense) + " |", "|---|" + "---|" * len(dense)]
-    by = {(g["embedding"], g["dense"]): g["ne"] for g in result["grid"]}
+    by = {(g["embedding"], g["dense"]): g for g in result["grid"]}
+    cell = lambda g: "diverged" if g.get("status") == "diverged" else "not run yet" if g.get("status") is None else _f(g["ne"])
+    lines = ["## The grid (mean held-out NE over the tasks, plain runs, one seed)", "",
+             "| embedding \\ dense | " + " | ".join(f"{d:.3g}" for d in dense) + " |", "|---|" + "---|" * len(dense)]
     for e in emb:
-        lines.append(f"| {e:.3g} | " + " | ".join(_f(by.get((e, d))) for d in dense) + " |")
-    lines += ["", "![each group's base over the pass](lr_recovery.png)", ""]
-    return "\n".join(lines) + "\n"
+        lines.append(f"| {e:.3g} | " + " | ".join(cell(by[(e, d)]) for d in dense) + " |")
+    return lines
 
 
 def plot(result: Dict[str, Any], out: str, path: str) -> None:
@@ -236,6 +260,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--grid-points", type=int, default=5, help="LRs per grid axis (default 5; at least 2)")
     ap.add_argument("--starts", nargs="+", default=list(STARTS), choices=list(STARTS), help="a subset of the starts")
     ap.add_argument("--docs", default="docs", help="where lr_recovery.{md,json,png} go (default docs)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: write the reports from the runs finished so far (marked partial)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
     args = ap.parse_args(argv)
     out = os.path.abspath(args.out)
@@ -243,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.grid_points < 2:
             raise StudyMismatch(f"--grid-points {args.grid_points}: at least 2")
-        result = study(out, args.seeds, args.overrides, args.grid_points, args.starts)
+        result = study(out, args.seeds, args.overrides, args.grid_points, args.starts, args.report_only)
     except StudyMismatch as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -253,10 +279,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(docs, exist_ok=True)
     write_json_atomic(os.path.join(docs, "lr_recovery.json"), result)
     write_text_atomic(os.path.join(docs, "lr_recovery.md"), render_markdown(result))
-    plot(result, out, os.path.join(docs, "lr_recovery.png"))
-    print(f"wrote lr_recovery.md/.json/.png into {docs}", flush=True)
+    if result["grid_optimum"] is not None:
+        plot(result, out, os.path.join(docs, "lr_recovery.png"))
+    print(f"wrote lr_recovery.md/.json{'/.png' if result['grid_optimum'] is not None else ''} into {docs}"
+          + (f" (partial: {result['partial']})" if result.get("partial") else ""), flush=True)
     crashed = [f"{n} {r['seed']}" for n, s in result["starts"].items() for v in s["runs"].values() for r in v
-               if r["status"] == "crashed"]
+               if r["status"] == "crashed"] + [f"grid {g['embedding']:.3g}/{g['dense']:.3g}" for g in result["grid"]
+                                               if g["status"] is None and not args.report_only]
     return 1 if crashed else 0
 
 

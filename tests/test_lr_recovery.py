@@ -38,3 +38,11 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     assert again.returncode == 0 and "CRASHED" not in again.stdout
     assert again.stdout.count("skipped (finished earlier)") == 10
     assert read_json(out / "lr_recovery.json")["starts"] == r["starts"]
+    # --report-only trains nothing and, with every run finished, reports the same.
+    env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
+    report = subprocess.run([sys.executable, "-m", "pipelines.lr_recovery", "--out", str(out), "--docs", str(tmp_path),
+                             "--grid-points", "2", "--starts", "tuned", "all_low", "--seeds", "0", "--report-only"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "partial" not in report.stdout
+    assert read_json(tmp_path / "lr_recovery.json")["starts"] == r["starts"]
