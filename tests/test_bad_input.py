@@ -33,6 +33,22 @@ def test_invalid_config_value_is_named(tmp_path, data_cache, override, needles):
     _assert_clean_failure(proc, run_dir, *needles)
 
 
+@pytest.mark.parametrize(
+    "overrides, needles",
+    [
+        (["hdet.score=best"], ["hdet.score", "'softmax', 'zscore' or 'rank'"]),
+        (["hdet.space=cubic"], ["hdet.space", "'linear' or 'log'"]),
+        (["hdet.range_decades=[1.0,2.0]"], ["hdet.range_decades", "low <= 0 <= high"]),
+        (["hdet.signal=probe", "hdet.probe_rows=20000"], ["hdet.probe_rows=20000", "cannot fill one global batch"]),
+    ],
+)
+def test_invalid_hdet_value_is_named(tmp_path, data_cache, tiny_dataset, overrides, needles):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=enabled", *overrides,
+                     data_cache=data_cache, timeout=120)
+    _assert_clean_failure(proc, run_dir, *needles)
+
+
 def test_unknown_experiment_is_named(tmp_path, data_cache):
     proc = run_train(tmp_path / "run", "+experiment=no_such_preset", data_cache=data_cache, timeout=120)
     assert proc.returncode == 2, "bad config: exit status 2, as the README says"
