@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (about 10 minutes on 2 cores)
+    .venv/bin/python tests/mutants.py            # every mutant (about 12 minutes on 2 cores)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
@@ -65,6 +65,10 @@ MUTANTS = (
            "serving_signal = self.hdet and str(self.cfg.hdet.get(\"signal\", \"train\")) == \"serving\"",
            "serving_signal = False",
            ["tests/test_hdet_train.py::test_serving_signal_judges_replicas_by_the_served_loss"]),
+    Mutant("I", "hdet.signal=probe ignored (the window training loss scored)", "recsys_hdet/hdet/engine.py",
+           "signal = float(self.probe()) if self.probe is not None else train_window",
+           "signal = train_window",
+           ["tests/test_hdet_train.py::test_probe_signal_scores_every_replica_on_the_same_rows"]),
 )
 
 

@@ -158,3 +158,23 @@ def test_warm_start_is_pretrained_on_first_use_and_each_replica_gets_its_own_noi
     for k in large:
         relative = float((after[k] - before[k]).norm() / before[k].norm())
         assert relative == pytest.approx(nu / math.sqrt(2), rel=0.1), k
+
+
+def test_probe_signal_scores_every_replica_on_the_same_rows(tmp_path, data_cache, tiny_dataset):
+    """hdet.signal=probe at alpha = 0 on 2 sharding groups x 2 ranks: the two ranks of a sharding
+    group hold the same model (identical dense copies, the same tables), so scored on the same probe
+    rows their losses are equal bit for bit, while their window training losses (each rank's own
+    data) are not. Mutants: the probe not wired (training losses scored), probe rows differing by rank."""
+    run_dir = tmp_path / "probe"
+    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+                     "hdet.alpha=0", "hdet.sync_every=5", "hdet.signal=probe", "hdet.probe_rows=1024",
+                     "trainer.checkpoint=false", data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "every replica scores the same 1024 rows" in proc.stdout
+    records = read_jsonl(run_dir / "hdet.jsonl")
+    assert len(records) >= 3
+    for r in records:
+        probe, train = r["losses"], r["train_losses"]
+        assert probe[0] == probe[1] and probe[2] == probe[3], probe
+        assert train[0] != train[1] and train[2] != train[3], train
+        assert probe != train
