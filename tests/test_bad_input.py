@@ -39,14 +39,30 @@ def test_invalid_config_value_is_named(tmp_path, data_cache, override, needles):
         (["hdet.score=best"], ["hdet.score", "'softmax', 'zscore' or 'rank'"]),
         (["hdet.space=cubic"], ["hdet.space", "'linear' or 'log'"]),
         (["hdet.range_decades=[1.0,2.0]"], ["hdet.range_decades", "low <= 0 <= high"]),
-        (["hdet.signal=probe", "hdet.probe_rows=20000"], ["hdet.probe_rows=20000", "cannot fill one global batch"]),
+        (["hdet.signal=probe", "hdet.probe_rows=0"], ["hdet.probe_rows", ">= 1"]),
     ],
 )
-def test_invalid_hdet_value_is_named(tmp_path, data_cache, tiny_dataset, overrides, needles):
+def test_invalid_hdet_value_is_named(overrides, needles):
+    # Checked in-process (validate_config is what the launcher runs first; the subprocess path and
+    # its exit status 2 are covered above).
+    from hydra import compose, initialize_config_dir
+
+    from conftest import REPO
+    from recsys_hdet.config import ConfigError, validate_config
+
+    with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["data=tiny", "hdet=enabled", *overrides])
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg)
+    for needle in needles:
+        assert needle in str(e.value), str(e.value)
+
+
+def test_a_probe_larger_than_a_day_allows_is_named(tmp_path, data_cache, tiny_dataset):
     run_dir = tmp_path / "run"
-    proc = run_train(run_dir, "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=enabled", *overrides,
-                     data_cache=data_cache, timeout=120)
-    _assert_clean_failure(proc, run_dir, *needles)
+    proc = run_train(run_dir, "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=enabled",
+                     "hdet.signal=probe", "hdet.probe_rows=20000", data_cache=data_cache, timeout=120)
+    _assert_clean_failure(proc, run_dir, "hdet.probe_rows=20000", "cannot fill one global batch")
 
 
 def test_unknown_experiment_is_named(tmp_path, data_cache):
