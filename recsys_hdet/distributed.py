@@ -225,23 +225,25 @@ def launch(fn: Callable[..., int], args: tuple, nproc: int) -> int:
     # A worker that dies leaves its peers blocked in a collective: give them a grace period to
     # fail on their own, then stop them, so a crash never hangs the job.
     failed_at: Optional[float] = None
+    stopped: List[int] = []  # workers this launcher terminated after another one failed
     while any(p.is_alive() for p in ctx.processes):
         time.sleep(0.2)
         if failed_at is None and any(p.exitcode not in (None, 0) for p in ctx.processes):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > _FAILURE_GRACE_S:
-            for p in ctx.processes:
+            for rank, p in enumerate(ctx.processes):
                 if p.is_alive():
                     p.terminate()
+                    stopped.append(rank)
     codes: List[Optional[int]] = [p.exitcode for p in ctx.processes]
-    _report_failed_workers(codes, ctx.error_files)
+    _report_failed_workers(codes, ctx.error_files, stopped)
     nonzero = [c for c in codes if c]
     if not nonzero:
         return 0
     return nonzero[0] if nonzero[0] > 0 else 1
 
 
-def _report_failed_workers(codes: List[Optional[int]], error_files: List[str]) -> None:
+def _report_failed_workers(codes: List[Optional[int]], error_files: List[str], stopped: Sequence[int] = ()) -> None:
     """Says on stderr how each crashed worker ended: its traceback (torch.multiprocessing leaves it
     in the worker's error file, which nobody reads unless the parent joins), or the signal."""
     import pickle
@@ -253,7 +255,10 @@ def _report_failed_workers(codes: List[Optional[int]], error_files: List[str]) -
         if path and os.path.isfile(path) and os.path.getsize(path) > 0:
             with open(path, "rb") as f:
                 trace = pickle.load(f)
-        if code < 0:
+        if rank in stopped:
+            print(f"worker {rank} was stopped by the launcher {_FAILURE_GRACE_S:.0f} s after another worker failed",
+                  file=sys.stderr, flush=True)
+        elif code < 0:
             print(f"worker {rank} was killed by signal {signal.Signals(-code).name}", file=sys.stderr, flush=True)
         elif trace:
             print(f"worker {rank} failed (exit status {code}):\n{trace.rstrip()}", file=sys.stderr, flush=True)
