@@ -271,6 +271,18 @@ def comparison_report(out: str, seed: int) -> Optional[str]:
     return os.path.join(report_dir, "report.html")
 
 
+def write_reports(directory: str, stem: str, result: Dict[str, Any], markdown: str) -> None:
+    """A study's ``<stem>.json`` and ``<stem>.md`` in ``directory``, each written atomically."""
+    os.makedirs(directory, exist_ok=True)
+    write_json_atomic(os.path.join(directory, f"{stem}.json"), result)
+    write_text_atomic(os.path.join(directory, f"{stem}.md"), markdown)
+
+
+def fmt(x: Optional[float], digits: int = 4) -> str:
+    """A number for a study table; "-" for a missing one."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def machine_line() -> str:
     import platform
 
@@ -318,9 +330,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         command += " " + " ".join(sys.argv[1:])
     result["command"] = command
     result["machine"] = machine_line()
-    write_json_atomic(os.path.join(out, "ablation.json"), result)
-    write_text_atomic(os.path.join(out, "ablation.md"),
-                 render_markdown(result, command, result["machine"], result["comparison_report"]))
+    write_reports(out, "ablation", result, render_markdown(result, command, result["machine"], result["comparison_report"]))
     print(f"wrote {os.path.join(out, 'ablation.md')} and ablation.json", flush=True)
     if crashed:
         print("error: crashed runs (rerun the same command to retry them):\n  " + "\n  ".join(crashed), file=sys.stderr)

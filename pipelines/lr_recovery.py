@@ -30,8 +30,8 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from pipelines.ablation import AblationConfig, StudyMismatch, machine_line, run_dir, run_one
-from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_atomic, write_text_atomic
+from pipelines.ablation import AblationConfig, StudyMismatch, fmt as _f, machine_line, run_dir, run_one, write_reports
+from recsys_hdet.components.metrics import read_json, read_jsonl
 
 TASKS = ("contribution", "like", "long_dwell")
 DENSE = ("transformer", "non_embedding", "no_decay")
@@ -185,10 +185,6 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[
     return out
 
 
-def _f(x: Optional[float], digits: int = 4) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
 def render_markdown(result: Dict[str, Any]) -> str:
     o = result["grid_optimum"]
     lines = ["# Learning-rate recovery on the benchmark data set", ""]
@@ -276,9 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["command"] = "python -m pipelines.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
     docs = os.path.abspath(args.docs)
-    os.makedirs(docs, exist_ok=True)
-    write_json_atomic(os.path.join(docs, "lr_recovery.json"), result)
-    write_text_atomic(os.path.join(docs, "lr_recovery.md"), render_markdown(result))
+    write_reports(docs, "lr_recovery", result, render_markdown(result))
     if result["grid_optimum"] is not None:
         plot(result, out, os.path.join(docs, "lr_recovery.png"))
     print(f"wrote lr_recovery.md/.json{'/.png' if result['grid_optimum'] is not None else ''} into {docs}"

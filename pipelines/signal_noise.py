@@ -28,8 +28,8 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
-from pipelines.ablation import AblationConfig, StudyMismatch, machine_line, run_dir, run_one
-from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_atomic, write_text_atomic
+from pipelines.ablation import AblationConfig, StudyMismatch, fmt as _f, machine_line, run_dir, run_one, write_reports
+from recsys_hdet.components.metrics import read_json, read_jsonl
 from recsys_hdet.hdet.engine import preference, spread_offsets
 
 GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
@@ -76,10 +76,6 @@ def _members(ranks: int, replicas: int, i: int):
     return range(i * block, (i + 1) * block)
 
 
-def _f(x: Optional[float], digits: int = 4) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
 def render_markdown(result: Dict[str, Any]) -> str:
     lines = ["# HDET signal noise", "", f"Produced by `{result['command']}` on {result['machine']}. Noise: the "
              "standard deviation of the replicas' losses around their mean at each sync, pooled over syncs. "
@@ -122,9 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["command"] = "python -m pipelines.signal_noise " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
     docs = os.path.abspath(args.docs)
-    os.makedirs(docs, exist_ok=True)
-    write_json_atomic(os.path.join(docs, "signal_noise.json"), result)
-    write_text_atomic(os.path.join(docs, "signal_noise.md"), render_markdown(result))
+    write_reports(docs, "signal_noise", result, render_markdown(result))
     print(f"wrote signal_noise.md/.json into {docs}", flush=True)
     return 0
 
