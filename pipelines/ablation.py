@@ -130,7 +130,7 @@ def base_vs_schedule(hdet_records: List[Dict[str, Any]], schedules: Dict[str, An
     return out
 
 
-def _run_schedules(path: str, steps: int) -> Dict[str, Any]:
+def run_schedules(path: str, steps: int) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
     from recsys_hdet.components.lr_scheduler import build_one_cycle
@@ -167,7 +167,7 @@ def collect(out: str, seeds: Sequence[int]) -> Dict[str, Any]:
                 "wall_seconds": s["wall_seconds"],
                 "process_seconds": read_json(extra)["process_seconds"] if os.path.isfile(extra) else None,
                 "base_vs_schedule": base_vs_schedule(read_jsonl(os.path.join(path, "hdet.jsonl")),
-                                                     _run_schedules(path, s["steps"]))
+                                                     run_schedules(path, s["steps"]))
                 if s["status"] == "completed" else {},
             })
         completed = [r for r in runs if r["status"] == "completed"]

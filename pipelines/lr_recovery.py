@@ -30,7 +30,8 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from pipelines.ablation import AblationConfig, StudyMismatch, fmt as _f, machine_line, run_dir, run_one, write_reports
+from pipelines.ablation import (AblationConfig, StudyMismatch, run_schedules, fmt as _f, machine_line, run_dir,
+                                run_one, write_reports)
 from recsys_hdet.components.metrics import read_json, read_jsonl
 
 TASKS = ("contribution", "like", "long_dwell")
@@ -93,15 +94,27 @@ def grid_name(i: int, j: int) -> str:
     return f"grid/e{i}_d{j}"
 
 
-def final_bases(path: str) -> Dict[str, float]:
-    """Each LR group's base over the last quarter of the syncs (geometric mean)."""
-    records = [r for r in read_jsonl(os.path.join(path, "hdet.jsonl")) if r.get("hparams")]
-    tail = records[len(records) - max(1, len(records) // 4):]
-    out = {}
-    for g in ("embedding", *DENSE):
-        vals = [r["hparams"][f"lr/{g}"]["next_base"] for r in tail]
-        out[g] = math.exp(statistics.fmean(math.log(v) for v in vals))
+def max_lr_trajectory(path: str) -> List[Tuple[int, Dict[str, float]]]:
+    """Per sync, each LR group's controlled base in max-LR units: the run's max LR times the base
+    over the OneCycle schedule it replaces (at that step), so that it compares with the grid's
+    max LRs whatever the schedule's phase (the annealed end is ~1e-5 of the peak)."""
+    steps = read_json(os.path.join(path, "summary.json"))["steps"]
+    schedules = run_schedules(path, steps)
+    out = []
+    for r in read_jsonl(os.path.join(path, "hdet.jsonl")):
+        if r.get("hparams"):
+            at = min(r["step"], steps - 1)
+            out.append((r["step"], {g: schedules[g].max_lr * r["hparams"][f"lr/{g}"]["next_base"] / schedules[g](at)[0]
+                                    for g in ("embedding", *DENSE)}))
     return out
+
+
+def final_bases(path: str) -> Dict[str, float]:
+    """Each LR group's controlled base in max-LR units (:func:`max_lr_trajectory`), geometric mean
+    over the last quarter of the syncs."""
+    trajectory = max_lr_trajectory(path)
+    tail = trajectory[len(trajectory) - max(1, len(trajectory) // 4):]
+    return {g: math.exp(statistics.fmean(math.log(v[g]) for _, v in tail)) for g in ("embedding", *DENSE)}
 
 
 def _mean(xs: List[Optional[float]]) -> Optional[float]:
@@ -235,12 +248,12 @@ def plot(result: Dict[str, Any], out: str, path: str) -> None:
             run = next((r for r in s["runs"]["hdet"] if r["bases"]), None)
             if run is None:
                 continue
-            recs = [r for r in read_jsonl(os.path.join(out, run["dir"], "hdet.jsonl")) if r.get("hparams")]
-            ax.plot([r["step"] for r in recs], [r["hparams"][f"lr/{group}"]["next_base"] for r in recs], label=name)
-        ax.axhline(o[key], color="k", linestyle="--", label="grid optimum (max LR)")
+            trajectory = max_lr_trajectory(os.path.join(out, run["dir"]))
+            ax.plot([s for s, _ in trajectory], [v[group] for _, v in trajectory], label=name)
+        ax.axhline(o[key], color="k", linestyle="--", label="grid optimum")
         ax.set_yscale("log")
         ax.set_xlabel("step")
-        ax.set_title(f"{group} base LR (seed {result['seeds'][0]})")
+        ax.set_title(f"{group}: controlled base in max-LR units (seed {result['seeds'][0]})")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
