@@ -361,12 +361,12 @@ class HDETEngine:
                 s.controlled = True
                 self._control(h, s, losses, ok, values, syncs_left)
             elif h.space != "log":
-                s.base = h.schedule(min(self.step_count, self.total_steps - 1))
+                s.base = self._schedule_now(h)
             # base and values: what the window just scored trained with (its last step);
             # next_base: the base from here on (the controller's update, or the schedule).
             entry = {"base": window_base, "values": values, "velocity": s.velocity, "next_base": s.base}
             if h.space == "log":
-                entry["next_base"] = h.schedule(min(self.step_count, self.total_steps - 1)) * math.exp(s.log_offset)
+                entry["next_base"] = self._schedule_now(h) * math.exp(s.log_offset)
                 entry["log_offset"] = s.log_offset
             record["hparams"][h.name] = entry
         self._draw_permutations()
