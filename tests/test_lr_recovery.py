@@ -11,7 +11,7 @@ from conftest import REPO, read_json
 def _study(out, data_cache):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "pipelines.lr_recovery", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1",
-           "--out", str(out), "--docs", str(out), "--grid-points", "2", "--starts", "tuned", "all_low", "--seeds", "0"]
+           "--out", str(out), "--docs", str(out), "--grid-points", "2", "--max-extensions", "0", "--starts", "tuned", "all_low", "--seeds", "0"]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
 
 
@@ -23,7 +23,8 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     r = read_json(out / "lr_recovery.json")
     assert len(r["grid"]) == 4 and all(g["ne"] is not None for g in r["grid"])
     best = min(r["grid"], key=lambda g: g["ne"])
-    assert r["grid_optimum"] == {"embedding": best["embedding"], "dense": best["dense"], "ne": best["ne"]}
+    assert r["grid_optimum"] == {"embedding": best["embedding"], "dense": best["dense"], "ne": best["ne"],
+                                 "interior": False}  # a 2 x 2 grid is all edge
     assert set(r["starts"]) == {"tuned", "all_low"}
     for start in r["starts"].values():
         assert {"plain_ne", "hdet_ne", "gap_closed", "final_base_over_optimum", "diverged", "seeds"} <= set(start)
@@ -41,8 +42,28 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     # --report-only trains nothing and, with every run finished, reports the same.
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
     report = subprocess.run([sys.executable, "-m", "pipelines.lr_recovery", "--out", str(out), "--docs", str(tmp_path),
-                             "--grid-points", "2", "--starts", "tuned", "all_low", "--seeds", "0", "--report-only"],
+                             "--grid-points", "2", "--max-extensions", "0", "--starts", "tuned", "all_low", "--seeds", "0",
+                             "--report-only"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "partial" not in report.stdout
     assert read_json(tmp_path / "lr_recovery.json")["starts"] == r["starts"]
+
+
+def _grid(nes):
+    """A grid dict as the study keeps it, from {(i, j): NE or None (diverged)}."""
+    return {k: {"ne": v, "finished": True} for k, v in nes.items()}
+
+
+def test_the_grid_grows_beyond_the_edge_that_holds_its_optimum():
+    from pipelines.lr_recovery import edge_extensions
+
+    base = {(i, j): 1.0 + abs(i - 1) + abs(j - 1) for i in range(3) for j in range(3)}
+    assert edge_extensions(_grid(base)) == []  # optimum (1, 1) is interior
+    low_emb = {**base, (0, 1): 0.5}
+    assert edge_extensions(_grid(low_emb)) == [(-1, 0), (-1, 1), (-1, 2)]
+    corner = {**base, (2, 2): 0.5}
+    assert sorted(edge_extensions(_grid(corner))) == [(0, 3), (1, 3), (2, 3), (3, 0), (3, 1), (3, 2)]
+    # The added line diverged everywhere: the optimum is interior to the explored grid again.
+    grown = {**low_emb, (-1, 0): None, (-1, 1): None, (-1, 2): None}
+    assert edge_extensions(_grid(grown)) == []
