@@ -136,24 +136,29 @@ def edge_extensions(grid: Dict[Tuple[int, int], Dict[str, Any]]) -> List[Tuple[i
 
     A grid optimum on the edge is censored: the true optimum may lie beyond it, and a study that
     measures recovery "to the optimum" needs the optimum inside the grid. The rule is fixed in
-    advance and knows nothing of HDET: if the best finished point is on an edge along an axis,
-    add the whole line of points half a decade beyond that edge (across the explored range of the
-    other axis). Returns nothing once the optimum is interior, or when the edge beyond is the
-    divergent side (a line whose every point diverged is not extended further)."""
+    advance and knows nothing of HDET: for each axis along which the best finished point is on an
+    edge, add the points half a decade beyond that edge next to it (the optimum's own line and its
+    two neighbours across the other axis), and the diagonal point when it is in a corner. Returns
+    nothing once the optimum is interior (a line beyond that diverged everywhere makes it so)."""
     done = {k: v for k, v in grid.items() if v["ne"] is not None}
     if not done:
         return []
     bi, bj = min(done, key=lambda k: done[k]["ne"])
     rows = sorted({i for i, _ in grid})
     cols = sorted({j for _, j in grid})
+
+    def beyond(pos: int, line: List[int]) -> Optional[int]:
+        return pos - 1 if pos == line[0] else pos + 1 if pos == line[-1] else None
+
+    ei, ej = beyond(bi, rows), beyond(bj, cols)
     new: List[Tuple[int, int]] = []
-    for pos, line, axis in ((bi, rows, 0), (bj, cols, 1)):
-        for edge, step in ((line[0], -1), (line[-1], 1)):
-            if pos != edge:
-                continue
-            others = cols if axis == 0 else rows
-            new += [(edge + step, o) if axis == 0 else (o, edge + step) for o in others]
-    return new
+    if ei is not None:
+        new += [(ei, j) for j in (bj - 1, bj, bj + 1) if cols[0] <= j <= cols[-1]]
+    if ej is not None:
+        new += [(i, ej) for i in (bi - 1, bi, bi + 1) if rows[0] <= i <= rows[-1]]
+    if ei is not None and ej is not None:
+        new.append((ei, ej))
+    return [k for k in new if k not in grid]
 
 
 def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
@@ -274,11 +279,13 @@ def _grid_table(result: Dict[str, Any]) -> List[str]:
     emb = sorted({g["embedding"] for g in result["grid"]})
     dense = sorted({g["dense"] for g in result["grid"]})
     by = {(g["embedding"], g["dense"]): g for g in result["grid"]}
-    cell = lambda g: "diverged" if g.get("status") == "diverged" else "not run yet" if g.get("status") is None else _f(g["ne"])
+    # A point the grid's edge extensions did not add is "-": only the optimum's neighbourhood grows.
+    cell = lambda g: "-" if g is None else "diverged" if g.get("status") == "diverged" else \
+        "not run yet" if g.get("status") is None else _f(g["ne"])
     lines = ["## The grid (mean held-out NE over the tasks, plain runs, one seed)", "",
              "| embedding \\ dense | " + " | ".join(f"{d:.3g}" for d in dense) + " |", "|---|" + "---|" * len(dense)]
     for e in emb:
-        lines.append(f"| {e:.3g} | " + " | ".join(cell(by[(e, d)]) for d in dense) + " |")
+        lines.append(f"| {e:.3g} | " + " | ".join(cell(by.get((e, d))) for d in dense) + " |")
     return lines
 
 

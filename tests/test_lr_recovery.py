@@ -62,8 +62,8 @@ def test_the_grid_grows_beyond_the_edge_that_holds_its_optimum():
     assert edge_extensions(_grid(base)) == []  # optimum (1, 1) is interior
     low_emb = {**base, (0, 1): 0.5}
     assert edge_extensions(_grid(low_emb)) == [(-1, 0), (-1, 1), (-1, 2)]
-    corner = {**base, (2, 2): 0.5}
-    assert sorted(edge_extensions(_grid(corner))) == [(0, 3), (1, 3), (2, 3), (3, 0), (3, 1), (3, 2)]
+    corner = {**base, (2, 2): 0.5}  # the optimum's neighbours beyond both edges, and the diagonal
+    assert sorted(edge_extensions(_grid(corner))) == [(1, 3), (2, 3), (3, 1), (3, 2), (3, 3)]
     # The added line diverged everywhere: the optimum is interior to the explored grid again.
     grown = {**low_emb, (-1, 0): None, (-1, 1): None, (-1, 2): None}
     assert edge_extensions(_grid(grown)) == []
