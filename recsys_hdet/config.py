@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from recsys_hdet.components.dataloader import TRAIN_EXPOSURES
 from recsys_hdet.models.ranker import PARAM_GROUPS
 
 
@@ -103,3 +104,6 @@ def validate_config(cfg: DictConfig) -> None:
              "must be an integer >= 0")
     if cfg.data.get("train_days") is not None:
         _positive_int(cfg, "data.train_days")
+    exposure = cfg.data.get("train_exposure", "all")
+    _require(isinstance(exposure, str) and exposure in TRAIN_EXPOSURES, "data.train_exposure", exposure,
+             "'all' (train on every impression) or 'standard' (drop the random-exposure impressions, is_rand = 1)")

@@ -71,26 +71,29 @@ def prepare_data(cfg: DictConfig) -> str:
 
 def _check_days_and_steps(cfg: DictConfig, root: str) -> None:
     """The day split and the pass length, checked before workers start (same arithmetic as theirs)."""
-    from recsys_hdet.components.dataloader import DatasetMeta, split_days
+    from recsys_hdet.components.dataloader import DatasetMeta, day_rows, split_days
 
     meta = DatasetMeta.load(root)
+    exposure = str(cfg.data.get("train_exposure", "all"))
     try:
         train_days, _ = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"),
                                    int(cfg.data.get("skip_days", 0)))
+        per_day = day_rows(meta, train_days, exposure)  # "standard": the rows without random exposure
     except ValueError as e:
         raise ConfigError(str(e)) from None
     from recsys_hdet.config import probe_rows
 
     global_batch = int(cfg.data.batch_size) * int(cfg.trainer.nproc)
-    rows = sum(int(meta.days[d]["rows"]) for d in train_days)
+    rows = sum(per_day.values())
+    kind = " standard-exposure" if exposure == "standard" else ""
     if rows < global_batch:
         raise ConfigError(f"config data.batch_size={cfg.data.batch_size} x trainer.nproc={cfg.trainer.nproc}: "
-                          f"the training days of {root} hold {rows} rows, less than one global batch")
+                          f"the training days of {root} hold {rows}{kind} rows, less than one global batch")
     reserved = probe_rows(cfg)
-    smallest = min(int(meta.days[d]["rows"]) for d in train_days)
+    smallest = min(per_day.values())
     if reserved and smallest - reserved < global_batch:
-        raise ConfigError(f"config hdet.probe_rows={reserved}: the smallest training day of {root} has {smallest} "
-                          f"rows; with the probe rows reserved it cannot fill one global batch of {global_batch}")
+        raise ConfigError(f"config hdet.probe_rows={reserved}: the smallest training day of {root} has {smallest}"
+                          f"{kind} rows; with the probe rows reserved it cannot fill one global batch of {global_batch}")
 
 
 def ensure_warm_start(cfg: DictConfig) -> str | None:

@@ -112,13 +112,19 @@ class Trainer:
         train_stream = ParquetBatchStream(
             meta, train_days, int(cfg.data.batch_size), self.rank, self.world, int(cfg.seed),
             shuffle_within_day=bool(cfg.data.shuffle_within_day), reserve_rows=probe_rows(cfg),
+            exposure=str(cfg.data.get("train_exposure", "all")),
         )
         total_steps = len(train_stream)
+        train_rows = sum(train_stream.rows_in_day(d) for d in train_days)
         if total_steps < 1:
             raise ValueError(
-                f"data: {sum(meta.days[d]['rows'] for d in train_days)} training rows cannot fill one global "
+                f"data: {train_rows} training rows cannot fill one global "
                 f"batch of {train_stream.examples_per_step} (data.batch_size x trainer.nproc)"
             )
+        if train_stream.exposure == "standard":
+            all_rows = sum(int(meta.days[d]["rows"]) for d in train_days)
+            self.log(f"data.train_exposure=standard: {all_rows - train_rows} random-exposure rows (is_rand = 1) of "
+                     f"{all_rows} in the training days are not trained on")
 
         # Same seed on every rank: replicated state starts identical (DDP also broadcasts rank 0's).
         torch.manual_seed(int(cfg.seed))

@@ -15,6 +15,10 @@ Design:
 - ``reserve_rows``: the last rows of each day (in stream order) are never trained on; every rank
   can score them (:meth:`ParquetBatchStream.reserved_batches`, the same rows on every rank), e.g.
   as HDET's probe: a comparison of the replicas on identical data the pass does not train on.
+- ``exposure``: ``"all"`` reads every row; ``"standard"`` drops the random-exposure rows
+  (``is_rand`` = 1, the video shown uniformly at random) before shuffling and batching, so the
+  day's row count, batches and reserved rows are those of its standard rows. ``is_rand`` is read
+  only then (never a model input); a day file without the column is refused, naming it.
 
 Limits: a day must fit in memory (days are tens of MB here); multi-day files are not split.
 """
@@ -33,6 +37,9 @@ from torchrec import KeyedJaggedTensor
 
 LABEL_PREFIX = "label_"
 ORACLE_PREFIX = "oracle_"
+RAND_COLUMN = "is_rand"  # 1: a random-exposure impression (the unbiased sample); never a model input
+# data.train_exposure: "all" trains on every impression, "standard" drops the random-exposure ones.
+TRAIN_EXPOSURES = ("all", "standard")
 
 
 @dataclass
@@ -81,13 +88,45 @@ class DatasetMeta:
         return [n for n, s in self.sparse.items() if s.get("multi", False)]
 
 
+# A row is standard exposure unless is_rand = 1 (a null carries no random-exposure information).
+_standard_rows = pl.col(RAND_COLUMN).fill_null(0) != 1
+
+
+def require_rand_column(meta: DatasetMeta, days: Sequence[str]) -> None:
+    """ValueError naming the data root, the column and the first day file without ``is_rand``."""
+    for day in days:
+        if RAND_COLUMN not in pl.read_parquet_schema(meta.day_path(day)):
+            raise ValueError(
+                f"data.train_exposure=standard drops the random-exposure rows ({RAND_COLUMN} = 1), but the data set "
+                f"at {meta.root} has no {RAND_COLUMN!r} column ({meta.days[day]['file']} lacks it; it was processed "
+                f"before random exposure was recorded): re-convert it with data_tools.convert, or train with "
+                f"data.train_exposure=all"
+            )
+
+
+def day_rows(meta: DatasetMeta, days: Sequence[str], exposure: str = "all") -> Dict[str, int]:
+    """Rows per day the stream reads: every row (``"all"``, from meta.json), or the standard-exposure
+    ones (``"standard"``: counted from the files' ``is_rand`` column, the only column read)."""
+    if exposure not in TRAIN_EXPOSURES:
+        raise ValueError(f"exposure={exposure!r}: one of {TRAIN_EXPOSURES}")
+    if exposure == "all":
+        return {d: int(meta.days[d]["rows"]) for d in days}
+    require_rand_column(meta, days)
+    return {d: int(pl.scan_parquet(meta.day_path(d)).select(_standard_rows.sum()).collect().item()) for d in days}
+
+
 class _DayArrays:
     """A day's rows as contiguous tensors, in stream order."""
 
-    def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str]) -> None:
+    def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str],
+                 drop_random: bool = False) -> None:
         label_cols = [LABEL_PREFIX + t for t in meta.tasks]
         columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
-        df = pl.read_parquet(meta.day_path(day), columns=columns)
+        if drop_random:
+            df = pl.read_parquet(meta.day_path(day), columns=columns + [RAND_COLUMN])
+            df = df.filter(_standard_rows).drop(RAND_COLUMN)
+        else:
+            df = pl.read_parquet(meta.day_path(day), columns=columns)
         if shuffle:
             rng = np.random.default_rng([seed, int(day)])
             df = df[rng.permutation(df.height)]
@@ -122,8 +161,11 @@ class ParquetBatchStream:
         pad_last: bool = False,
         extras: Sequence[str] = (),
         reserve_rows: int = 0,
+        exposure: str = "all",
     ) -> None:
         self.meta = meta
+        self.exposure = exposure
+        self._rows = day_rows(meta, days, exposure)  # validates exposure (and the column it needs)
         self.reserve_rows = reserve_rows
         self._arrays: Optional[_DayArrays] = None  # the day being read (for its reserved rows)
         self.days = list(days)
@@ -138,8 +180,14 @@ class ParquetBatchStream:
         self._batch_index = 0
 
     # -- sizes -------------------------------------------------------------------------------
+    def rows_in_day(self, day: str) -> int:
+        """The day's rows this stream reads (its standard-exposure rows under ``exposure="standard"``)."""
+        if day not in self._rows:
+            self._rows.update(day_rows(self.meta, [day], self.exposure))
+        return self._rows[day]
+
     def batches_in_day(self, day: str) -> int:
-        rows = int(self.meta.days[day]["rows"]) - self.reserve_rows
+        rows = self.rows_in_day(day) - self.reserve_rows
         global_batch = self.batch_size * self.world_size
         return -(-rows // global_batch) if self.pad_last else rows // global_batch
 
@@ -164,7 +212,8 @@ class ParquetBatchStream:
             day = self.days[self._day_index]
             n_batches = self.batches_in_day(day)
             if self._batch_index < n_batches:
-                arrays = self._arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras)
+                arrays = self._arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
+                                                   drop_random=self.exposure == "standard")
                 while self._batch_index < n_batches:
                     batch = self._make_batch(arrays, self._batch_index)
                     self._batch_index += 1
