@@ -3,7 +3,8 @@
 One run: loads the run's config and ``checkpoint/``, scores the held-out day(s) (or ``days=[...]``)
 and writes into the run directory ``predictions.parquet`` (one row per impression: ids, segments,
 each task's label, prediction and, on synthetic data, the true probability), ``eval.json``
-(metrics per task and per segment, reliability curves; see :mod:`recsys_hdet.evaluation`) and
+(metrics per task, per segment and on the random-exposure slice, reliability curves; see
+:mod:`recsys_hdet.evaluation`) and
 ``report.html`` (see :mod:`recsys_hdet.report`). Each file is written to a temporary name and
 renamed, so a failed evaluation leaves the run directory as it was.
 
@@ -71,6 +72,12 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
         o = result.get("oracle", {}).get(task)
         print(f"  {task:>12}: AUC {num(m['auc'])}  NE {num(m['ne'])}" + (f"  (oracle {num(o['ne'])})" if o else "")
               + f"  logloss {num(m['logloss'])}  calibration {num(m['calibration'], 3)}  n={m['count']}")
+    rnd = result["random_exposure"]
+    if rnd["status"] == "present":
+        print(f"  random exposure (is_rand = 1, the unbiased estimate), n={rnd['rows']}: "
+              + "  ".join(f"{t} NE {num(m['ne'])} AUC {num(m['auc'])}" for t, m in rnd["eval"].items()))
+    else:
+        print(f"  random exposure slice absent: {rnd['reason']}")
     print(f"  wrote eval.json, predictions.parquet, report.html in {run.run_dir}", flush=True)
     return result
 

@@ -10,7 +10,9 @@ Three steps, each usable on its own:
    bucket (from the video's impressions in the run's training days) and tab.
 3. :func:`evaluate_frame` computes, per task and per segment, the trainer's held-out metrics
    (:func:`recsys_hdet.components.metrics.task_metrics`: AUC, NE, log loss, calibration, ECE,
-   positive rate, count), plus equal-count reliability curves.
+   positive rate, count), plus equal-count reliability curves, and the same metrics on the
+   random-exposure slice (``is_rand`` = 1: videos shown uniformly at random, the unbiased
+   estimate), or why that slice is absent (no ``is_rand`` column in older data sets, or no such row).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import polars as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.dataloader import LABEL_PREFIX, ORACLE_PREFIX, DatasetMeta, split_days
+from recsys_hdet.components.dataloader import LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, split_days
 from recsys_hdet.components.metrics import oracle_metrics, read_json, read_jsonl, task_metrics
 
 PRED_PREFIX = "pred_"
@@ -34,6 +36,10 @@ SEGMENTS = {"user_activity": "user_activity", "item_popularity": "item_popularit
 # Item popularity buckets by cumulative share of training impressions (items sorted by impressions).
 POPULARITY_BUCKETS = (("head", 0.5), ("torso", 0.8), ("tail", 1.0))
 COLD = "cold (unseen in training)"
+# eval.json's "random_exposure": the held-out rows with is_rand = 1.
+RANDOM_EXPOSURE_LABEL = "unbiased estimate: impressions whose video was shown uniformly at random (is_rand = 1)"
+NO_RAND_COLUMN = (f"the held-out day files have no {RAND_COLUMN!r} column (a data set processed before random "
+                  "exposure was recorded): no random-exposure information; re-convert the raw logs to get this slice")
 
 
 class EvaluationError(ValueError):
@@ -226,8 +232,17 @@ def predictions_frame(run: RunInfo, probs: np.ndarray) -> pl.DataFrame:
     oracle = [ORACLE_PREFIX + t for t in tasks] if run.meta.has_oracle else []
     cols = ["date", "time_ms", "user_id_raw", "video_id_raw", "user_active_degree", "tab"] + \
         [LABEL_PREFIX + t for t in tasks] + oracle
-    frames = [pl.read_parquet(run.meta.day_path(d), columns=cols) for d in run.eval_days]
+    frames, with_rand = [], False
+    for d in run.eval_days:
+        # is_rand is kept (Int8) where the day file has it; a day without it gets nulls: no information.
+        has_rand = RAND_COLUMN in pl.read_parquet_schema(run.meta.day_path(d))
+        with_rand |= has_rand
+        frame = pl.read_parquet(run.meta.day_path(d), columns=cols + ([RAND_COLUMN] if has_rand else []))
+        frames.append(frame.with_columns(
+            (pl.col(RAND_COLUMN) if has_rand else pl.lit(None)).cast(pl.Int8).alias(RAND_COLUMN)))
     df = pl.concat(frames)
+    if not with_rand:
+        df = df.drop(RAND_COLUMN)
     if df.height != probs.shape[0]:
         raise RuntimeError(f"scored {probs.shape[0]} rows but the days hold {df.height}")
     names = _user_activity_names(run.meta)
@@ -270,6 +285,31 @@ def _nan_to_none(x: Any) -> Any:
     return x
 
 
+def random_exposure_slice(df: pl.DataFrame, tasks: Sequence[str], metrics_for) -> Dict[str, Any]:
+    """The metrics of :func:`evaluate_frame`'s ``eval`` (and ``oracle``) on the rows with is_rand = 1,
+    the unbiased estimate: ``{"status": "present", "label", "rows", "eval", "oracle"?, "note"?}``, or
+    ``{"status": "absent", "label", "rows": 0, "reason"}`` when the column is missing (older data sets)
+    or no held-out row has is_rand = 1. A row whose is_rand is null carries no information."""
+    out: Dict[str, Any] = {"label": RANDOM_EXPOSURE_LABEL}
+    known = df.filter(pl.col(RAND_COLUMN).is_not_null()) if RAND_COLUMN in df.columns else df.clear()
+    if known.height == 0:
+        return {"status": "absent", **out, "rows": 0, "reason": NO_RAND_COLUMN}
+    part = df.filter(pl.col(RAND_COLUMN) == 1)
+    if part.height == 0:
+        return {"status": "absent", **out, "rows": 0,
+                "reason": f"no held-out impression has {RAND_COLUMN} = 1 ({known.height} rows, all standard exposure)"}
+    out = {"status": "present", **out, "rows": part.height, "eval": metrics_for(part)}
+    if all(ORACLE_PREFIX + t in df.columns for t in tasks):
+        out["oracle"] = {t: oracle_metrics(torch.from_numpy(part[ORACLE_PREFIX + t].to_numpy()),
+                                           torch.from_numpy(part[LABEL_PREFIX + t].to_numpy())) for t in tasks}
+    if known.height < df.height:
+        unknown = df.filter(pl.col(RAND_COLUMN).is_null())
+        days = sorted({str(d) for d in unknown["date"].unique()}) if "date" in df.columns else []
+        out["note"] = (f"{unknown.height} held-out rows{' (days ' + ', '.join(days) + ')' if days else ''} have no "
+                       f"{RAND_COLUMN} value; the slice covers the other {known.height} rows only")
+    return out
+
+
 def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int = 1) -> Dict[str, Any]:
     """eval.json's metrics from a predictions table (see :func:`predictions_frame`)."""
     def metrics_for(frame: pl.DataFrame) -> Dict[str, Dict[str, float]]:
@@ -287,6 +327,7 @@ def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int
             if part.height >= min_segment_rows:
                 segments[name][str(key[0])] = metrics_for(part)
     out["segments"] = segments
+    out["random_exposure"] = random_exposure_slice(df, tasks, metrics_for)
     out["reliability"] = {t: reliability_curve(df[PRED_PREFIX + t].to_numpy().astype(np.float64),
                                                df[LABEL_PREFIX + t].to_numpy().astype(np.float64)) for t in tasks}
     return _nan_to_none(out)

@@ -240,20 +240,54 @@ def _num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
+_METRICS_HEAD = ("<tr><th>run</th><th>task</th><th>AUC</th><th>NE</th><th>oracle NE</th><th>NE gap</th>"
+                 "<th>log loss</th><th>calibration</th><th>ECE</th><th>positive rate</th><th>count</th></tr>")
+
+
+def _metric_rows(label: str, ev: Dict[str, Any], oracle: Dict[str, Any]) -> List[str]:
+    rows = []
+    for t, m in ev.items():
+        o = oracle.get(t, {}).get("ne")
+        gap = m["ne"] - o if (o is not None and m["ne"] is not None) else None
+        rows.append(f"<tr><td>{html.escape(label)}</td><td>{t}</td><td>{_num(m['auc'])}</td><td>{_num(m['ne'])}</td>"
+                    f"<td>{_num(o)}</td><td>{'–' if gap is None else f'{gap:+.4f}'}</td><td>{_num(m['logloss'])}</td>"
+                    f"<td>{_num(m['calibration'], 3)}</td><td>{_num(m.get('ece'))}</td>"
+                    f"<td>{_num(m['positive_rate'])}</td><td>{_num(m['count'])}</td></tr>")
+    return rows
+
+
 def metrics_table(runs: Sequence[RunArtifacts]) -> str:
-    head = ("<tr><th>run</th><th>task</th><th>AUC</th><th>NE</th><th>oracle NE</th><th>NE gap</th><th>log loss</th>"
-            "<th>calibration</th><th>ECE</th><th>positive rate</th><th>count</th></tr>")
     rows = []
     for r in runs:
-        ev, oracle = r.evaluation.get("eval", {}), r.evaluation.get("oracle", {})
-        for t, m in ev.items():
-            o = oracle.get(t, {}).get("ne")
-            gap = m["ne"] - o if (o is not None and m["ne"] is not None) else None
-            rows.append(f"<tr><td>{html.escape(r.label)}</td><td>{t}</td><td>{_num(m['auc'])}</td><td>{_num(m['ne'])}</td>"
-                        f"<td>{_num(o)}</td><td>{'–' if gap is None else f'{gap:+.4f}'}</td><td>{_num(m['logloss'])}</td>"
-                        f"<td>{_num(m['calibration'], 3)}</td><td>{_num(m.get('ece'))}</td>"
-                        f"<td>{_num(m['positive_rate'])}</td><td>{_num(m['count'])}</td></tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+        rows += _metric_rows(r.label, r.evaluation.get("eval", {}), r.evaluation.get("oracle", {}))
+    return f"<table>{_METRICS_HEAD}{''.join(rows)}</table>"
+
+
+RANDOM_EXPOSURE_NOTE = ("<p class='note'>The held-out impressions whose video was shown uniformly at random "
+                        "(<code>is_rand</code> = 1): the unbiased estimate of each task's metrics, free of the "
+                        "serving policy's selection of what users see. A small sample: read its row count.</p>")
+
+
+def random_exposure_table(runs: Sequence[RunArtifacts]) -> str:
+    """eval.json's ``random_exposure`` per run: the held-out metrics on the is_rand = 1 rows with
+    their row count, or the reason the slice is absent."""
+    parts = []
+    for r in runs:
+        rnd = r.evaluation.get("random_exposure")
+        if rnd is None:
+            reason = ("not in this eval.json (evaluated before the slice existed; rescore=true computes it)"
+                      if r.evaluation else "no eval.json")
+            parts.append(f"<p>{html.escape(r.label)}: random-exposure slice absent: {html.escape(reason)}</p>")
+        elif rnd.get("status") != "present":
+            parts.append(f"<p>{html.escape(r.label)}: random-exposure slice absent: "
+                         f"{html.escape(str(rnd.get('reason')))}</p>")
+        else:
+            note = f" {html.escape(rnd['note'])}" if rnd.get("note") else ""
+            parts.append(f"<p>{html.escape(r.label)}: {_num(int(rnd['rows']))} random-exposure impressions "
+                         f"({html.escape(rnd.get('label', 'unbiased estimate'))}).{note}</p>")
+            parts.append(f"<table>{_METRICS_HEAD}"
+                         f"{''.join(_metric_rows(r.label, rnd.get('eval', {}), rnd.get('oracle', {})))}</table>")
+    return "".join(parts)
 
 
 def runs_table(runs: Sequence[RunArtifacts]) -> str:
@@ -337,7 +371,8 @@ def render_run(run: RunArtifacts) -> str:
             "generator's true probabilities on the same impressions, the floor no model can beat. "
             "Calibration: mean prediction / positive rate (1 is calibrated). ECE: expected calibration "
             "error, 15 bins (torchmetrics).</p>",
-            metrics_table([run])]
+            metrics_table([run]),
+            "<h2>Random exposure (unbiased estimate)</h2>", RANDOM_EXPOSURE_NOTE, random_exposure_table([run])]
     for fig in (fig_train_loss([run]), fig_replica_losses(run), fig_hparams(run), fig_reliability([run])):
         if fig:
             body.append(fig)
@@ -350,7 +385,8 @@ def render_run(run: RunArtifacts) -> str:
 def render_comparison(runs: Sequence[RunArtifacts]) -> str:
     body = [f"<h1>Offline evaluation: {len(runs)} runs compared</h1>",
             "<h2>Runs</h2>", runs_table(runs),
-            "<h2>Held-out metrics</h2>", metrics_table(runs)]
+            "<h2>Held-out metrics</h2>", metrics_table(runs),
+            "<h2>Random exposure (unbiased estimate)</h2>", RANDOM_EXPOSURE_NOTE, random_exposure_table(runs)]
     for fig in (fig_train_loss(runs), fig_base_lrs(runs), fig_reliability(runs)):
         if fig:
             body.append(fig)
