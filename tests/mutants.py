@@ -69,6 +69,19 @@ MUTANTS = (
            "signal = float(self.probe()) if self.probe is not None else train_window",
            "signal = train_window",
            ["tests/test_hdet_train.py::test_probe_signal_scores_every_replica_on_the_same_rows"]),
+    Mutant("J", "data.train_exposure=standard ignored by the trainer (random-exposure rows trained on)",
+           "recsys_hdet/trainer.py",
+           "exposure=str(cfg.data.get(\"train_exposure\", \"all\")),",
+           "exposure=\"all\",",
+           ["tests/test_random_exposure.py::test_train_on_standard_exposure_then_evaluate_the_random_slice"]),
+    Mutant("K", "the loader reads is_rand but keeps the random-exposure rows", "recsys_hdet/components/dataloader.py",
+           "df = df.filter(_standard_rows).drop(RAND_COLUMN)",
+           "df = df.drop(RAND_COLUMN)",
+           ["tests/test_random_exposure.py::test_standard_exposure_drops_the_random_rows_from_the_stream"]),
+    Mutant("L", "the random-exposure slice scored on every held-out row", "recsys_hdet/evaluation.py",
+           "part = df.filter(pl.col(RAND_COLUMN) == 1)",
+           "part = df",
+           ["tests/test_random_exposure.py::test_random_exposure_slice_equals_the_metrics_of_the_is_rand_rows"]),
 )
 
 

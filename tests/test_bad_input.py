@@ -135,3 +135,14 @@ def test_a_batch_larger_than_the_training_data_is_named(tmp_path, data_cache, ti
 def test_too_many_skipped_days_are_named(tmp_path, data_cache, tiny_dataset):
     proc = run_train(tmp_path / "run", "data=tiny", "data.skip_days=2", data_cache=data_cache, timeout=120)
     _assert_clean_failure(proc, tmp_path / "run", "data.skip_days=2")
+
+
+def test_standard_exposure_on_data_without_is_rand_is_named(tmp_path, data_cache, tiny_dataset):
+    # A data set processed before random exposure was recorded (the column dropped where it exists).
+    cache, root = _broken_copy(tiny_dataset, data_cache, tmp_path, "no_is_rand")
+    for day in os.listdir(root):
+        if day.endswith(".parquet") and "is_rand" in pl.read_parquet_schema(root / day):
+            pl.read_parquet(root / day).drop("is_rand").write_parquet(root / day)
+    proc = run_train(tmp_path / "run", "data=tiny", "data.generator=null", "data.train_exposure=standard",
+                     data_cache=cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run", "data.train_exposure=standard", str(root), "'is_rand' column")
