@@ -133,12 +133,13 @@ def _check(proc: subprocess.CompletedProcess, cmd: List[str]) -> None:
 
 def loader_rows_per_sec(mode: Dict[str, Any]) -> float:
     """Rank 0 of ``nproc``'s training stream over the same days: rows delivered per second."""
-    from recsys_hdet.components.dataloader import DatasetMeta, ParquetBatchStream, split_days
+    from recsys_hdet.components.dataloader import DatasetMeta, DenseNormalization, ParquetBatchStream, split_days
 
     meta = DatasetMeta.load(data_root(mode["data"]))
     skip = 2 if mode["data"] == "bench" else 0
     days, _ = split_days(meta, 1, mode["train_days"], skip)
-    stream = ParquetBatchStream(meta, days, mode["batch_size"], 0, mode["nproc"], 0, shuffle_within_day=True)
+    stream = ParquetBatchStream(meta, days, mode["batch_size"], 0, mode["nproc"], 0, shuffle_within_day=True,
+                                normalization=DenseNormalization.from_days(meta, days))
     start = time.perf_counter()
     rows = sum(b.labels.shape[0] for b in stream)
     return rows / (time.perf_counter() - start)

@@ -70,7 +70,9 @@ def _load_day(root: str, meta: Dict, day: str, seed: int):
     return (torch.from_numpy(df.select(single).to_numpy().astype(np.int64)),
             [(torch.from_numpy(c.list.len().to_numpy().astype(np.int64)),
               torch.from_numpy(c.explode().drop_nulls().to_numpy().astype(np.int64))) for c in lists],
-            torch.from_numpy(df.select(meta["dense"]).to_numpy().astype(np.float32)),
+            # the same work as the product's loader: standardize (stats of this day here), missing -> 0
+            torch.from_numpy(np.nan_to_num((lambda x: (x - np.nanmean(x, 0)) / (np.nanstd(x, 0) + 1e-6))(
+                df.select(meta["dense"]).to_numpy().astype(np.float64)), nan=0.0).astype(np.float32)),
             torch.from_numpy(df.select(labels).to_numpy().astype(np.float32)))
 
 

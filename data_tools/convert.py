@@ -6,16 +6,25 @@ Everything is written into a temp directory next to ``out`` and renamed into pla
 so a failure leaves no half-written output.
 
 Feature encoding:
-- integer ids (user_id, video_id, author_id, music_id, tab, tag ids) are hashed into [1, vocab)
-  with ``((x mod P) * 2654435761 mod P) mod (vocab - 1) + 1``, P = 4294967311; 0 = missing
+- integer ids (user_id, video_id, author_id, music_id, tab, tag ids) go through an exact
+  vocabulary (:mod:`data_tools.vocab`): row 0 = missing, 1 = out of vocabulary (fewer than
+  ``min_count`` impressions), 2.. = one row per id in order of first appearance; persisted in
+  ``vocab/`` and extendable with ``--extend-vocab`` (existing ids keep their rows)
 - string categoricals use a sorted vocabulary of the values in the feature files, 1-based,
   0 = missing; their vocab is ``len(values) + 1``
 - hour = hourmin // 100 + 1 (0 = missing), vocab 25
-- missing joins -> 0 ids, 0.0 dense, empty tag list (counted, and refused above --max-unmatched)
+- dense features are stored untransformed by statistics, null where missing (an empty field, a
+  KuaiRand sentinel such as -124, a missing join), each with a ``<name>_missing`` indicator; the
+  per-day count / sum / sum of squares of each is in meta.json, so that the trainer normalizes
+  with the statistics of its own training days only
+- ``is_rand`` (random exposure, 0/1; 0 when a log file has no such column) is kept as a column,
+  never a model input
+- missing joins -> row 0 ids, null dense, empty tag list (counted, and refused above
+  --max-unmatched)
 
 CLI: ``python -m data_tools.convert --log GLOB --users FILE --videos FILE --out DIR
-[--vocab user_id=N ...] [--overwrite]``; exit status 2 on bad input (the message names the file
-and column; nothing is written).
+[--min-count user_id=N ...] [--extend-vocab DIR] [--overwrite]``; exit status 2 on bad input (the
+message names the file and column; nothing is written).
 """
 
 from __future__ import annotations
@@ -32,37 +41,34 @@ import time
 import polars as pl
 
 from data_tools import schema as S
+from data_tools import vocab as V
 from data_tools.errors import DataError, data_error
 from data_tools.validate import (parse_date_expr, parse_expr, scan_raw_csv,
                                  tag_list_expr, validate_processed, validate_raw)
 
-HASH_MULT = 2654435761
-HASH_PRIME = 4294967311
-
-
-def hash_ids(e: pl.Expr, vocab: int) -> pl.Expr:
-    """Deterministic hash of non-negative Int64 ids into [1, vocab); null -> 0."""
-    x = e.cast(pl.UInt64)
-    h = ((x % HASH_PRIME) * HASH_MULT % HASH_PRIME) % (vocab - 1) + 1
-    return pl.when(e.is_not_null()).then(h.cast(pl.Int64)).otherwise(pl.lit(0, pl.Int64))
-
-
-def hash_id_value(x: int, vocab: int) -> int:
-    """Python reference of :func:`hash_ids` for one id."""
-    return ((x % HASH_PRIME) * HASH_MULT % HASH_PRIME) % (vocab - 1) + 1
-
-
-def resolve_vocab(vocab: dict | None) -> dict:
-    out = dict(S.DEFAULT_VOCAB)
-    for k, v in (vocab or {}).items():
-        if k not in S.DEFAULT_VOCAB:
-            if k in S.STRING_SPARSE or k == "hour":
-                continue  # derived from the data; ignored
-            raise DataError(f"vocab: field '{k}': not a hashed sparse feature "
-                            f"(hashed: {sorted(S.DEFAULT_VOCAB)})")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 2:
-            raise DataError(f"vocab: field '{k}': must be an int >= 2, got {v!r}")
+def resolve_min_count(min_count: dict | None) -> dict:
+    """Per id feature, the impressions an id needs for a row of its own (default 1: every id)."""
+    out = {f: 1 for f in V.ID_FEATURES}
+    for k, v in (min_count or {}).items():
+        if k not in out:
+            raise DataError(f"min_count: field '{k}': not an id feature (id features: {list(V.ID_FEATURES)})")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise DataError(f"min_count: field '{k}': must be an int >= 1, got {v!r}")
         out[k] = v
+    return out
+
+
+def _base_vocabs(root: str | None) -> dict:
+    """The vocabularies of an earlier processed data set, to extend (DataError if unusable)."""
+    if root is None:
+        return {}
+    out = {}
+    for f in V.ID_FEATURES:
+        path = V.vocab_path(root, f)
+        try:
+            out[f] = pl.read_parquet(path, columns=["raw_id", "row", "count"])
+        except Exception as e:  # noqa: BLE001
+            raise data_error(path, None, f"cannot read the vocabulary to extend ({type(e).__name__}: {e})") from None
     return out
 
 
@@ -80,13 +86,21 @@ def _encode(col: str, values: list[str]) -> pl.Expr:
                             return_dtype=pl.Int64).alias(col)
 
 
-def _log1p_nonneg(e: pl.Expr) -> pl.Expr:
-    return e.cast(pl.Float64).clip(lower_bound=0.0).log1p().fill_null(0.0).fill_nan(0.0)
+def _known_value(col: str, e: pl.Expr) -> pl.Expr:
+    """``e`` with KuaiRand's missing-value sentinels (DATA_CONTRACT.md) replaced by null."""
+    return pl.when(e.is_in(list(S.SENTINELS))).then(None).otherwise(e).alias(col)
 
 
-def convert(log, users: str, videos: str, out: str, vocab: dict | None = None, *,
+def _log1p_count(col: str) -> pl.Expr:
+    """log(1 + count); null when missing or a sentinel (a count is never negative)."""
+    e = _known_value(col, parse_expr(col, pl.Int64))
+    return pl.when(e >= 0).then(e.cast(pl.Float64).log1p()).otherwise(None)
+
+
+def convert(log, users: str, videos: str, out: str, min_count: dict | None = None, *,
             overwrite: bool = False, source: dict | None = None, verbose: bool = False,
-            max_unmatched_fraction: float = 0.01, max_conflicting_duplicates: int = 0) -> dict:
+            max_unmatched_fraction: float = 0.01, max_conflicting_duplicates: int = 0,
+            extend_vocab: str | None = None) -> dict:
     """Convert raw CSVs (``log``: a glob, path or list) into the processed directory ``out``.
 
     Returns the written meta dict. Raises DataError (naming file and column) on bad input;
@@ -94,22 +108,26 @@ def convert(log, users: str, videos: str, out: str, vocab: dict | None = None, *
     first (:func:`check_joins`): log rows whose user or video has no feature row, and feature
     rows that repeat an id with other values, are counted, reported in ``meta.source.joins`` and
     refused above ``max_unmatched_fraction`` of the log rows / ``max_conflicting_duplicates`` ids.
+    ``extend_vocab``: an earlier processed data set whose id vocabularies are kept and extended.
     """
     t0 = time.time()
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out) and not overwrite:
         raise data_error(out, None, "output directory already exists (pass overwrite=True / --overwrite)")
-    voc = resolve_vocab(vocab)
+    counts = resolve_min_count(min_count)
+    base = _base_vocabs(extend_vocab)
     info = validate_raw(log, users, videos)
     files = info["log_files"]
     joins = check_joins(files, users, videos, max_unmatched_fraction, max_conflicting_duplicates)
     source = {**(source or {}), "joins": joins}
+    if extend_vocab is not None:
+        source["extended_vocab_of"] = os.path.abspath(extend_vocab)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
     try:
         os.chmod(tmp, 0o755)
-        meta = _convert_into(tmp, files, users, videos, voc, info, source)
+        meta = _convert_into(tmp, files, users, videos, counts, base, info, source)
         validate_processed(tmp)
         if os.path.exists(out):
             trash = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
@@ -123,8 +141,17 @@ def convert(log, users: str, videos: str, out: str, vocab: dict | None = None, *
         raise
     if verbose:
         rows = sum(d["rows"] for d in meta["days"].values())
-        print(f"converted {rows} rows in {len(meta['days'])} days into {out} in {time.time() - t0:.1f}s")
+        rand = sum(d["random_exposure_rows"] for d in meta["days"].values())
+        print(f"converted {rows} rows ({rand} random exposure) in {len(meta['days'])} days into {out} "
+              f"in {time.time() - t0:.1f}s")
         print("joins: " + ", ".join(f"{k} {v}" for k, v in joins.items()))
+        for f, c in meta["ids"].items():
+            print(f"ids {f}: {c['distinct_raw_ids']} distinct raw ids -> {c['distinct_rows']} rows "
+                  f"(collision rate {c['collision_rate']:.2%}, {c['oov_ids']} ids below min_count "
+                  f"{c['min_count']} share the out-of-vocabulary row), table {c['table_rows']} rows")
+        missing = {k: v for k, v in meta["source"]["missing_values"].items() if v}
+        print("missing values (null, empty or a sentinel): " + (", ".join(f"{k} {v}" for k, v in missing.items())
+                                                               or "none"))
     return meta
 
 
@@ -162,36 +189,37 @@ def check_joins(files, users: str, videos: str, max_unmatched_fraction: float,
     return counts
 
 
-def _convert_into(tmp, files, users, videos, voc, info, source) -> dict:
+def _convert_into(tmp, files, users, videos, min_count, base, info, source) -> dict:
     has_oracle = info["has_oracle"]
-    # ---- user table
+    # ---- user table: categoricals encoded, dense values raw (null where missing)
     ulf = scan_raw_csv(users)
     u_str = ("user_active_degree",) + tuple(f"{c}_range" for c in S.RANGE_SOURCES)
     uvocab = _string_vocab(ulf, u_str)
+    user_dense = [_log1p_count(c).alias(f"log_{c}") for c in S.RANGE_SOURCES] + [
+        _known_value(c, parse_expr(c, pl.Int64)).cast(pl.Float64).alias(c)
+        for c in ("is_lowactive_period", "is_live_streamer", "is_video_author")]
     uq = ulf.select(
         parse_expr("user_id", pl.Int64).alias("user_id"),
         *[_encode(c, uvocab[c]) for c in u_str],
-        *[_log1p_nonneg(parse_expr(c, pl.Int64)).alias(f"log_{c}") for c in S.RANGE_SOURCES],
-        *[parse_expr(c, pl.Int64).cast(pl.Float64).alias(c)
-          for c in ("is_lowactive_period", "is_live_streamer", "is_video_author")],
+        *user_dense,
     ).unique(subset="user_id", keep="first", maintain_order=True)
     upath = os.path.join(tmp, "_users.parquet")
     uq.sink_parquet(upath)
-    # ---- video table
+    # ---- video table (raw author, music and tag ids; they are encoded after the vocabularies)
     vlf = scan_raw_csv(videos)
     v_str = ("video_type", "upload_type")
     vvocab = _string_vocab(vlf, v_str)
     w = parse_expr("server_width", pl.Float64)
     h = parse_expr("server_height", pl.Float64)
+    duration = parse_expr("video_duration", pl.Float64)
     vq = vlf.select(
         parse_expr("video_id", pl.Int64).alias("video_id"),
-        hash_ids(parse_expr("author_id", pl.Int64), voc["author_id"]).alias("author_id"),
-        hash_ids(parse_expr("music_id", pl.Int64), voc["music_id"]).alias("music_id"),
+        parse_expr("author_id", pl.Int64).alias("author_raw"),
+        parse_expr("music_id", pl.Int64).alias("music_raw"),
         *[_encode(c, vvocab[c]) for c in v_str],
-        tag_list_expr("tag").list.eval(hash_ids(pl.element(), voc["tag"])).alias("tag"),
-        _log1p_nonneg(parse_expr("video_duration", pl.Float64) / 1000.0).alias("log_video_duration_s"),
-        pl.when(h > 0).then((w / h).clip(0.0, 4.0)).otherwise(0.0).fill_null(0.0).fill_nan(0.0)
-        .alias("aspect_ratio"),
+        tag_list_expr("tag").alias("tag_raw"),
+        pl.when(duration >= 0).then((duration / 1000.0).log1p()).otherwise(None).alias("log_video_duration_s"),
+        pl.when((h > 0) & (w > 0)).then((w / h).clip(0.0, 4.0)).otherwise(None).alias("aspect_ratio"),
         parse_date_expr("upload_dt").alias("_upload_date"),
     ).unique(subset="video_id", keep="first", maintain_order=True)
     vpath = os.path.join(tmp, "_videos.parquet")
@@ -199,62 +227,99 @@ def _convert_into(tmp, files, users, videos, voc, info, source) -> dict:
     # ---- log: one typed pass into a temp parquet, then one sink per date
     oracle_cols = list(S.ORACLE_COLUMNS) if has_oracle else []
     parts = []
+    without_rand = []  # log files with no is_rand column: their rows carry no random-exposure information
     for f in files:
+        has_rand = "is_rand" in scan_raw_csv(f).collect_schema().names()
+        if not has_rand:
+            without_rand.append(os.path.abspath(f))
         parts.append(scan_raw_csv(f).select(
             *[parse_expr(c, pl.Int64, lenient_int=False) for c in S.LOG_REQUIRED],
+            (parse_expr("is_rand", pl.Int64, lenient_int=False) if has_rand else pl.lit(0, pl.Int64))
+            .cast(pl.Int8).alias("is_rand"),
             *[parse_expr(c, pl.Float64).cast(pl.Float32).alias(c) for c in oracle_cols],
         ))
     lpath = os.path.join(tmp, "_log.parquet")
     (pl.concat(parts) if len(parts) > 1 else parts[0]).sink_parquet(lpath)
+
+    # ---- id vocabularies, from the impressions (author, music and tags through the log's videos)
+    log = pl.scan_parquet(lpath)
+    log_videos = log.select("date", "video_id").join(pl.scan_parquet(vpath), on="video_id", how="left")
+    occurrences = {
+        "user_id": log.select(pl.col("user_id").alias("raw_id"), "date"),
+        "video_id": log.select(pl.col("video_id").alias("raw_id"), "date"),
+        "tab": log.select(pl.col("tab").alias("raw_id"), "date"),
+        "author_id": log_videos.select(pl.col("author_raw").alias("raw_id"), "date"),
+        "music_id": log_videos.select(pl.col("music_raw").alias("raw_id"), "date"),
+        "tag": log_videos.select(pl.col("tag_raw").alias("raw_id"), "date").explode("raw_id"),
+    }
+    vocabs, ids = {}, {}
+    os.makedirs(os.path.join(tmp, V.VOCAB_DIR))
+    for f in V.ID_FEATURES:
+        vocabs[f] = V.build_vocab(occurrences[f], min_count[f], base.get(f))
+        vocabs[f].write_parquet(V.vocab_path(tmp, f))
+        ids[f] = {**V.coverage(vocabs[f], occurrences[f]), "min_count": min_count[f]}
+    rows_of = {f: vocabs[f].select(pl.col("raw_id"), pl.col("row").alias(f"{f}__row")).lazy() for f in V.ID_FEATURES}
+    tag_keys, tag_rows = vocabs["tag"]["raw_id"].to_list(), vocabs["tag"]["row"].to_list()
 
     label_exprs = []
     for t in S.TASKS:
         comps = S.TASK_COMPONENTS[t]
         label_exprs.append((pl.max_horizontal([pl.col(c) for c in comps]) > 0)
                            .cast(pl.Float32).alias(f"label_{t}"))
-    dense_out = [pl.col(c).fill_null(0.0).cast(pl.Float32).alias(c) for c in S.DENSE_FEATURES
-                 if c != "log_video_age_days"]
+    values = [c for c in S.DENSE_VALUES if c != "log_video_age_days"]
     days = {}
     for date in info["dates"]:
         day_date = dt.datetime.strptime(str(date), "%Y%m%d").date()
         fname = S.day_file(date)
-        q = (pl.scan_parquet(lpath).filter(pl.col("date") == date)
-             .join(pl.scan_parquet(upath), on="user_id", how="left")
-             .join(pl.scan_parquet(vpath), on="video_id", how="left")
-             .select(
-                 hash_ids(pl.col("user_id"), voc["user_id"]).alias("user_id"),
-                 hash_ids(pl.col("video_id"), voc["video_id"]).alias("video_id"),
-                 pl.col("author_id").fill_null(0),
-                 pl.col("music_id").fill_null(0),
-                 hash_ids(pl.col("tab"), voc["tab"]).alias("tab"),
-                 (pl.col("hourmin") // 100 + 1).clip(0, S.HOUR_VOCAB - 1).fill_null(0).alias("hour"),
-                 *[pl.col(c).fill_null(0) for c in u_str + v_str],
-                 pl.col("tag").fill_null(pl.lit([], dtype=pl.List(pl.Int64))),
-                 *dense_out,
-                 (pl.lit(day_date) - pl.col("_upload_date")).dt.total_days().cast(pl.Float64)
-                 .clip(lower_bound=0.0).log1p().fill_null(0.0).cast(pl.Float32)
-                 .alias("log_video_age_days"),
-                 *label_exprs,
-                 *[pl.col(c) for c in oracle_cols],
-                 pl.col("user_id").alias("user_id_raw"),
-                 pl.col("video_id").alias("video_id_raw"),
-                 pl.col("date"),
-                 pl.col("time_ms"),
-             )
-             .select(list(S.SPARSE_FEATURES) + list(S.DENSE_FEATURES) + list(S.LABEL_COLUMNS)
-                     + oracle_cols + list(S.RAW_ID_COLUMNS) + ["date", "time_ms"])
-             .sort("time_ms", maintain_order=True))
+        q = pl.scan_parquet(lpath).filter(pl.col("date") == date) \
+            .join(pl.scan_parquet(upath), on="user_id", how="left") \
+            .join(pl.scan_parquet(vpath), on="video_id", how="left")
+        for f, raw in (("user_id", "user_id"), ("video_id", "video_id"), ("tab", "tab"),
+                       ("author_id", "author_raw"), ("music_id", "music_raw")):
+            q = q.join(rows_of[f], left_on=raw, right_on="raw_id", how="left")
+        q = q.select(
+            *[V.encode(pl.col(raw), pl.col(f"{f}__row")).alias(f) for f, raw in
+              (("user_id", "user_id"), ("video_id", "video_id"), ("author_id", "author_raw"),
+               ("music_id", "music_raw"), ("tab", "tab"))],
+            (pl.col("hourmin") // 100 + 1).clip(0, S.HOUR_VOCAB - 1).fill_null(0).alias("hour"),
+            *[pl.col(c).fill_null(0) for c in u_str + v_str],
+            pl.col("tag_raw").list.eval(pl.element().replace_strict(tag_keys, tag_rows, default=V.OOV_ROW,
+                                                                     return_dtype=pl.Int64))
+            .fill_null(pl.lit([], dtype=pl.List(pl.Int64))).alias("tag"),
+            *[pl.col(c).cast(pl.Float32).alias(c) for c in values],
+            (pl.lit(day_date) - pl.col("_upload_date")).dt.total_days().cast(pl.Float64)
+            .clip(lower_bound=0.0).log1p().cast(pl.Float32).alias("log_video_age_days"),
+            *label_exprs,
+            *[pl.col(c) for c in oracle_cols],
+            pl.col("is_rand"),
+            pl.col("user_id").alias("user_id_raw"),
+            pl.col("video_id").alias("video_id_raw"),
+            pl.col("date"),
+            pl.col("time_ms"),
+        ).with_columns(
+            *[pl.col(c).is_null().cast(pl.Float32).alias(S.missing_indicator(c)) for c in S.DENSE_VALUES],
+        ).select(list(S.SPARSE_FEATURES) + list(S.DENSE_FEATURES) + list(S.LABEL_COLUMNS)
+                 + oracle_cols + ["is_rand"] + list(S.RAW_ID_COLUMNS) + ["date", "time_ms"]
+                 ).sort("time_ms", maintain_order=True)
         path = os.path.join(tmp, fname)
         q.sink_parquet(path)
-        rows = pl.scan_parquet(path).select(pl.len()).collect().item()
-        days[str(date)] = {"file": fname, "rows": int(rows)}
+        st = pl.scan_parquet(path).select(
+            pl.len().alias("rows"), pl.col("is_rand").cast(pl.Int64).sum().alias("rand"),
+            *[x for c in S.DENSE_FEATURES for x in (
+                pl.col(c).count().alias(f"{c}__n"), pl.col(c).cast(pl.Float64).sum().alias(f"{c}__sum"),
+                (pl.col(c).cast(pl.Float64) ** 2).sum().alias(f"{c}__sumsq"))]).collect().row(0, named=True)
+        days[str(date)] = {"file": fname, "rows": int(st["rows"]), "random_exposure_rows": int(st["rand"]),
+                           "dense_stats": {c: {"count": int(st[f"{c}__n"]), "sum": float(st[f"{c}__sum"] or 0.0),
+                                               "sumsq": float(st[f"{c}__sumsq"] or 0.0)} for c in S.DENSE_FEATURES}}
+    missing_values = {c: sum(d["dense_stats"][S.missing_indicator(c)]["sum"] for d in days.values())
+                      for c in S.DENSE_VALUES}
     for p in (upath, vpath, lpath):
         os.remove(p)
 
     sparse = {}
     for c in S.SPARSE_FEATURES:
-        if c in voc:
-            v = voc[c]
+        if c in vocabs:
+            v = V.table_rows(vocabs[c])
         elif c == "hour":
             v = S.HOUR_VOCAB
         else:
@@ -267,12 +332,18 @@ def _convert_into(tmp, files, users, videos, voc, info, source) -> dict:
         "tasks": list(S.TASKS),
         "days": days,
         "has_oracle": has_oracle,
+        # False when a log file had no is_rand column: its rows are written as 0 (standard), so the
+        # evaluation's random-exposure slice cannot be trusted to be complete.
+        "has_is_rand": not without_rand,
+        "ids": ids,
         "source": {
             "log": [os.path.abspath(f) for f in files],
             "users": os.path.abspath(users),
             "videos": os.path.abspath(videos),
             "string_vocabs": uvocab | vvocab,
-            "hash": f"((x mod {HASH_PRIME}) * {HASH_MULT} mod {HASH_PRIME}) mod (vocab - 1) + 1",
+            "id_encoding": "exact vocabulary (vocab/<feature>.parquet): 0 missing, 1 out of vocabulary, 2.. ids",
+            "missing_values": {c: int(n) for c, n in missing_values.items()},
+            "is_rand_absent_in": without_rand,
             **(source or {}),
         },
     }
@@ -281,16 +352,16 @@ def _convert_into(tmp, files, users, videos, voc, info, source) -> dict:
     return meta
 
 
-def _parse_vocab_args(items) -> dict:
+def _parse_min_count_args(items) -> dict:
     out = {}
     for it in items or []:
         k, sep, v = it.partition("=")
         if not sep:
-            raise SystemExit(f"--vocab {it!r}: expected NAME=INT")
+            raise SystemExit(f"--min-count {it!r}: expected NAME=INT")
         try:
             out[k] = int(v)
         except ValueError:
-            raise SystemExit(f"--vocab {it!r}: {v!r} is not an int") from None
+            raise SystemExit(f"--min-count {it!r}: {v!r} is not an int") from None
     return out
 
 
@@ -298,16 +369,23 @@ def main(argv=None) -> int:
     used = lambda cols: ", ".join(cols)
     epilog = (f"Columns read (every other column is ignored):\n"
               f"  log:    {used(S.LOG_REQUIRED)} (+ {used(S.ORACLE_COLUMNS)} when present: synthetic data's "
-              f"true probabilities)\n"
+              f"true probabilities; + is_rand when present: random exposure, 0 when absent)\n"
               f"  users:  {used(S.USER_REQUIRED)}\n"
-              f"  videos: {used(S.VIDEO_REQUIRED)}\n")
+              f"  videos: {used(S.VIDEO_REQUIRED)}\n"
+              f"KuaiRand columns ignored:\n"
+              f"  log:    {used(c for c in S.LOG_COLUMNS if c not in S.LOG_REQUIRED and c != 'is_rand')}\n"
+              f"  users:  {used(c for c in S.USER_COLUMNS if c not in S.USER_REQUIRED)}\n"
+              f"  videos: {used(c for c in S.VIDEO_COLUMNS if c not in S.VIDEO_REQUIRED)}\n")
     ap = argparse.ArgumentParser(description=__doc__, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log", required=True, nargs="+", help="log CSV file(s) or glob(s)")
     ap.add_argument("--users", required=True)
     ap.add_argument("--videos", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--vocab", action="append", default=[], metavar="NAME=INT",
-                    help=f"hashed vocab size (defaults: {S.DEFAULT_VOCAB})")
+    ap.add_argument("--min-count", action="append", default=[], metavar="NAME=INT",
+                    help="impressions an id needs for an embedding row of its own; rarer ids share the "
+                         f"out-of-vocabulary row (default 1 for each of {', '.join(V.ID_FEATURES)})")
+    ap.add_argument("--extend-vocab", metavar="DIR",
+                    help="an earlier processed data set: its ids keep their rows, new ids get rows after them")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--max-unmatched", type=float, default=0.01, metavar="FRACTION",
                     help="largest share of log rows whose user or video has no feature row (default 0.01)")
@@ -315,9 +393,9 @@ def main(argv=None) -> int:
                     help="ids a feature file may repeat with conflicting values (default 0)")
     args = ap.parse_args(argv)
     try:
-        convert(args.log, args.users, args.videos, args.out, _parse_vocab_args(args.vocab),
+        convert(args.log, args.users, args.videos, args.out, _parse_min_count_args(args.min_count),
                 overwrite=args.overwrite, verbose=True, max_unmatched_fraction=args.max_unmatched,
-                max_conflicting_duplicates=args.max_conflicting_duplicates)
+                max_conflicting_duplicates=args.max_conflicting_duplicates, extend_vocab=args.extend_vocab)
     except DataError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2

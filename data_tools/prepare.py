@@ -1,7 +1,7 @@
 """Make sure a processed synthetic data set exists (generate + convert on first use).
 
-``ensure_dataset(root, generator, vocab)`` returns ``root`` when it already holds a valid
-processed data set built from the same generator config and vocab; otherwise it generates the
+``ensure_dataset(root, generator, min_count)`` returns ``root`` when it already holds a valid
+processed data set built from the same generator config, id min_count and format version; otherwise it generates the
 raw KuaiRand-schema CSVs into ``root + ".raw"`` (via a temp dir + rename), converts them into
 ``root`` atomically and returns ``root``. An ``fcntl`` lock on ``root + ".lock"`` makes
 concurrent callers (e.g. several local worker processes) wait for one builder.
@@ -19,7 +19,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from data_tools.convert import convert, resolve_vocab
+from data_tools import schema as S
+from data_tools.convert import convert, resolve_min_count
 from data_tools.errors import DataError
 from data_tools.generate import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE,
                                  GeneratorConfig, generate)
@@ -48,16 +49,16 @@ def _existing(root: str, cfg: GeneratorConfig, voc: dict) -> tuple[bool, str]:
         return True, "valid processed data set (not generated here)"
     if src.get("generator") != cfg.to_dict():
         return False, "generator config differs"
-    if src.get("vocab") != voc:
-        return False, "vocab differs"
+    if src.get("min_count") != voc:
+        return False, "id min_count differs"
     return True, "valid"
 
 
-def ensure_dataset(root: str, generator: dict | None = None, vocab: dict | None = None) -> str:
+def ensure_dataset(root: str, generator: dict | None = None, min_count: dict | None = None) -> str:
     """Return ``root`` holding a valid processed data set, generating it if needed."""
     root = os.path.abspath(os.fspath(root))
     cfg = generator if isinstance(generator, GeneratorConfig) else GeneratorConfig.from_dict(generator)
-    voc = resolve_vocab(vocab)
+    voc = resolve_min_count(min_count)
     ok, _ = _existing(root, cfg, voc) if os.path.exists(root) else (False, "missing")
     if ok:
         return root
@@ -80,7 +81,7 @@ def ensure_dataset(root: str, generator: dict | None = None, vocab: dict | None 
             raise
         meta = convert(os.path.join(raw, LOG_FILE), os.path.join(raw, USER_FILE),
                        os.path.join(raw, VIDEO_FILE), root, voc, overwrite=True,
-                       source={"generator": cfg.to_dict(), "vocab": voc, "raw_dir": raw,
+                       source={"generator": cfg.to_dict(), "min_count": voc, "raw_dir": raw,
                                "oracle_file": os.path.join(raw, ORACLE_FILE)})
         rows = sum(d["rows"] for d in meta["days"].values())
         print(f"[data_tools] generating synthetic data set into {root} ({reason}): {rows} rows, "

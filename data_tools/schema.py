@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import polars as pl
 
-FORMAT_VERSION = 1
+# 2: exact id vocabularies (was: hashed ids), dense values null where missing with indicators and
+# per-day statistics, is_rand kept.
+FORMAT_VERSION = 2
 START_DATE = 20220408
 
 TASKS = ("contribution", "like", "long_dwell")
@@ -148,8 +150,8 @@ VIDEO_DENSE_SOURCES = ("video_duration", "server_width", "server_height")
 ORACLE_PREFIX = "oracle_"
 
 # ---- processed features ----------------------------------------------------------------
-# Integer ids hashed into [1, vocab) (0 = missing).
-HASHED_SPARSE = ("user_id", "video_id", "author_id", "music_id", "tab")
+# Integer ids encoded through an exact vocabulary (data_tools.vocab: 0 missing, 1 out of vocabulary).
+ID_SPARSE = ("user_id", "video_id", "author_id", "music_id", "tab")
 # String categoricals: sorted vocabulary from the feature files, 1-based (0 = missing).
 STRING_SPARSE = (
     "user_active_degree",
@@ -161,14 +163,18 @@ STRING_SPARSE = (
     "upload_type",
 )
 # Column order of the processed files (and of the model's features): ids, hour, categoricals.
-SPARSE_SINGLE = HASHED_SPARSE + ("hour",) + STRING_SPARSE
+SPARSE_SINGLE = ID_SPARSE + ("hour",) + STRING_SPARSE
 SPARSE_MULTI = ("tag",)
 SPARSE_FEATURES = SPARSE_SINGLE + SPARSE_MULTI
 
 # hour = hourmin // 100 stored as hour + 1 (0 = missing), so its vocab is 25.
 HOUR_VOCAB = 25
 
-DENSE_FEATURES = (
+# KuaiRand's missing-value sentinels in numeric feature columns: -124 (e.g. is_live_streamer for
+# most users in KuaiRand-Pure's user_features). Read as missing (null + indicator), never as a value.
+SENTINELS = (-124,)
+
+DENSE_VALUES = (
     "log_follow_user_num",
     "log_fans_user_num",
     "log_friend_user_num",
@@ -181,20 +187,18 @@ DENSE_FEATURES = (
     "aspect_ratio",
 )
 
+
+def missing_indicator(feature: str) -> str:
+    return f"{feature}_missing"
+
+
+# The model's dense inputs: each value (null where missing; the loader normalizes it with its
+# training days' statistics and fills a missing one with the mean) and its missing indicator.
+DENSE_FEATURES = DENSE_VALUES + tuple(missing_indicator(c) for c in DENSE_VALUES)
+
 LABEL_COLUMNS = tuple(f"label_{t}" for t in TASKS)
 ORACLE_COLUMNS = tuple(f"{ORACLE_PREFIX}{t}" for t in TASKS)
 RAW_ID_COLUMNS = ("user_id_raw", "video_id_raw")
-
-# Default vocab sizes for hashed ids (override per data set).
-DEFAULT_VOCAB = {
-    "user_id": 100_000,
-    "video_id": 200_000,
-    "author_id": 50_000,
-    "music_id": 50_000,
-    "tab": 32,
-    "tag": 2_000,
-}
-
 
 def day_file(date: int | str) -> str:
     return f"day={date}.parquet"

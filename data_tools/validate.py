@@ -184,6 +184,8 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
         oracle_cols = [c for c in S.ORACLE_COLUMNS if c in cols]
         dtypes = {c: S.LOG_COLUMNS[c] for c in S.LOG_REQUIRED}
         dtypes.update({c: pl.Float64 for c in oracle_cols})
+        rand_cols = ["is_rand"] if "is_rand" in cols else []
+        dtypes.update({c: pl.Int64 for c in rand_cols})
         d, hm = pl.col("date__p"), pl.col("hourmin__p")
         y, m, dd = d // 10000, (d // 100) % 100, d % 100
         # A calendar date (20220431 is not one), in a plausible range.
@@ -198,9 +200,14 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
         for c in oracle_cols:
             o = pl.col(f"{c}__p")
             extra.append(((o <= 0) | (o >= 1) | o.is_null()).sum().alias(f"{c}__range"))
-        st = _check_csv(f, "log", dtypes, S.LOG_REQUIRED, S.LOG_NOT_NULL + tuple(oracle_cols),
-                        S.LOG_ID_COLUMNS + tuple(label_cols) + ("time_ms",), tuple(oracle_cols),
+        for c in rand_cols:
+            r = pl.col(f"{c}__p")
+            extra += [(r > 1).sum().alias("__badrand"), r.filter(r > 1).first().alias("__badrandval")]
+        st = _check_csv(f, "log", dtypes, S.LOG_REQUIRED, S.LOG_NOT_NULL + tuple(oracle_cols) + tuple(rand_cols),
+                        S.LOG_ID_COLUMNS + tuple(label_cols) + ("time_ms",) + tuple(rand_cols), tuple(oracle_cols),
                         extra, lenient_int=False)
+        if rand_cols and st["__badrand"]:
+            raise data_error(f, "is_rand", f"{st['__badrand']} values not 0 or 1 (e.g. {st['__badrandval']!r})")
         if st["__baddate"]:
             raise data_error(f, "date", f"{st['__baddate']} values not calendar dates in YYYYMMDD form "
                                         f"(e.g. {st['__baddateval']!r})")
@@ -253,6 +260,12 @@ def _load_meta(root: str) -> dict:
     for day, spec in meta["days"].items():
         if not (isinstance(spec, dict) and isinstance(spec.get("file"), str)):
             raise data_error(path, f"days.{day}", f"needs {{'file': str, 'rows': int}}, got {spec!r}")
+        stats = spec.get("dense_stats")
+        missing = [c for c in meta["dense"] if not (isinstance(stats, dict) and isinstance(stats.get(c), dict)
+                                                      and {"count", "sum", "sumsq"} <= set(stats[c]))]
+        if missing:
+            raise data_error(path, f"days.{day}.dense_stats", f"no count/sum/sumsq for {missing} (the trainer "
+                                                              "normalizes dense features with them)")
     return meta
 
 
@@ -276,6 +289,8 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
             want[f"oracle_{t}"] = pl.Float32
     for c in ("user_id_raw", "video_id_raw", "date", "time_ms"):
         want[c] = pl.Int64
+    if "has_is_rand" in meta:  # format 2 always writes the column (0 where a log file had none)
+        want["is_rand"] = pl.Int8
     for c, dtype in want.items():
         if c not in sch:
             raise data_error(path, c, f"required column missing (file has: {list(sch)})")
@@ -286,8 +301,10 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
         e = pl.col(name).list.explode() if spec["multi"] else pl.col(name)
         aggs += [e.min().alias(f"{name}__min"), e.max().alias(f"{name}__max"),
                  pl.col(name).null_count().alias(f"{name}__null")]
-    for name in meta["dense"]:
-        aggs.append((~pl.col(name).is_finite()).fill_null(True).sum().alias(f"{name}__bad"))
+    for name in meta["dense"]:  # null = missing (the loader fills it); NaN and inf are not values
+        aggs.append((~pl.col(name).is_finite()).fill_null(False).sum().alias(f"{name}__bad"))
+    if "has_is_rand" in meta:
+        aggs.append((~pl.col("is_rand").is_in([0, 1])).fill_null(True).sum().alias("__badrand"))
     for t in meta["tasks"]:
         c = f"label_{t}"
         aggs.append((~pl.col(c).is_in([0.0, 1.0])).fill_null(True).sum().alias(f"{c}__bad"))
@@ -316,7 +333,9 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
             raise data_error(path, name, f"ids outside [0, {v}) (min {lo}, max {hi})")
     for name in meta["dense"]:
         if st[f"{name}__bad"]:
-            raise data_error(path, name, f"{st[f'{name}__bad']} non-finite or null values")
+            raise data_error(path, name, f"{st[f'{name}__bad']} non-finite values (NaN or inf)")
+    if "has_is_rand" in meta and st["__badrand"]:
+        raise data_error(path, "is_rand", f"{st['__badrand']} values not 0 or 1")
     for t in meta["tasks"]:
         if st[f"label_{t}__bad"]:
             raise data_error(path, f"label_{t}", f"{st[f'label_{t}__bad']} values not in {{0, 1}}")

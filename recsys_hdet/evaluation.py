@@ -120,7 +120,7 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
     import torch.distributed as dist
 
     from recsys_hdet.components.checkpoint import load_model
-    from recsys_hdet.components.dataloader import ParquetBatchStream
+    from recsys_hdet.components.dataloader import DenseNormalization, ParquetBatchStream
     from recsys_hdet.components.hparam_bindings import set_temperature
     from recsys_hdet.components.optimizer import fused_params
     from recsys_hdet.distributed import init_process_groups, shard_model
@@ -137,8 +137,13 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
         load_model(model, checkpoint)
         set_temperature(model, temperature)
         model.eval()
+        # The dense inputs are standardized as in training (the training days' statistics).
+        normalization = DenseNormalization.from_checkpoint(checkpoint)
+        if normalization is None:
+            raise RuntimeError(f"{checkpoint}/meta.json: no dense_normalization (a checkpoint from before the "
+                               "format-2 data sets): retrain the run")
         stream = ParquetBatchStream(meta, days, batch_size, pgs.layout.rank, world, 0,
-                                    shuffle_within_day=False, pad_last=True)
+                                    shuffle_within_day=False, pad_last=True, normalization=normalization)
         local: List[torch.Tensor] = []
         with torch.no_grad():
             for batch in stream:  # global batch b, rank r: rows [b*G + r*B, b*G + (r+1)*B) of the day
@@ -209,21 +214,15 @@ def _user_activity_names(meta: DatasetMeta) -> Dict[int, str]:
     return names
 
 
-# KuaiRand's tab takes the values 0..14; the converter hashes it into the feature's vocabulary.
-_KUAIRAND_TABS = range(15)
-
-
 def _tab_names(meta: DatasetMeta) -> Dict[int, str]:
-    """Feature id -> label naming the raw tabs that hash to it (the hash can merge tabs)."""
-    from data_tools.convert import hash_id_value
+    """Feature row -> label naming the raw tab it encodes (the data set's exact tab vocabulary)."""
+    from data_tools.vocab import OOV_ROW, vocab_path
 
-    if "hash" not in (meta.source or {}):
+    path = vocab_path(meta.root, "tab")
+    if not os.path.isfile(path):
         return {}
-    vocab = int(meta.sparse["tab"]["vocab"])
-    raw: Dict[int, List[int]] = {}
-    for t in _KUAIRAND_TABS:
-        raw.setdefault(hash_id_value(t, vocab), []).append(t)
-    return {i: f"id {i} (raw tab{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})" for i, r in raw.items()}
+    rows = pl.read_parquet(path, columns=["raw_id", "row"])
+    return {OOV_ROW: "out of vocabulary", **{int(r): f"tab {int(t)}" for t, r in rows.iter_rows()}}
 
 
 def predictions_frame(run: RunInfo, probs: np.ndarray) -> pl.DataFrame:

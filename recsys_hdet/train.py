@@ -8,6 +8,7 @@ with a message naming the field or file (exit status 2); a diverged run exits wi
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -63,7 +64,7 @@ def prepare_data(cfg: DictConfig) -> str:
 
     root = _abs_path(cfg.data.root)
     if cfg.data.get("generator") is not None:
-        ensure_dataset(root, OmegaConf.to_container(cfg.data.generator), OmegaConf.to_container(cfg.data.vocab))
+        ensure_dataset(root, OmegaConf.to_container(cfg.data.generator), OmegaConf.to_container(cfg.data.min_count))
     validate_processed(root)
     _check_days_and_steps(cfg, root)
     return root
@@ -96,6 +97,26 @@ def _check_days_and_steps(cfg: DictConfig, root: str) -> None:
                           f"{kind} rows; with the probe rows reserved it cannot fill one global batch of {global_batch}")
 
 
+def _stale_warm_start(path: str, data_root: str) -> str:
+    """Why the checkpoint at ``path`` does not fit the data set's model inputs ('' if it does, or if
+    it does not record them)."""
+    from recsys_hdet.components.dataloader import DatasetMeta, model_inputs
+
+    try:
+        with open(os.path.join(path, "meta.json")) as f:
+            recorded = json.load(f).get("model_inputs")
+    except (OSError, ValueError):
+        return ""
+    if recorded is None:
+        return "it records no model inputs: trained before they were recorded"
+    now = model_inputs(DatasetMeta.load(data_root))
+    diff = sorted(k for k in set(now["sparse"]) | set(recorded["sparse"])
+                  if now["sparse"].get(k) != recorded["sparse"].get(k))
+    if diff or now["dense"] != recorded["dense"]:
+        return f"embedding table sizes differ for {diff}" if diff else "dense features differ"
+    return ""
+
+
 def ensure_warm_start(cfg: DictConfig) -> str | None:
     """The absolute warm-start checkpoint path; trains it first with ``trainer.warm_start_preset``
     when it is missing (once: concurrent jobs wait on a lock), so a preset is self-contained."""
@@ -106,10 +127,21 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
     if not cfg.trainer.get("warm_start"):
         return None
     path = _abs_path(cfg.trainer.warm_start)
+    preset = cfg.trainer.get("warm_start_preset")
+    stale = _stale_warm_start(path, str(cfg.data.root))
+    if stale and preset and not under_torchrun():
+        # A checkpoint the preset trained on an earlier version of the data set (its inputs differ):
+        # derived data, so it is retrained rather than loaded into a model it does not fit.
+        print(f"warm start {path} was trained on other model inputs ({stale}): retraining it", flush=True)
+        import shutil
+
+        shutil.rmtree(path)
+    elif stale:
+        raise ConfigError(f"config trainer.warm_start={path}: trained on other model inputs than {cfg.data.root} "
+                          f"has ({stale})")
     ready = lambda: os.path.isfile(os.path.join(path, ".metadata"))
     if ready():
         return path
-    preset = cfg.trainer.get("warm_start_preset")
     if not preset or under_torchrun():
         raise ConfigError(f"config trainer.warm_start={path}: no checkpoint there (no .metadata)"
                           + ("" if preset else " and no trainer.warm_start_preset to produce it"))

@@ -20,7 +20,8 @@ from omegaconf import DictConfig
 
 from recsys_hdet.components.checkpoint import load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams, set_temperature
-from recsys_hdet.components.dataloader import ORACLE_PREFIX, DatasetMeta, ParquetBatchStream, split_days
+from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, DenseNormalization, ParquetBatchStream,
+                                              model_inputs, split_days)
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
 from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, write_json_atomic
@@ -109,10 +110,15 @@ class Trainer:
         meta = DatasetMeta.load(cfg.data.root)
         train_days, eval_days = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"),
                                            int(cfg.data.get("skip_days", 0)))
+        # Dense inputs standardized with the training days' statistics; a warm start keeps the
+        # normalization its weights were trained with.
+        warm = cfg.trainer.get("warm_start")
+        self.normalization = (DenseNormalization.from_checkpoint(str(warm)) if warm else None) or \
+            DenseNormalization.from_days(meta, train_days)
         train_stream = ParquetBatchStream(
             meta, train_days, int(cfg.data.batch_size), self.rank, self.world, int(cfg.seed),
             shuffle_within_day=bool(cfg.data.shuffle_within_day), reserve_rows=probe_rows(cfg),
-            exposure=str(cfg.data.get("train_exposure", "all")),
+            exposure=str(cfg.data.get("train_exposure", "all")), normalization=self.normalization,
         )
         total_steps = len(train_stream)
         train_rows = sum(train_stream.rows_in_day(d) for d in train_days)
@@ -182,7 +188,8 @@ class Trainer:
                 summary["oracle"] = oracle
             if bool(cfg.trainer.checkpoint):
                 save_model(model, os.path.join(self.run_dir, "checkpoint"),
-                           {"steps": steps, "examples": examples, "experiment": str(cfg.experiment_name)})
+                           {"steps": steps, "examples": examples, "experiment": str(cfg.experiment_name),
+                            "dense_normalization": self.normalization.to_dict(), "model_inputs": model_inputs(meta)})
         rss = [0.0] * self.world
         dist.all_gather_object(rss, peak_rss_mb())
         summary["wall_seconds"] = time.time() - self.job_start
@@ -401,6 +408,7 @@ class Trainer:
         stream = ParquetBatchStream(
             meta, eval_days, int(self.cfg.trainer.eval_batch_size), self.rank, self.world,
             int(self.cfg.seed), shuffle_within_day=False, pad_last=True, extras=extras,
+            normalization=self.normalization,
         )
         model.eval()
         probs, labels, oracle = [], [], []

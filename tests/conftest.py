@@ -22,7 +22,7 @@ def tiny_dataset(data_cache):
 
     cfg = OmegaConf.load(os.path.join(REPO, "conf", "data", "tiny.yaml"))
     root = os.path.join(data_cache, "tiny")
-    ensure_dataset(root, OmegaConf.to_container(cfg.generator), OmegaConf.to_container(cfg.vocab))
+    ensure_dataset(root, OmegaConf.to_container(cfg.generator), OmegaConf.to_container(cfg.min_count))
     return root
 
 

@@ -15,7 +15,8 @@ import polars as pl
 import pytest
 
 from data_tools import schema as S
-from data_tools.convert import convert, hash_id_value
+from data_tools.convert import convert
+from data_tools.vocab import vocab_path
 from data_tools.errors import DataError
 from data_tools.generate import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
                                  generate)
@@ -25,7 +26,7 @@ from data_tools.validate import validate_processed, validate_raw
 
 SMALL = dict(seed=1, n_users=300, n_videos=1000, n_authors=200, n_music=100, n_tags=50,
              days=3, impressions_per_day=4000, latent_dim=4)
-VOCAB = {"user_id": 1000, "video_id": 3000, "author_id": 500, "music_id": 300, "tab": 32, "tag": 200}
+MIN_COUNT = {"user_id": 1, "video_id": 2}  # video ids seen once share the out-of-vocabulary row
 
 
 def _raw(d):
@@ -42,7 +43,7 @@ def raw_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def processed(raw_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("proc") / "data")
-    convert(*_raw(raw_dir), out, VOCAB)
+    convert(*_raw(raw_dir), out, MIN_COUNT)
     return out
 
 
@@ -144,19 +145,30 @@ def test_generator_config_validation(field, value):
 # ---- converter ----------------------------------------------------------------------------------------
 def test_convert_matches_contract(processed, raw_dir):
     meta = validate_processed(processed)
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == S.FORMAT_VERSION
     assert meta["tasks"] == list(S.TASKS)
     assert meta["dense"] == list(S.DENSE_FEATURES)
     assert list(meta["sparse"]) == list(S.SPARSE_FEATURES)
     assert meta["has_oracle"] is True
     assert sorted(meta["days"]) == ["20220408", "20220409", "20220410"]
-    for name in VOCAB:
-        assert meta["sparse"][name]["vocab"] == VOCAB[name]
+    raw = pl.read_csv(_raw(raw_dir)[0])
+    # Exact vocabularies: every user of the log has a row of its own; videos seen once share row 1.
+    users = raw["user_id"].n_unique()
+    assert meta["sparse"]["user_id"]["vocab"] == users + 2
+    assert meta["ids"]["user_id"] == {"distinct_raw_ids": users, "distinct_rows": users, "oov_ids": 0,
+                                      "oov_impressions": 0, "collision_rate": 0.0, "table_rows": users + 2,
+                                      "min_count": 1}
+    seen = raw.group_by("video_id").len()
+    rare = int((seen["len"] < 2).sum())
+    assert meta["ids"]["video_id"]["oov_ids"] == rare > 0
+    assert meta["sparse"]["video_id"]["vocab"] == seen.height - rare + 2
+    assert meta["ids"]["tab"]["distinct_rows"] == raw["tab"].n_unique()  # no two tabs merged
     assert meta["sparse"]["hour"]["vocab"] == 25
     assert meta["sparse"]["video_type"]["vocab"] == 3  # AD, NORMAL + missing
     assert meta["sparse"]["tag"]["multi"] is True
-    assert sorted(os.listdir(processed)) == sorted(["meta.json"] + [d["file"] for d in meta["days"].values()])
-    raw = pl.read_csv(_raw(raw_dir)[0])
+    assert sorted(os.listdir(processed)) == sorted(["meta.json", "vocab"] + [d["file"] for d in meta["days"].values()])
+    user_rows = dict(pl.read_parquet(vocab_path(processed, "user_id")).select("raw_id", "row").iter_rows())
+    video_rows = dict(pl.read_parquet(vocab_path(processed, "video_id")).select("raw_id", "row").iter_rows())
     total = 0
     for day, spec in meta["days"].items():
         df = pl.read_parquet(os.path.join(processed, spec["file"]))
@@ -166,8 +178,16 @@ def test_convert_matches_contract(processed, raw_dir):
             assert df.schema[name] == (pl.List(pl.Int64) if sp["multi"] else pl.Int64)
             vals = df[name].explode() if sp["multi"] else df[name]
             assert vals.min() >= 0 and vals.max() < sp["vocab"]
-        for c in meta["dense"]:
-            assert df.schema[c] == pl.Float32 and df[c].is_finite().all()
+        for c in meta["dense"]:  # null = missing; never NaN or inf
+            assert df.schema[c] == pl.Float32 and df[c].drop_nulls().is_finite().all()
+        for c in S.DENSE_VALUES:
+            assert (df[S.missing_indicator(c)] == df[c].is_null().cast(pl.Float32)).all()
+        assert df["is_rand"].dtype == pl.Int8
+        assert (df["is_rand"].cast(pl.Int64) == raw.filter(pl.col("date") == int(day)).sort("time_ms")["is_rand"]).all()
+        assert spec["random_exposure_rows"] == int(df["is_rand"].cast(pl.Int64).sum())
+        stats = spec["dense_stats"]["log_follow_user_num"]
+        assert stats["count"] == df["log_follow_user_num"].count()
+        assert stats["sum"] == pytest.approx(float(df["log_follow_user_num"].cast(pl.Float64).sum()), rel=1e-9)
         for c in S.LABEL_COLUMNS + S.ORACLE_COLUMNS:
             assert df.schema[c] == pl.Float32
         for c in ("user_id_raw", "video_id_raw", "date", "time_ms"):
@@ -182,8 +202,8 @@ def test_convert_matches_contract(processed, raw_dir):
         assert (df["label_long_dwell"] == r["long_view"].cast(pl.Float32)).all()
         contrib = ((r["is_comment"] + r["is_forward"] + r["is_follow"]) > 0).cast(pl.Float32)
         assert (df["label_contribution"] == contrib).all()
-        u0, h0 = int(df["user_id_raw"][0]), int(df["user_id"][0])
-        assert h0 == hash_id_value(u0, VOCAB["user_id"])
+        assert df["user_id"].to_list() == [user_rows[u] for u in df["user_id_raw"]]
+        assert df["video_id"].to_list() == [video_rows.get(v, 1) for v in df["video_id_raw"]]
         assert df["hour"][0] == int(r["hourmin"][0]) // 100 + 1
     assert total == raw.height
 
@@ -196,12 +216,12 @@ def test_unmatched_joins_are_counted_and_refused_above_the_threshold(raw_copy, t
     raw = pl.read_csv(log, infer_schema=False)
     n_user, n_video = (raw["user_id"] == "0").sum(), (raw["video_id"] == "1").sum()
     with pytest.raises(DataError) as e:
-        convert(log, users, videos, str(tmp_path / "refused"), VOCAB,
+        convert(log, users, videos, str(tmp_path / "refused"), MIN_COUNT,
                 max_unmatched_fraction=min(n_user, n_video) / raw.height / 2)
     assert "have a user_id with no row" in str(e.value) or "have a video_id with no row" in str(e.value)
     assert not os.path.exists(tmp_path / "refused")
     out = str(tmp_path / "o")
-    meta = convert(log, users, videos, out, VOCAB, max_unmatched_fraction=1.0)
+    meta = convert(log, users, videos, out, MIN_COUNT, max_unmatched_fraction=1.0)
     joins = meta["source"]["joins"]
     assert joins["unmatched_user_rows"] == n_user and joins["unmatched_video_rows"] == n_video
     assert joins["log_rows"] == raw.height
@@ -210,22 +230,24 @@ def test_unmatched_joins_are_counted_and_refused_above_the_threshold(raw_copy, t
     u = df.filter(pl.col("user_id_raw") == 0)
     v = df.filter(pl.col("video_id_raw") == 1)
     assert u.height > 0 and v.height > 0
-    assert (u["user_active_degree"] == 0).all() and (u["log_follow_user_num"] == 0).all()
+    assert (u["user_active_degree"] == 0).all() and u["log_follow_user_num"].is_null().all()
+    assert (u["log_follow_user_num_missing"] == 1).all()
     assert (v["author_id"] == 0).all() and (v["tag"].list.len() == 0).all()
-    assert (v["log_video_duration_s"] == 0).all() and (v["aspect_ratio"] == 0).all()
+    assert v["log_video_duration_s"].is_null().all() and v["aspect_ratio"].is_null().all()
+    assert (v["log_video_duration_s_missing"] == 1).all()
 
 
 def test_conflicting_duplicate_feature_rows_are_refused(raw_copy, tmp_path):
     log, users, videos = _raw(raw_copy)
     _rewrite(users, lambda d: pl.concat([d, d.head(1).with_columns(pl.lit("999").alias("follow_user_num"))]))
     with pytest.raises(DataError) as e:
-        convert(log, users, videos, str(tmp_path / "o"), VOCAB)
+        convert(log, users, videos, str(tmp_path / "o"), MIN_COUNT)
     _assert_names(e, users, "user_id")
     assert "1 ids repeated with conflicting feature values" in str(e.value)
     # The same row twice is no conflict: it is counted and dropped.
     _rewrite(users, lambda d: d.unique(subset=["user_id"], keep="first", maintain_order=True))
     _rewrite(users, lambda d: pl.concat([d, d.head(1)]))
-    meta = convert(log, users, videos, str(tmp_path / "o2"), VOCAB)
+    meta = convert(log, users, videos, str(tmp_path / "o2"), MIN_COUNT)
     assert meta["source"]["joins"]["duplicate_user_ids"] == 1 and meta["source"]["joins"]["conflicting_user_ids"] == 0
 
 
@@ -235,7 +257,7 @@ def test_convert_ignores_extra_columns(raw_copy, processed, tmp_path):
         _rewrite(p, lambda d: d.with_columns(pl.lit("zzz").alias("extra_col"),
                                              pl.lit("1").alias("oracle_other")))
     out = str(tmp_path / "o")
-    meta = convert(log, users, videos, out, VOCAB)
+    meta = convert(log, users, videos, out, MIN_COUNT)
     ref = validate_processed(processed)
     assert meta["sparse"] == ref["sparse"] and meta["days"] == ref["days"]
     for spec in meta["days"].values():
@@ -251,9 +273,11 @@ def test_convert_without_oracle_and_cli(raw_copy, tmp_path):
     _rewrite(log, lambda d: d.drop(list(S.ORACLE_COLUMNS)))
     out = str(tmp_path / "o")
     assert convert_main(["--log", log, "--users", users, "--videos", videos, "--out", out,
-                         "--vocab", "user_id=500", "--vocab", "tag=64"]) == 0
+                         "--min-count", "user_id=1000000"]) == 0
     meta = validate_processed(out)
-    assert meta["has_oracle"] is False and meta["sparse"]["user_id"]["vocab"] == 500
+    # Every user below the threshold: they all share the out-of-vocabulary row.
+    assert meta["has_oracle"] is False and meta["sparse"]["user_id"]["vocab"] == 2
+    assert meta["ids"]["user_id"]["oov_ids"] == meta["ids"]["user_id"]["distinct_raw_ids"]
     df = pl.read_parquet(os.path.join(out, "day=20220408.parquet"))
     assert not any(c.startswith("oracle_") for c in df.columns)
     assert validate_main([out]) == 0
@@ -265,7 +289,7 @@ def test_convert_without_oracle_and_cli(raw_copy, tmp_path):
 def _convert_err(raw_copy, tmp_path):
     out = str(tmp_path / "out")
     with pytest.raises(DataError) as e:
-        convert(*_raw(raw_copy), out, VOCAB)
+        convert(*_raw(raw_copy), out, MIN_COUNT)
     assert not os.path.exists(out)
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
     return e
@@ -434,13 +458,13 @@ def test_failed_convert_leaves_nothing(raw_dir, processed, tmp_path, monkeypatch
     monkeypatch.setattr(C, "validate_processed", boom)
     out = str(tmp_path / "out")
     with pytest.raises(DataError, match="injected"):
-        convert(*_raw(raw_dir), out, VOCAB)
+        convert(*_raw(raw_dir), out, MIN_COUNT)
     assert os.listdir(tmp_path) == []
     # an existing output is left intact by a failed overwrite
     shutil.copytree(processed, out)
     before = sorted(os.listdir(out))
     with pytest.raises(DataError, match="injected"):
-        convert(*_raw(raw_dir), out, VOCAB, overwrite=True)
+        convert(*_raw(raw_dir), out, MIN_COUNT, overwrite=True)
     assert sorted(os.listdir(out)) == before and os.listdir(tmp_path) == ["out"]
 
 
@@ -452,23 +476,23 @@ def _ensure(args):
 def test_ensure_dataset(tmp_path, capsys):
     root = str(tmp_path / "ds" / "demo")
     gen = dict(SMALL, days=2, impressions_per_day=1500)
-    assert ensure_dataset(root, gen, VOCAB) == root
+    assert ensure_dataset(root, gen, MIN_COUNT) == root
     out = capsys.readouterr().out
     assert len(out.strip().splitlines()) == 1 and "generating" in out and "took" in out
     meta = validate_processed(root)
     assert meta["source"]["generator"]["impressions_per_day"] == 1500
     assert set(load_oracle(root)) == set(meta["days"])
     mtime = os.path.getmtime(os.path.join(root, "meta.json"))
-    assert ensure_dataset(root, gen, VOCAB) == root  # reuse, no regeneration
+    assert ensure_dataset(root, gen, MIN_COUNT) == root  # reuse, no regeneration
     assert capsys.readouterr().out == ""
     assert os.path.getmtime(os.path.join(root, "meta.json")) == mtime
     # a corrupt data set is rebuilt
     os.remove(os.path.join(root, "day=20220409.parquet"))
-    ensure_dataset(root, gen, VOCAB)
+    ensure_dataset(root, gen, MIN_COUNT)
     assert "generating" in capsys.readouterr().out
     validate_processed(root)
     # a different config regenerates
-    ensure_dataset(root, dict(gen, seed=9), VOCAB)
+    ensure_dataset(root, dict(gen, seed=9), MIN_COUNT)
     assert validate_processed(root)["source"]["generator"]["seed"] == 9
 
 
@@ -477,20 +501,10 @@ def test_ensure_dataset_concurrent(tmp_path):
     gen = dict(SMALL, days=2, impressions_per_day=1000)
     ctx = mp.get_context("spawn")
     with ctx.Pool(3) as pool:
-        res = pool.map(_ensure, [(root, gen, VOCAB)] * 3)
+        res = pool.map(_ensure, [(root, gen, MIN_COUNT)] * 3)
     assert res == [root] * 3
     validate_processed(root)
     assert sorted(os.listdir(tmp_path)) == ["demo", "demo.lock", "demo.raw"]
-
-
-def test_hash_ids_matches_reference_for_large_ids():
-    from data_tools.convert import hash_ids
-    xs = [0, 1, 4294967310, 4294967311, 2**40 + 123, 2**63 - 1]
-    got = pl.DataFrame({"x": xs}).select(hash_ids(pl.col("x"), 200_000).alias("x"))["x"].to_list()
-    assert got == [hash_id_value(x, 200_000) for x in xs]
-    assert all(1 <= g < 200_000 for g in got)
-    assert pl.DataFrame({"x": [None]}, schema={"x": pl.Int64}).select(
-        hash_ids(pl.col("x"), 10).alias("x"))["x"].to_list() == [0]
 
 
 def test_convert_multiple_log_files_glob(raw_copy, processed, tmp_path):
@@ -503,7 +517,7 @@ def test_convert_multiple_log_files_glob(raw_copy, processed, tmp_path):
             part = part.drop(list(S.ORACLE_COLUMNS))
         part.write_csv(os.path.join(raw_copy, f"log_part{i}.csv"))
     out = str(tmp_path / "o")
-    meta = convert(os.path.join(raw_copy, "log_part*.csv"), users, videos, out, VOCAB)
+    meta = convert(os.path.join(raw_copy, "log_part*.csv"), users, videos, out, MIN_COUNT)
     assert meta["has_oracle"] is False
     assert meta["days"] == validate_processed(processed)["days"]
     assert len(meta["source"]["log"]) == 3
@@ -526,12 +540,12 @@ def test_feature_ints_written_as_floats_are_accepted(raw_copy, processed, tmp_pa
         (pl.col("follow_user_num") + ".0").alias("follow_user_num")))
     _rewrite(videos, lambda d: d.with_columns((pl.col("music_id") + ".0").alias("music_id")))
     out = str(tmp_path / "o")
-    meta = convert(log, users, videos, out, VOCAB)
+    meta = convert(log, users, videos, out, MIN_COUNT)
     f = meta["days"]["20220408"]["file"]
     assert pl.read_parquet(os.path.join(out, f)).equals(pl.read_parquet(os.path.join(processed, f)))
     _rewrite(videos, lambda d: d.with_columns(
         pl.when(pl.int_range(pl.len()) == 2).then(pl.lit("7.5")).otherwise(pl.col("music_id"))
         .alias("music_id")))
     with pytest.raises(DataError) as e:
-        convert(log, users, videos, str(tmp_path / "o2"), VOCAB)
+        convert(log, users, videos, str(tmp_path / "o2"), MIN_COUNT)
     _assert_names(e, videos, "music_id")

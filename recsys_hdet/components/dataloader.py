@@ -20,6 +20,13 @@ Design:
   day's row count, batches and reserved rows are those of its standard rows. ``is_rand`` is read
   only then (never a model input); a day file without the column is refused, naming it.
 
+- Dense inputs are standardized by :class:`DenseNormalization`: the mean and standard deviation
+  of each dense feature over the *training* days only (from the per-day statistics the converter
+  stores in meta.json), so no held-out day leaks into the inputs; a missing value (null in the
+  file: an empty field, a sentinel, a missing join) becomes 0, the training mean, and its
+  ``<name>_missing`` indicator says so. The trainer saves the normalization in the checkpoint's meta.json;
+  evaluation and warm starts reuse it.
+
 Limits: a day must fit in memory (days are tens of MB here); multi-day files are not split.
 """
 
@@ -88,6 +95,57 @@ class DatasetMeta:
         return [n for n, s in self.sparse.items() if s.get("multi", False)]
 
 
+@dataclass(frozen=True)
+class DenseNormalization:
+    """Per dense feature: ``(x - mean) / std`` with the statistics of ``days``; missing -> 0."""
+
+    features: List[str]
+    mean: List[float]
+    std: List[float]
+    days: List[str]
+
+    @classmethod
+    def from_days(cls, meta: "DatasetMeta", days: Sequence[str]) -> "DenseNormalization":
+        mean, std = [], []
+        for name in meta.dense:
+            stats = [meta.days[d]["dense_stats"][name] for d in days]
+            n = sum(s["count"] for s in stats)
+            m = sum(s["sum"] for s in stats) / n if n else 0.0
+            var = sum(s["sumsq"] for s in stats) / n - m * m if n else 0.0
+            sd = var ** 0.5 if var > 1e-12 else 1.0  # a constant feature is centred, not scaled
+            mean.append(m)
+            std.append(sd)
+        return cls(list(meta.dense), mean, std, [str(d) for d in days])
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        out = (x - np.asarray(self.mean, dtype=np.float64)) / np.asarray(self.std, dtype=np.float64)
+        return np.nan_to_num(out, nan=0.0).astype(np.float32)
+
+    def to_dict(self) -> Dict:
+        return {"features": self.features, "mean": self.mean, "std": self.std, "days": self.days}
+
+    @classmethod
+    def from_checkpoint(cls, directory: str) -> Optional["DenseNormalization"]:
+        """The normalization a checkpoint's model was trained with (its meta.json), or None."""
+        try:
+            with open(os.path.join(directory, "meta.json")) as f:
+                d = json.load(f).get("dense_normalization")
+        except (OSError, ValueError):
+            return None
+        return cls(list(d["features"]), list(d["mean"]), list(d["std"]), list(d["days"])) if d else None
+
+    def check(self, meta: "DatasetMeta") -> None:
+        if self.features != list(meta.dense):
+            raise ValueError(f"dense normalization for features {self.features}, but the data set at {meta.root} "
+                             f"has {list(meta.dense)}")
+
+
+def model_inputs(meta: "DatasetMeta") -> Dict:
+    """What a model built for this data set takes: embedding table sizes and dense features (a
+    checkpoint records it, so a warm start can tell whether it fits)."""
+    return {"sparse": {n: int(s["vocab"]) for n, s in meta.sparse.items()}, "dense": list(meta.dense)}
+
+
 # A row is standard exposure unless is_rand = 1 (a null carries no random-exposure information).
 _standard_rows = pl.col(RAND_COLUMN).fill_null(0) != 1
 
@@ -119,7 +177,7 @@ class _DayArrays:
     """A day's rows as contiguous tensors, in stream order."""
 
     def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str],
-                 drop_random: bool = False) -> None:
+                 drop_random: bool = False, normalization: Optional[DenseNormalization] = None) -> None:
         label_cols = [LABEL_PREFIX + t for t in meta.tasks]
         columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
         if drop_random:
@@ -141,7 +199,9 @@ class _DayArrays:
             self.multi_lengths.append(lengths)
             self.multi_offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))
             self.multi_values.append(torch.from_numpy(values))
-        self.dense = torch.from_numpy(df.select(meta.dense).to_numpy().astype(np.float32))
+        dense = df.select(meta.dense).to_numpy().astype(np.float64)  # null (missing) -> NaN
+        dense = normalization.apply(dense) if normalization is not None else np.nan_to_num(dense, nan=0.0)
+        self.dense = torch.from_numpy(dense.astype(np.float32))
         self.labels = torch.from_numpy(df.select(label_cols).to_numpy().astype(np.float32))
         self.extras = {c: torch.from_numpy(df[c].to_numpy().copy()) for c in extras}
 
@@ -162,8 +222,12 @@ class ParquetBatchStream:
         extras: Sequence[str] = (),
         reserve_rows: int = 0,
         exposure: str = "all",
+        normalization: Optional[DenseNormalization] = None,
     ) -> None:
         self.meta = meta
+        if normalization is not None:
+            normalization.check(meta)
+        self.normalization = normalization  # None: raw values, missing -> 0 (tests and tools only)
         self.exposure = exposure
         self._rows = day_rows(meta, days, exposure)  # validates exposure (and the column it needs)
         self.reserve_rows = reserve_rows
@@ -213,7 +277,8 @@ class ParquetBatchStream:
             n_batches = self.batches_in_day(day)
             if self._batch_index < n_batches:
                 arrays = self._arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
-                                                   drop_random=self.exposure == "standard")
+                                                   drop_random=self.exposure == "standard",
+                                                   normalization=self.normalization)
                 while self._batch_index < n_batches:
                     batch = self._make_batch(arrays, self._batch_index)
                     self._batch_index += 1
