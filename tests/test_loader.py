@@ -147,3 +147,34 @@ def test_probe_rows_are_the_same_on_every_rank_never_trained_on_and_never_held_o
         assert len(per_rank[0]) == reserve and all(p == per_rank[0] for p in per_rank), "identical on every rank"
         assert not per_rank[0] & (trained[0] | trained[1]), "probe rows are never trained on"
         assert not per_rank[0] & held_out, "probe rows never come from a held-out day"
+
+
+def test_dense_inputs_are_standardized_with_the_training_days_only(tiny_dataset):
+    from recsys_hdet.components.dataloader import DenseNormalization
+
+    meta = DatasetMeta.load(tiny_dataset)
+    train, held_out = split_days(meta, 1)
+    norm = DenseNormalization.from_days(meta, train)
+    # The training rows come out centred and scaled (missing values count as the mean, 0).
+    raw = pl.concat([pl.read_parquet(meta.day_path(d), columns=meta.dense) for d in train])
+    batches = list(_stream(meta, days=train, normalization=norm, pad_last=True, shuffle_within_day=False))
+    x = torch.cat([b.dense[b.mask] for b in batches]).double()
+    assert x.shape[0] == raw.height and torch.isfinite(x).all()
+    for i, name in enumerate(meta.dense):
+        col = raw[name].cast(pl.Float64)
+        if col.drop_nulls().std() and col.drop_nulls().std() > 1e-6:
+            # mean over the present values is 0; the std over them is 1
+            present = x[:, i][torch.from_numpy(col.is_not_null().to_numpy())]
+            assert abs(float(present.mean())) < 1e-4 and abs(float(present.std(unbiased=False)) - 1) < 1e-4, name
+        assert norm.mean[i] == pytest.approx(float(col.drop_nulls().mean() or 0.0), rel=1e-9, abs=1e-12), name
+    # A held-out day's values change nothing: the statistics are the training days'.
+    changed = {**meta.days, held_out[0]: {**meta.days[held_out[0]], "dense_stats": {
+        c: {"count": 1, "sum": 1e9, "sumsq": 1e18} for c in meta.dense}}}
+    meta2 = DatasetMeta(meta.root, meta.sparse, meta.dense, meta.tasks, changed, meta.has_oracle, meta.source)
+    assert DenseNormalization.from_days(meta2, train) == norm
+    assert DenseNormalization.from_days(meta2, list(meta.days)) != norm
+    # Missing values (null in the file) become exactly 0 and their indicator is 1 before scaling.
+    name = "aspect_ratio"  # the generator's zero-height videos have none
+    assert raw[name].null_count() > 0
+    i = meta.dense.index(name)
+    assert (x[:, i][torch.from_numpy(raw[name].is_null().to_numpy())] == 0).all()
