@@ -58,6 +58,8 @@ def validate_config(cfg: DictConfig) -> None:
         _require(group in cfg.optim.lr, f"optim.lr.{group}", None, "missing: every parameter group needs a max LR")
         _positive_number(cfg, f"optim.lr.{group}")
     _positive_number(cfg, "trainer.diverge_loss")
+    tensorboard = cfg.trainer.get("tensorboard", True)
+    _require(isinstance(tensorboard, bool), "trainer.tensorboard", tensorboard, "must be true or false")
     _require(len(cfg.tasks) >= 1, "tasks", dict(cfg.tasks), "declare at least one task")
     for task, spec in cfg.tasks.items():
         w = spec.weight
