@@ -27,6 +27,7 @@ from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycl
 from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, write_json_atomic
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
 from recsys_hdet.components.replicas import ReplicaAverager
+from recsys_hdet.components.tensorboard import build_tensorboard
 from recsys_hdet.config import probe_rows
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.hdet import HDETConfig, HDETOneCycleLR, ReplicaAxis
@@ -295,6 +296,9 @@ class Trainer:
         diverge_loss = float(cfg.diverge_loss)
         logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps) if self.rank == 0 else None
         hdet_log = open(os.path.join(self.run_dir, "hdet.jsonl"), "w") if self.hdet and self.rank == 0 else None
+        # TensorBoard scalars of both records (rank 0); start_step: the steps already done (a resumed
+        # run passes its checkpoint's step: what an earlier attempt wrote after it is purged).
+        tensorboard = build_tensorboard(self.cfg, self.run_dir, self.rank, start_step=0)
         num_tasks = len(self.tasks)
         # Per rank: [sum of per-task losses ..., non-finite count] since the last log, and over the pass.
         window = torch.zeros(num_tasks + 1, dtype=torch.float64)
@@ -340,6 +344,7 @@ class Trainer:
                 if record is not None and self.rank == 0:
                     hdet_log.write(json.dumps(record) + "\n")
                     hdet_log.flush()
+                    tensorboard.log_hdet(record)
                     bases = " ".join(f"{k.split('/')[-1] if k.startswith('lr/') else k}={v['next_base']:.3g}"
                                      for k, v in record["hparams"].items())
                     excluded = f"  excluded ranks {record['excluded']}" if record["excluded"] else ""
@@ -367,13 +372,15 @@ class Trainer:
                 avg = self._weighted_mean(mean)
                 now = time.monotonic()
                 if logger is not None:
-                    logger.log({
+                    metrics_record = {
                         "step": step,
                         "examples": step * stream.examples_per_step,
                         "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
                         "lr": optimizer.group_lrs(),
                         "examples_per_sec": window_steps * stream.examples_per_step / max(now - window_start, 1e-9),
-                    })
+                    }
+                    logger.log(metrics_record)
+                    tensorboard.log_metrics(metrics_record)
                 # Under HDET a non-finite replica is excluded and restored at the next sync; the run
                 # diverged only when no replica produced a finite loss in the interval.
                 non_finite = (good_steps == 0) if self.hdet else (stats[num_tasks] > 0)
@@ -394,6 +401,7 @@ class Trainer:
             logger.close()
         if hdet_log is not None:
             hdet_log.close()
+        tensorboard.close()
         mean_total = total / max(step * self.world, 1)
         train_loss = {t: float(mean_total[i]) for i, t in enumerate(self.tasks)}
         train_loss["avg"] = self._weighted_mean(mean_total)
