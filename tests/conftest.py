@@ -41,3 +41,63 @@ def read_json(path):
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def tensorboard_scalars(log_dir):
+    """{tag: [(step, value), ...]} from a run's TensorBoard event files, read by TensorBoard's Python
+    reader (EventAccumulator: what ``tensorboard --load_fast=false`` serves, and the reader that
+    honours a resumed writer's purge_step), every point kept (size_guidance 0, no sampling)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def expected_tensorboard_scalars(run_dir):
+    """The scalars a run's metrics.jsonl and hdet.jsonl records stand for (README, "Watching a run"):
+    {tag: [(step, value), ...]}."""
+    import pathlib
+
+    run_dir = pathlib.Path(run_dir)
+    out = {}
+
+    def add(tag, step, value):
+        if value is not None:  # hdet.jsonl's null: a non-finite (excluded) replica, not plotted
+            out.setdefault(tag, []).append((step, value))
+
+    for r in read_jsonl(run_dir / "metrics.jsonl"):
+        for task, v in r["loss"].items():
+            add(f"loss/{task}", r["step"], v)
+        for group, v in r["lr"].items():
+            add(f"lr/{group}", r["step"], v)
+        add("throughput/examples_per_s", r["step"], r["examples_per_sec"])
+    if (run_dir / "hdet.jsonl").exists():
+        for r in read_jsonl(run_dir / "hdet.jsonl"):
+            for name, entry in r["hparams"].items():
+                add(f"hdet/{name}/base", r["step"], entry["base"])
+                for k, v in enumerate(entry["values"]):
+                    add(f"hdet/{name}/replica{k}", r["step"], v)
+                for key in ("velocity", "next_base", "log_offset"):
+                    add(f"hdet/{name}/{key}", r["step"], entry.get(key))
+            for k, v in enumerate(r["losses"]):
+                add(f"hdet/window_loss/replica{k}", r["step"], v)
+            for k, v in enumerate(r.get("train_losses") or []):
+                add(f"hdet/window_train_loss/replica{k}", r["step"], v)
+            add("hdet/excluded_replicas", r["step"], len(r["excluded"]))
+    return out
+
+
+def assert_tensorboard_matches_records(run_dir):
+    """The run's tensorboard/ event files hold exactly the scalars of its JSON-lines records: the
+    same tags, the same steps, equal values (float32 in the event file, so to a relative 1e-6)."""
+    import pytest
+
+    expected = expected_tensorboard_scalars(run_dir)
+    assert expected, f"no records in {run_dir}"
+    got = tensorboard_scalars(os.path.join(str(run_dir), "tensorboard"))
+    assert set(got) == set(expected), (sorted(set(got) ^ set(expected)))
+    for tag, points in expected.items():
+        assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in points], rel=1e-6, nan_ok=True), tag
+    return got

@@ -82,6 +82,18 @@ MUTANTS = (
            "part = df.filter(pl.col(RAND_COLUMN) == 1)",
            "part = df",
            ["tests/test_random_exposure.py::test_random_exposure_slice_equals_the_metrics_of_the_is_rand_rows"]),
+    Mutant("M", "the metrics.jsonl records never reach TensorBoard", "recsys_hdet/trainer.py",
+           "tensorboard.log_metrics(metrics_record)",
+           "pass",
+           ["tests/test_train.py::test_tensorboard_scalars_are_the_metrics_records"]),
+    Mutant("N", "the hdet.jsonl records never reach TensorBoard", "recsys_hdet/trainer.py",
+           "tensorboard.log_hdet(record)",
+           "pass",
+           ["tests/test_hdet_train.py::test_alpha_zero_reproduces_the_plain_run_exactly"]),
+    Mutant("O", "a resumed TensorBoard writer purges nothing (duplicated steps)", "recsys_hdet/components/tensorboard.py",
+           "purge_step=int(start_step) + 1)",
+           "purge_step=None)",
+           ["tests/test_tensorboard.py::test_a_resumed_writer_continues_the_curves_without_duplicated_steps"]),
 )
 
 

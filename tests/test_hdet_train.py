@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from conftest import read_json, read_jsonl, run_train
+from conftest import assert_tensorboard_matches_records, read_json, read_jsonl, run_train
 from recsys_hdet.hdet import spread_multipliers
 
 FAST = ["data=tiny", "trainer.log_every=10"]
@@ -21,7 +21,7 @@ def _checkpoint_tensors(path, out):
 
 def test_alpha_zero_reproduces_the_plain_run_exactly(tmp_path, data_cache, tiny_dataset):
     common = [*FAST, "trainer.nproc=2", "trainer.sharding_group_size=2"]
-    plain = run_train(tmp_path / "plain", *common, data_cache=data_cache)
+    plain = run_train(tmp_path / "plain", *common, "trainer.tensorboard=false", data_cache=data_cache)
     hdet = run_train(tmp_path / "hdet", *common, "hdet=enabled", "hdet.alpha=0", "hdet.sync_every=5",
                      "hdet.controller_start=0", data_cache=data_cache)
     assert plain.returncode == 0 and hdet.returncode == 0, hdet.stdout[-2000:] + hdet.stderr[-2000:]
@@ -41,6 +41,10 @@ def test_alpha_zero_reproduces_the_plain_run_exactly(tmp_path, data_cache, tiny_
     assert read_json(tmp_path / "hdet" / "summary.json")["hdet"]["syncs"] == len(expected)
     assert "HDET sync at step 5:" in hdet.stdout
     assert not os.path.exists(tmp_path / "plain" / "hdet.jsonl")
+    # TensorBoard: the HDET run's event files hold both records' scalars; trainer.tensorboard=false writes none.
+    series = assert_tensorboard_matches_records(tmp_path / "hdet")
+    assert [s for s, _ in series["hdet/lr/transformer/replica1"]] == expected
+    assert not os.path.exists(tmp_path / "plain" / "tensorboard")
 
 
 def test_two_by_two_hdet_run_spreads_every_group_and_reshuffles(tmp_path, data_cache, tiny_dataset):
@@ -110,6 +114,9 @@ def test_the_run_diverges_only_when_no_replica_is_finite(tmp_path, data_cache, t
     assert "Traceback" not in proc.stderr
     assert read_jsonl(run_dir / "hdet.jsonl")[-1] == {"step": 8, "losses": [None] * 4, "hparams": {},
                                                       "excluded": [0, 1, 2, 3]}
+    # The event files were flushed on the way out: they end with the diverged sync and interval.
+    series = assert_tensorboard_matches_records(run_dir)
+    assert series["hdet/excluded_replicas"][-1] == (8, 4.0) and series["loss/avg"][-1][0] == 8
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "diverged" and s["steps"] == 8 and "eval" not in s
     assert not os.path.exists(run_dir / "checkpoint")

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import read_json, read_jsonl, run_train
+from conftest import assert_tensorboard_matches_records, read_json, read_jsonl, run_train
 
 TASKS = ("contribution", "like", "long_dwell")
 FAST = ["data=tiny", "trainer.log_every=10"]
@@ -46,6 +46,13 @@ def test_two_process_run_writes_the_artifact_contract(two_proc_run):
     assert not os.path.exists(run_dir / "checkpoint.tmp")
     assert "held-out" in proc.stdout and "ex/s" in proc.stdout
     assert "2 embedding replicas" in proc.stdout
+
+
+def test_tensorboard_scalars_are_the_metrics_records(two_proc_run):
+    # trainer.tensorboard is on by default: rank 0 writes tensorboard/ beside metrics.jsonl.
+    run_dir, _ = two_proc_run
+    series = assert_tensorboard_matches_records(run_dir)
+    assert {"loss/like", "loss/avg", "lr/embedding", "throughput/examples_per_s"} <= set(series)
 
 
 def test_lr_follows_one_cycle_per_group(two_proc_run):
