@@ -12,6 +12,9 @@ so that drift in machine load hits every contender alike:
 - ``hdet_T1000``, ``hdet_T100``: the same with HDET on (alpha = 1/9 on the dense groups, controller
   on from the first sync) and converge every 1000 / 100 steps
 - ``scaling_1``, ``scaling_2``: ``torchrec_ddp`` on 1 and 2 workers (4 is ``torchrec_ddp`` itself)
+- ``checkpoint_every_100``: HDET on a 2 x 2 layout with a periodic checkpoint every 100 steps:
+  seconds per checkpoint, its share of training time at the default interval (250 steps of
+  ``torchrec_ddp``), and bytes written per byte of model state (every rank's own copy)
 - ``hdet_probe_T100``: ``hdet_T100`` with the probe signal (every replica scores the same
   ``hdet.probe_rows`` rows at each sync) and the scale-free log-space controller; the difference
   in hook time from ``hdet_T100`` per sync is the probe's cost, reported as its share of training
@@ -53,7 +56,7 @@ def modes() -> Dict[str, Dict[str, Any]]:
         "quick": {"data": "bench", "train_days": 1, "nproc": 4, "batch_size": 512, "repeats": 1,
                   "converge_sizes": [1, 4, 16]},
         "tiny": {"data": "tiny", "train_days": None, "nproc": 2, "batch_size": 256, "repeats": 1,
-                 "converge_sizes": [0.25, 1]},
+                 "converge_sizes": [0.25, 1], "checkpoint_every": 10},
     }
 
 
@@ -64,7 +67,7 @@ def data_root(data: str) -> str:
 def pipeline_overrides(mode: Dict[str, Any], nproc: int) -> List[str]:
     o = ["+experiment=baseline_low", f"data={mode['data']}", f"data.batch_size={mode['batch_size']}",
          f"trainer.nproc={nproc}", f"trainer.sharding_group_size={nproc}", "trainer.checkpoint=false",
-         "trainer.log_every=100"]
+         "trainer.log_every=100", "trainer.periodic_checkpoint.every_steps=0", "trainer.tensorboard=false"]
     if mode["data"] == "bench":
         o.append("data.skip_days=2")
     if mode["train_days"] is not None:
@@ -92,7 +95,8 @@ def contenders(mode: Dict[str, Any], before: bool = False) -> Dict[str, Callable
                     "steps": s["steps"], "peak_rss_mb": s["peak_rss_mb"],
                     "peak_rss_mb_per_worker": s.get("peak_rss_mb_per_worker"),
                     "hdet_hook_seconds": s.get("hdet", {}).get("seconds"), "syncs": s.get("hdet", {}).get("syncs"),
-                    "train_loss": s["train_loss"]["avg"]}
+                    "train_loss": s["train_loss"]["avg"],
+                    "checkpoints": s.get("periodic_checkpoints")}
         return run
 
     def reference(workdir: str) -> Dict[str, Any]:
@@ -117,6 +121,10 @@ def contenders(mode: Dict[str, Any], before: bool = False) -> Dict[str, Callable
         "hdet_probe_T100": pipeline([*hdet, "hdet.sync_every=100", "hdet.signal=probe", "hdet.space=log",
                                      "hdet.score=rank", "hdet.alpha=1.0"]),
     }
+    # The periodic checkpoint's stall and size: torchrec_ddp with HDET's 2 x 2 replicas (every rank
+    # writes its own state), a checkpoint every 100 steps.
+    runs["checkpoint_every_100"] = pipeline([*hdet, "hdet.sync_every=100", f"trainer.sharding_group_size={max(1, n // 2)}",
+                                             f"trainer.periodic_checkpoint.every_steps={mode.get('checkpoint_every', 100)}"])
     for k in (1, 2):
         if k < n:
             runs[f"scaling_{k}"] = pipeline([], nproc=k)
@@ -167,6 +175,15 @@ def summarize(samples: Dict[str, List[Dict[str, Any]]], loader: List[float], con
     syncs_t100 = samples["hdet_T100"][0]["syncs"]
     probe_per_sync = (med("hdet_probe_T100", "hdet_hook_seconds") - med("hdet_T100", "hdet_hook_seconds")) / syncs_t100
     step_seconds = med("torchrec_ddp", "train_seconds") / samples["torchrec_ddp"][0]["steps"]
+    # The periodic checkpoint: seconds per checkpoint (rank 0's view of the collective save), its
+    # share of training at the default interval, and bytes written per byte of model state.
+    ck = [s["checkpoints"] for s in samples["checkpoint_every_100"] if s.get("checkpoints") and s["checkpoints"]["saved"]]
+    checkpoint = None
+    if ck:
+        per = statistics.median(c["seconds"] / c["saved"] for c in ck)
+        checkpoint = {"seconds_per_checkpoint": per, "saved": ck[0]["saved"], "bytes": ck[0]["bytes"],
+                      "state_bytes": ck[0]["state_bytes"], "bytes_per_state_byte": ck[0]["bytes"] / ck[0]["state_bytes"],
+                      "fraction_of_train_at_default_interval": per / (250 * step_seconds)}
     scaling = {str(k): tput[f"scaling_{k}"] for k in (1, 2) if f"scaling_{k}" in tput}
     scaling[str(mode["nproc"])] = tput["torchrec_ddp"]
     return {
@@ -191,6 +208,7 @@ def summarize(samples: Dict[str, List[Dict[str, Any]]], loader: List[float], con
         "hdet_hooks_fraction_of_train": hooks,
         "probe": {"seconds_per_sync": probe_per_sync, "step_seconds": step_seconds,
                   "fraction_of_train_at_T1000": probe_per_sync / (1000 * step_seconds)},
+        "checkpoint": checkpoint,
         "syncs": {n: samples[n][0]["syncs"] for n in ("hdet_T1000", "hdet_T100")},
         "loader_rows_per_sec": statistics.median(loader),
         "loader_rows_per_sec_min_max": [min(loader), max(loader)],
@@ -232,6 +250,11 @@ def table(r: Dict[str, Any]) -> str:
         f"| probe signal: seconds per sync (hdet_probe_T100 hooks - hdet_T100 hooks) / its share of training "
         f"at T=1000 | {r['probe']['seconds_per_sync']:.3f} s / {r['probe']['fraction_of_train_at_T1000'] * 100:.2f}% "
         f"| ≤ 1% |",
+        (f"| periodic checkpoint (2 x 2 HDET, every rank's own state): seconds per checkpoint / share of training at "
+         f"every 250 steps / MB written (per MB of model state) | {r['checkpoint']['seconds_per_checkpoint']:.2f} s / "
+         f"{r['checkpoint']['fraction_of_train_at_default_interval'] * 100:.2f}% / {r['checkpoint']['bytes'] / 1e6:.1f} MB "
+         f"({r['checkpoint']['bytes_per_state_byte']:.2f}) | report |" if r.get("checkpoint") else
+         "| periodic checkpoint | not measured (no checkpoint written: too few steps) | report |"),
         f"| input pipeline rows/s (rank 0's stream) / rows/s one rank consumes | {r['loader_rows_per_sec']:,.0f} / "
         f"{r['trainer_rows_per_sec_per_rank']:,.0f} = {ratios['loader_over_per_rank_consumption']:.1f}x | ≥ 5x |",
         "| scaling, torchrec_ddp examples/s at 1 / 2 / 4 workers | "

@@ -58,6 +58,15 @@ def validate_config(cfg: DictConfig) -> None:
         _require(group in cfg.optim.lr, f"optim.lr.{group}", None, "missing: every parameter group needs a max LR")
         _positive_number(cfg, f"optim.lr.{group}")
     _positive_number(cfg, "trainer.diverge_loss")
+    _positive_int(cfg, "trainer.periodic_checkpoint.keep_last")
+    _positive_number(cfg, "trainer.collective_timeout_s")
+    for key in ("trainer.periodic_checkpoint.every_steps", "trainer.max_restarts"):
+        value = OmegaConf.select(cfg, key)
+        _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, key, value,
+                 "must be an integer >= 0")
+    resume = OmegaConf.select(cfg, "trainer.resume")
+    _require(isinstance(resume, str) and bool(resume), "trainer.resume", resume,
+             "must be auto, never, or the path of a checkpoint/step-<N> directory")
     tensorboard = cfg.trainer.get("tensorboard", True)
     _require(isinstance(tensorboard, bool), "trainer.tensorboard", tensorboard, "must be true or false")
     _require(len(cfg.tasks) >= 1, "tasks", dict(cfg.tasks), "declare at least one task")

@@ -79,14 +79,31 @@ def backend_and_device(local_rank: int) -> tuple[str, torch.device]:
     return "gloo", torch.device("cpu")
 
 
-def init_process_groups(sharding_group_size: int) -> ProcessGroups:
-    """Initializes the default group from the environment (torchrun's variables) and the 2-D mesh."""
+def quiet_library_warnings() -> None:
+    """TorchRec and torch.distributed warn loudly on CPU; none of it is actionable for a user."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("torchrec", "torch", "fbgemm_gpu"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def init_process_groups(sharding_group_size: int, timeout_s: float = 300.0) -> ProcessGroups:
+    """Initializes the default group from the environment (torchrun's variables) and the 2-D mesh.
+
+    ``timeout_s`` bounds every collective: a peer that died mid-collective makes the others fail
+    after it instead of torch's default 30 minutes (the local launcher and torchrun's agent notice
+    a dead worker within seconds and stop the rest sooner; this is the bound when nothing else
+    does, e.g. a hung host)."""
+    from datetime import timedelta
+
     from torch.distributed.device_mesh import DeviceMesh
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend, device = backend_and_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     layout = ParallelLayout(dist.get_rank(), dist.get_world_size(), sharding_group_size)
     mesh = DeviceMesh(device.type, layout.sharding_group_ranks(), mesh_dim_names=("replicate", "shard"))
     return ProcessGroups(

@@ -105,9 +105,9 @@ def compare_runs(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[st
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     from recsys_hdet.evaluation import EvaluationError
-    from recsys_hdet.train import _quiet
+    from recsys_hdet.distributed import quiet_library_warnings
 
-    _quiet()
+    quiet_library_warnings()
     common = dict(days=list(cfg.days) if cfg.days else None, data_root=cfg.data_root,
                   batch_size=int(cfg.batch_size), nproc=int(cfg.nproc), rescore=bool(cfg.rescore))
     try:

@@ -114,9 +114,9 @@ def final_temperature(run_dir: str, default: float) -> float:
 
 def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], batch_size: int,
                   temperature: float, out_path: str) -> int:
-    from recsys_hdet.train import _quiet
+    from recsys_hdet.distributed import quiet_library_warnings
 
-    _quiet()
+    quiet_library_warnings()
     import torch.distributed as dist
 
     from recsys_hdet.components.checkpoint import load_model
@@ -124,7 +124,7 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
     from recsys_hdet.components.hparam_bindings import set_temperature
     from recsys_hdet.components.optimizer import fused_params
     from recsys_hdet.distributed import init_process_groups, shard_model
-    from recsys_hdet.trainer import build_model
+    from recsys_hdet.models.ranker import build_model
 
     cfg = OmegaConf.create(cfg_dict)
     world = int(os.environ["WORLD_SIZE"])

@@ -12,8 +12,7 @@ import json
 import os
 import sys
 import time
-import warnings
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional, Tuple
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -21,22 +20,16 @@ from omegaconf import DictConfig, OmegaConf
 from recsys_hdet.config import ConfigError, validate_config
 
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3  # recsys_hdet.trainer.EXIT_DIVERGED (not imported here: it loads torchrec)
 # Set once Hydra has composed the config and entered main(): an exit before that is Hydra's own
 # report of a config it cannot compose (unknown preset or group option, malformed override).
 _config_composed = False
 
 
-def _quiet() -> None:
-    """TorchRec and torch.distributed warn loudly on CPU; none of it is actionable for a user."""
-    import logging
-
-    warnings.filterwarnings("ignore")
-    for name in ("torchrec", "torch", "fbgemm_gpu"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def _worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
-    _quiet()
+    from recsys_hdet.distributed import quiet_library_warnings
+
+    quiet_library_warnings()
     import torch
     import torch.distributed as dist
 
@@ -46,7 +39,7 @@ def _worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
     cfg = OmegaConf.create(cfg_dict)
     threads = cfg.trainer.get("threads_per_worker") or max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"]))
     torch.set_num_threads(int(threads))
-    pgs = init_process_groups(int(cfg.trainer.sharding_group_size))
+    pgs = init_process_groups(int(cfg.trainer.sharding_group_size), float(cfg.trainer.collective_timeout_s))
     try:
         return Trainer(cfg, run_dir, pgs, job_start).run()
     finally:
@@ -165,6 +158,103 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
     return path
 
 
+def _run_dir_lock(run_dir: str):
+    """An exclusive lock on ``run_dir/.lock`` held for the job's life (the open file; the OS drops
+    it when the process dies, so a killed job never leaves a stale lock). Under torchrun, rank 0's
+    process holds it. Exits with status 2 when another job holds it."""
+    import fcntl
+
+    if under_torchrun_rank_other_than_0():
+        return None
+    f = open(os.path.join(run_dir, ".lock"), "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        print(f"error: {run_dir} is in use by another training job ({holder}); wait for it, or use another "
+              "hydra.run.dir", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def under_torchrun_rank_other_than_0() -> bool:
+    from recsys_hdet.distributed import under_torchrun
+
+    return under_torchrun() and os.environ.get("RANK", "0") != "0"
+
+
+FINISHED = "finished"
+# Config keys a resumed run may change: how it logs, evaluates and checkpoints, not what it trains.
+RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.eval_batch_size", "trainer.profile", "trainer.checkpoint",
+                    "trainer.periodic_checkpoint", "trainer.resume", "trainer.resume_from", "trainer.max_restarts",
+                    "trainer.tensorboard", "trainer.threads_per_worker")
+
+
+def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_changes(saved: Dict[str, Any], now: Dict[str, Any]) -> Tuple[List[str], List[str]]:
+    """(keys that change what a checkpoint means, keys that only change logging/eval/checkpointing)."""
+    a, b = _flatten(saved), _flatten(now)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
+    safe = [k for k in changed if k.startswith(RESUME_SAFE_KEYS)]
+    return [k for k in changed if k not in safe], safe
+
+
+def resolve_resume(cfg_dict: Dict[str, Any], run_dir: str) -> Optional[str]:
+    """``trainer.resume`` -> the periodic checkpoint to continue from (None: start at step 0), or
+    FINISHED when the run directory holds a finished run. ConfigError when it cannot be resumed."""
+    from recsys_hdet.components.checkpoint import CheckpointError, check_step_checkpoint, latest_step_checkpoint
+
+    mode = str(cfg_dict["trainer"].get("resume", "auto"))
+    summary = os.path.join(run_dir, "summary.json")
+    holds_a_run = any(os.path.exists(os.path.join(run_dir, f)) for f in ("metrics.jsonl", "summary.json", "checkpoint"))
+    if mode == "never":
+        if holds_a_run:
+            raise ConfigError(f"config trainer.resume=never: {run_dir} already holds a run (metrics.jsonl, "
+                              "summary.json or checkpoint/); use another hydra.run.dir, or trainer.resume=auto")
+        return None
+    if os.path.isfile(summary):
+        with open(summary) as f:
+            status = json.load(f).get("status")
+        print(f"{run_dir} holds a finished run (status {status}): nothing to do (trainer.resume={mode})", flush=True)
+        return FINISHED
+    if mode == "auto":
+        found = latest_step_checkpoint(os.path.join(run_dir, "checkpoint"), run_dir)
+        if found is None:
+            if holds_a_run:
+                print(f"resume: no complete checkpoint in {run_dir}/checkpoint: starting from step 0", flush=True)
+            return None
+        path, manifest = found
+    else:
+        path = _abs_path(mode)
+        try:
+            manifest = check_step_checkpoint(path)
+        except CheckpointError as e:
+            raise ConfigError(f"config trainer.resume={mode}: {e}") from None
+    meaning, safe = config_changes(manifest.get("config", {}), {**cfg_dict, "trainer": {
+        **cfg_dict["trainer"], "resume_from": manifest.get("config", {}).get("trainer", {}).get("resume_from")}})
+    if meaning:
+        raise ConfigError(f"config: cannot resume from {path}: these keys change what it means: "
+                          + ", ".join(f"{k} ({_flatten(manifest['config']).get(k, '<absent>')!r} -> "
+                                      f"{_flatten(cfg_dict).get(k, '<absent>')!r})" for k in meaning))
+    if safe:
+        print(f"resume: changed since the checkpoint (allowed): {', '.join(safe)}", flush=True)
+    print(f"resume: continuing from {path} (step {manifest['step']})", flush=True)
+    return path
+
+
 def _remove_hydra_leftovers(run_dir: str) -> None:
     """A run that fails validation trains and writes nothing: Hydra has already written ``.hydra/``
     and an empty job log into the run directory, so those go, and the directory too if that leaves
@@ -206,7 +296,22 @@ def main(cfg: DictConfig) -> None:
     cfg_dict["data"]["root"] = root
     cfg_dict["trainer"]["warm_start"] = warm_start
     print(f"run directory: {run_dir}", flush=True)
-    code = launch(_worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
+    lock = _run_dir_lock(run_dir)  # a second job on the same run directory refuses to start
+    max_restarts = 0 if under_torchrun() else int(cfg.trainer.max_restarts)  # torchrun restarts on its own
+    for attempt in range(max_restarts + 1):
+        try:
+            resume_from = resolve_resume(cfg_dict, run_dir)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+        if resume_from == FINISHED:
+            return
+        cfg_dict["trainer"]["resume_from"] = resume_from
+        code = launch(_worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
+        if code in (0, EXIT_DIVERGED, EXIT_BAD_INPUT) or attempt == max_restarts:
+            break
+        print(f"the job failed (exit status {code}): restart {attempt + 1} of trainer.max_restarts={max_restarts}, "
+              "from the newest complete checkpoint", file=sys.stderr, flush=True)
     if code:
         sys.exit(code)
 

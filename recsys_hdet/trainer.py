@@ -16,15 +16,17 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.checkpoint import load_model, save_model
+from recsys_hdet.components.checkpoint import CheckpointManager, load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams, set_temperature
 from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, DenseNormalization, ParquetBatchStream,
                                               model_inputs, split_days)
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
-from recsys_hdet.components.metrics import MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, write_json_atomic
+from recsys_hdet.components.metrics import (MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, truncate_jsonl,
+                                           write_json_atomic)
+from recsys_hdet.components.train_state import LoopState, ModelState, RNGState
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
 from recsys_hdet.components.replicas import ReplicaAverager
 from recsys_hdet.components.tensorboard import build_tensorboard
@@ -32,24 +34,9 @@ from recsys_hdet.config import probe_rows
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.hdet import HDETConfig, HDETOneCycleLR, ReplicaAxis
 from recsys_hdet.hdet.warm_init import perturb_
-from recsys_hdet.models.ranker import PARAM_GROUPS, MultiTaskRanker, SparseFeature
+from recsys_hdet.models.ranker import PARAM_GROUPS, build_model  # noqa: F401 (build_model: re-exported)
 
 EXIT_DIVERGED = 3
-
-
-def build_model(cfg: DictConfig, meta: DatasetMeta, device: str = "meta") -> MultiTaskRanker:
-    m = cfg.model
-    return MultiTaskRanker(
-        sparse_features=[SparseFeature(n, int(s["vocab"]), bool(s.get("multi", False))) for n, s in meta.sparse.items()],
-        num_dense=len(meta.dense),
-        tasks=list(cfg.tasks),
-        embedding_dim=int(m.embedding_dim),
-        attention_heads=int(m.attention_heads),
-        trunk=list(m.trunk),
-        tower=list(m.tower),
-        dropout=float(m.dropout),
-        device=device,
-    )
 
 
 class StepProfiler:
@@ -95,6 +82,7 @@ class Trainer:
         self.tasks: List[str] = list(cfg.tasks)
         self.task_weights = torch.tensor([float(cfg.tasks[t].weight) for t in self.tasks])
         self.loss_settings = LossSettings(float(cfg.loss.label_smoothing))
+        self.cfg_container = OmegaConf.to_container(cfg, resolve=True)  # recorded in each checkpoint's manifest
 
     def _weighted_mean(self, per_task: torch.Tensor) -> float:
         """The task-weighted mean of per-task losses: the objective per unit weight."""
@@ -161,12 +149,27 @@ class Trainer:
                 self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
                          f"{cfg.trainer.embedding_sync_every} steps")
 
+        loop = LoopState(len(self.tasks))
+        checkpoints = self._build_checkpoints(model, optimizer, scheduler, train_stream, loop)
+        resume_from = cfg.trainer.get("resume_from")
+        if resume_from:
+            self._replay_ddp_first_iteration(model, optimizer, train_stream)
+            checkpoints.load(str(resume_from))
+            # The fused embedding kernels take an LR only when it is pushed (the restored schedule
+            # wrote it into their param_groups).
+            optimizer.apply_hparams()
+            if self.rank == 0:
+                dropped = sum(truncate_jsonl(os.path.join(self.run_dir, f), loop.step)
+                              for f in ("metrics.jsonl", "hdet.jsonl"))
+                self.log(f"resumed from {resume_from} at step {loop.step} of {total_steps}"
+                         + (f" ({dropped} log records the interrupted attempt wrote after it dropped)" if dropped else ""))
         self.log(
-            f"training {total_steps} steps x {train_stream.examples_per_step} examples on days "
+            f"training {total_steps - loop.step} steps x {train_stream.examples_per_step} examples on days "
             f"{train_days[0]}..{train_days[-1]}; layout {self.world} ranks = "
             f"{self.pgs.layout.sharding_group_size} per sharding group x {self.pgs.layout.replicas} replicas"
         )
-        status, train_loss, steps, train_seconds = self._train(model, optimizer, scheduler, averager, train_stream, total_steps)
+        status, train_loss, steps, train_seconds = self._train(model, optimizer, scheduler, averager, train_stream,
+                                                               total_steps, loop, checkpoints)
         if status == "completed":
             self._check_replicas_identical(averager)
         examples = steps * train_stream.examples_per_step
@@ -191,6 +194,12 @@ class Trainer:
                 save_model(model, os.path.join(self.run_dir, "checkpoint"),
                            {"steps": steps, "examples": examples, "experiment": str(cfg.experiment_name),
                             "dense_normalization": self.normalization.to_dict(), "model_inputs": model_inputs(meta)})
+        checkpoints.remove_all()  # the pass is over: nothing left to resume
+        if resume_from:
+            summary["resumed_from_step"] = int(str(resume_from).rstrip("/").rsplit("-", 1)[-1])
+        summary["periodic_checkpoints"] = {"every_steps": checkpoints.every_steps, "saved": checkpoints.saved,
+                                           "seconds": checkpoints.seconds, "bytes": checkpoints.last_bytes,
+                                           "state_bytes": checkpoints.state_bytes}
         rss = [0.0] * self.world
         dist.all_gather_object(rss, peak_rss_mb())
         summary["wall_seconds"] = time.time() - self.job_start
@@ -200,6 +209,33 @@ class Trainer:
             write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
             self._print_summary(summary)
         return 0 if status == "completed" else EXIT_DIVERGED
+
+    def _replay_ddp_first_iteration(self, model, optimizer: GroupedOptimizer, stream: ParquetBatchStream) -> None:
+        """One forward and backward whose effects the checkpoint then overwrites, so that DDP
+        rebuilds its gradient buckets before the first resumed step, as the interrupted run's DDP
+        did after its first step. Without it the first resumed step all-reduces in the initial
+        bucket layout: over more than two ranks gloo then sums each element in another order, and
+        the resumed run drifts from the uninterrupted one by float rounding (measured: 1e-9 of
+        the train loss on 4 ranks). The fused embedding update inside this backward, the loader
+        position and the RNG it consumed are all restored by the checkpoint."""
+        batch = next(iter(stream))
+        logits = model(batch.dense, batch.sparse)
+        (F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").mean(0) * self.task_weights) \
+            .sum().backward()
+        optimizer.zero_grad()
+
+    def _build_checkpoints(self, model, optimizer: GroupedOptimizer, scheduler, stream: ParquetBatchStream,
+                           loop: LoopState) -> CheckpointManager:
+        """Every stateful piece of the job, registered for periodic checkpoints and resume."""
+        spec = self.cfg.trainer.periodic_checkpoint
+        manager = CheckpointManager(os.path.join(self.run_dir, "checkpoint"), self.run_dir, int(spec.every_steps),
+                                    int(spec.keep_last), self.rank, self.world, say=self.log)
+        manager.register("model", ModelState(model, optimizer.dense))
+        manager.register("schedule", scheduler)  # the LR schedules' position, or the HDET engine's state
+        manager.register("loader", stream)
+        manager.register("rng", RNGState())
+        manager.register("loop", loop)
+        return manager
 
     # ------------------------------------------------------------------------------------------
     def _build_hdet_scheduler(self, model, optimizer: GroupedOptimizer, averager: ReplicaAverager, total_steps: int,
@@ -285,128 +321,150 @@ class Trainer:
         perturb_(averager.embedding_weights, nu, torch.Generator().manual_seed(seed * 100_003 + 50_000 + layout.rank))
         self.log(f"HDET warm init: every replica perturbed with nu={nu} per tensor")
 
-    def _train(self, model, optimizer, scheduler, averager, stream, total_steps):
-        """One pass. Returns (status, mean train loss per task and avg, steps, train seconds)."""
+    def _train(self, model, optimizer, scheduler, averager, stream, total_steps: int, loop: LoopState,
+               checkpoints: CheckpointManager):
+        """One pass, from ``loop.step`` (0, or the step of the checkpoint a resumed run loaded).
+        Returns (status, mean train loss per task and avg, steps, train seconds)."""
         cfg = self.cfg.trainer
         log_every = int(cfg.log_every)
         # Each sharding group trains its own copy of the tables on its own data (no gradient
         # all-reduce across groups): averaging them keeps one model, as TorchRec's DMPCollection.sync().
         # Under HDET the replicas diverge on purpose and converge every hdet.sync_every steps instead.
         sync_every = int(cfg.embedding_sync_every) if averager.has_embedding_replicas and not self.hdet else 0
-        diverge_loss = float(cfg.diverge_loss)
-        logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps) if self.rank == 0 else None
-        hdet_log = open(os.path.join(self.run_dir, "hdet.jsonl"), "w") if self.hdet and self.rank == 0 else None
-        # TensorBoard scalars of both records (rank 0); start_step: the steps already done (a resumed
-        # run passes its checkpoint's step: what an earlier attempt wrote after it is purged).
-        tensorboard = build_tensorboard(self.cfg, self.run_dir, self.rank, start_step=0)
-        num_tasks = len(self.tasks)
-        # Per rank: [sum of per-task losses ..., non-finite count] since the last log, and over the pass.
-        window = torch.zeros(num_tasks + 1, dtype=torch.float64)
-        total = torch.zeros(num_tasks, dtype=torch.float64)
-        window_steps, step = 0, 0
-        hdet_seconds, hdet_syncs = 0.0, 0  # time inside HDET's per-step hook and syncs (for benchmarks)
+        rank0 = self.rank == 0
+        logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps, start_step=loop.step) \
+            if rank0 else None
+        hdet_log = open(os.path.join(self.run_dir, "hdet.jsonl"), "a" if loop.step else "w") \
+            if self.hdet and rank0 else None
+        # TensorBoard scalars of both records (rank 0); a resumed run continues its curves from its step.
+        tensorboard = build_tensorboard(self.cfg, self.run_dir, self.rank, start_step=loop.step)
+        profiler = StepProfiler.from_config(cfg.get("profile"), self.run_dir) if rank0 else None
+        faults = faults_from_env(self.rank, self.run_dir)
         status = "completed"
+        seconds_before = loop.train_seconds  # a resumed run's training time before this attempt
+        checkpoint_seconds = 0.0
         model.train()
-        start = time.monotonic()
-        window_start = start
-        serving_signal = self.hdet and str(self.cfg.hdet.get("signal", "train")) == "serving"
-        profiler = StepProfiler.from_config(cfg.get("profile"), self.run_dir) if self.rank == 0 else None
-        faults = faults_from_env(self.rank)
+        start = window_start = time.monotonic()
         for batch in stream:
             if profiler is not None:
-                profiler.before_step(step)
-            if serving_signal:
-                # The loss as the model serves (no dropout, no smoothing) on the batch it is about to
-                # train on: in one pass, a held-out estimate; what regularizers should be judged by.
-                model.eval()
-                with torch.no_grad():
-                    served = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels,
-                                                                reduction="none").mean(0)
-                model.train()
-                signal = self._weighted_mean(served)
-            logits = model(batch.dense, batch.sparse)
-            ls = self.loss_settings.label_smoothing
-            targets = batch.labels * (1 - ls) + 0.5 * ls if ls > 0 else batch.labels
-            per_task = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").mean(0)
-            loss = (per_task * self.task_weights).sum()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            faults.after_optimizer_step(step + 1, averager.dense_tensors)
-            if self.hdet:
-                # Weighted task loss as the replica's signal (the training objective, per example).
-                hdet_start = time.perf_counter()
-                if not serving_signal:
-                    signal = self._weighted_mean(per_task.detach())
-                record = scheduler.step(signal)
-                hdet_seconds += time.perf_counter() - hdet_start
-                hdet_syncs += record is not None
-                if record is not None and self.rank == 0:
-                    hdet_log.write(json.dumps(record) + "\n")
-                    hdet_log.flush()
-                    tensorboard.log_hdet(record)
-                    bases = " ".join(f"{k.split('/')[-1] if k.startswith('lr/') else k}={v['next_base']:.3g}"
-                                     for k, v in record["hparams"].items())
-                    excluded = f"  excluded ranks {record['excluded']}" if record["excluded"] else ""
-                    print(f"HDET sync at step {record['step']}: base lr {bases}{excluded}", flush=True)
-            elif step + 1 < total_steps:  # the schedule has total_steps values, the last one is kept
-                scheduler.step()
-                optimizer.apply_hparams()
-            step += 1
-            window_steps += 1
+                profiler.before_step(loop.step)
+            per_task, record = self._train_step(model, optimizer, scheduler, averager, batch, loop.step, total_steps,
+                                                faults, loop)
+            loop.step += 1
+            loop.window_steps += 1
+            if record is not None and rank0:
+                self._log_sync(record, hdet_log, tensorboard)
             # Every replica non-finite at a sync: none to restore the others from (same on all ranks).
-            nothing_to_restore = self.hdet and record is not None and len(record["excluded"]) == self.world
-            if sync_every and (step % sync_every == 0 or step == total_steps):
+            nothing_to_restore = record is not None and len(record["excluded"]) == self.world
+            if sync_every and (loop.step % sync_every == 0 or loop.step == total_steps):
                 averager.average_embeddings()
-            detached = per_task.detach().double()
-            finite = bool(torch.isfinite(detached).all())
-            window[:num_tasks] += detached if finite else 0.0
-            window[num_tasks] += 0.0 if finite else 1.0
-            if step % log_every == 0 or step == total_steps or nothing_to_restore:
-                # One small all-reduce per interval: every rank takes the same decision.
-                stats = torch.cat([window, torch.tensor([float(window_steps)], dtype=torch.float64)])
-                dist.all_reduce(stats)
-                good_steps = stats[-1] - stats[num_tasks]
-                mean = stats[:num_tasks] / good_steps.clamp(min=1)
-                total += stats[:num_tasks]
-                avg = self._weighted_mean(mean)
+            loop.add_step_losses(per_task.detach().double())
+            if loop.step % log_every == 0 or loop.step == total_steps or nothing_to_restore:
                 now = time.monotonic()
-                if logger is not None:
-                    metrics_record = {
-                        "step": step,
-                        "examples": step * stream.examples_per_step,
-                        "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
-                        "lr": optimizer.group_lrs(),
-                        "examples_per_sec": window_steps * stream.examples_per_step / max(now - window_start, 1e-9),
-                    }
-                    logger.log(metrics_record)
-                    tensorboard.log_metrics(metrics_record)
-                # Under HDET a non-finite replica is excluded and restored at the next sync; the run
-                # diverged only when no replica produced a finite loss in the interval.
-                non_finite = (good_steps == 0) if self.hdet else (stats[num_tasks] > 0)
-                if nothing_to_restore or non_finite or not math.isfinite(avg) or avg > diverge_loss:
-                    reason = ("every replica non-finite at the sync, none to restore the others from"
-                              if nothing_to_restore else "a non-finite loss" if non_finite or not math.isfinite(avg)
-                              else f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}")
-                    self.log(f"DIVERGED at step {step}: {reason}. Stopping; no evaluation or checkpoint.")
+                reason = self._end_interval(loop, optimizer, stream.examples_per_step, now - window_start,
+                                            nothing_to_restore, logger, tensorboard)
+                window_start = now
+                if reason:
+                    self.log(f"DIVERGED at step {loop.step}: {reason}. Stopping; no evaluation or checkpoint.")
                     status = "diverged"
                     break
-                window.zero_()
-                window_steps = 0
-                window_start = now
-        seconds = time.monotonic() - start
-        if profiler is not None:
-            profiler.close()
-        if logger is not None:
-            logger.close()
-        if hdet_log is not None:
-            hdet_log.close()
-        tensorboard.close()
-        mean_total = total / max(step * self.world, 1)
+            if checkpoints.due(loop.step, total_steps):
+                tick = time.monotonic()
+                loop.train_seconds = seconds_before + (tick - start - checkpoint_seconds)
+                checkpoints.save(loop.step, {"examples": loop.step * stream.examples_per_step,
+                                             "config": self.cfg_container}, before_write=faults.before_checkpoint)
+                checkpoint_seconds += time.monotonic() - tick
+                window_start += time.monotonic() - tick  # the stall is not the interval's throughput
+        seconds = seconds_before + time.monotonic() - start - checkpoint_seconds
+        for closing in (profiler, logger, hdet_log, tensorboard):
+            if closing is not None:
+                closing.close()
+        mean_total = loop.total / max(loop.step * self.world, 1)
         train_loss = {t: float(mean_total[i]) for i, t in enumerate(self.tasks)}
         train_loss["avg"] = self._weighted_mean(mean_total)
-        self.hdet_cost = {"syncs": hdet_syncs, "seconds": hdet_seconds} if self.hdet else None
-        return status, train_loss, step, seconds
+        self.hdet_cost = {"syncs": loop.hdet_syncs, "seconds": loop.hdet_seconds} if self.hdet else None
+        return status, train_loss, loop.step, seconds
+
+    def _train_step(self, model, optimizer, scheduler, averager, batch, step: int, total_steps: int, faults,
+                    loop: LoopState):
+        """Forward, backward, the optimizers, and the schedule's (or HDET's) step for training step
+        ``step`` (0-based). Returns (per-task losses, HDET's sync record or None)."""
+        serving_signal = self.hdet and str(self.cfg.hdet.get("signal", "train")) == "serving"
+        if serving_signal:
+            # The loss as the model serves (no dropout, no smoothing) on the batch it is about to
+            # train on: in one pass, a held-out estimate; what regularizers should be judged by.
+            model.eval()
+            with torch.no_grad():
+                served = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels,
+                                                            reduction="none").mean(0)
+            model.train()
+            signal = self._weighted_mean(served)
+        logits = model(batch.dense, batch.sparse)
+        ls = self.loss_settings.label_smoothing
+        targets = batch.labels * (1 - ls) + 0.5 * ls if ls > 0 else batch.labels
+        per_task = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").mean(0)
+        loss = (per_task * self.task_weights).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        faults.after_optimizer_step(step + 1, averager.dense_tensors)
+        record = None
+        if self.hdet:
+            # Weighted task loss as the replica's signal (the training objective, per example).
+            hdet_start = time.perf_counter()
+            if not serving_signal:
+                signal = self._weighted_mean(per_task.detach())
+            record = scheduler.step(signal)
+            loop.hdet_seconds += time.perf_counter() - hdet_start  # HDET's hook time (for benchmarks)
+            loop.hdet_syncs += record is not None
+        elif step + 1 < total_steps:  # the schedule has total_steps values, the last one is kept
+            scheduler.step()
+            optimizer.apply_hparams()
+        return per_task, record
+
+    def _log_sync(self, record: Dict[str, Any], hdet_log, tensorboard) -> None:
+        hdet_log.write(json.dumps(record) + "\n")
+        hdet_log.flush()
+        tensorboard.log_hdet(record)
+        bases = " ".join(f"{k.split('/')[-1] if k.startswith('lr/') else k}={v['next_base']:.3g}"
+                         for k, v in record["hparams"].items())
+        excluded = f"  excluded ranks {record['excluded']}" if record["excluded"] else ""
+        print(f"HDET sync at step {record['step']}: base lr {bases}{excluded}", flush=True)
+
+    def _end_interval(self, loop: LoopState, optimizer, examples_per_step: int, seconds: float,
+                      nothing_to_restore: bool, logger, tensorboard) -> str:
+        """The logging interval's record and divergence check, from one small all-reduce, so every
+        rank takes the same decision. Returns why the run diverged, or ''."""
+        num_tasks = len(self.tasks)
+        stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps)], dtype=torch.float64)])
+        dist.all_reduce(stats)
+        good_steps = stats[-1] - stats[num_tasks]
+        mean = stats[:num_tasks] / good_steps.clamp(min=1)
+        loop.total += stats[:num_tasks]
+        avg = self._weighted_mean(mean)
+        if logger is not None:
+            metrics_record = {
+                "step": loop.step,
+                "examples": loop.step * examples_per_step,
+                "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
+                "lr": optimizer.group_lrs(),
+                "examples_per_sec": loop.window_steps * examples_per_step / max(seconds, 1e-9),
+            }
+            logger.log(metrics_record)
+            tensorboard.log_metrics(metrics_record)
+        loop.window.zero_()
+        loop.window_steps = 0
+        # Under HDET a non-finite replica is excluded and restored at the next sync; the run
+        # diverged only when no replica produced a finite loss in the interval.
+        non_finite = (good_steps == 0) if self.hdet else (stats[num_tasks] > 0)
+        diverge_loss = float(self.cfg.trainer.diverge_loss)
+        if nothing_to_restore:
+            return "every replica non-finite at the sync, none to restore the others from"
+        if non_finite or not math.isfinite(avg):
+            return "a non-finite loss"
+        if avg > diverge_loss:
+            return f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}"
+        return ""
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -7,6 +7,9 @@ written into ``checkpoint.tmp/`` and renamed to ``checkpoint/`` by rank 0 after 
 done, so a crash never leaves a directory that looks complete.
 
 Saved: the model's state (``model``) and a small ``meta.json`` (steps, examples, experiment).
+
+Periodic checkpoints for resuming an unfinished run (:class:`CheckpointManager`) live next to it
+in ``checkpoint/step-<N>/`` while the run trains and are removed when it finishes.
 Replicated state (dense parameters on every rank, embedding shards in every sharding group) is
 written once: DCP's default save planner deduplicates items with the same key and offsets.
 """
@@ -16,8 +19,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
@@ -48,3 +52,194 @@ def load_model(model: nn.Module, directory: str) -> Dict[str, Any]:
     model.load_state_dict(state["model"])
     with open(os.path.join(directory, "meta.json")) as f:
         return json.load(f)
+
+
+# ---------------------------------------------------------------------------------------------
+# Periodic, resumable checkpoints
+
+
+STEP_PREFIX = "step-"
+MANIFEST = "manifest.json"
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from (named, with the reason)."""
+
+
+def step_checkpoints(directory: str) -> List[Tuple[int, str]]:
+    """Published ``step-<N>`` directories under ``directory``, oldest first (complete or not:
+    see :func:`check_step_checkpoint`)."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        if name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX):].isdigit():
+            found.append((int(name[len(STEP_PREFIX):]), os.path.join(directory, name)))
+    return sorted(found)
+
+
+def check_step_checkpoint(path: str, run_dir: Optional[str] = None) -> Dict[str, Any]:
+    """The manifest of a complete periodic checkpoint; CheckpointError naming what is wrong
+    (no manifest, a missing shard file, a manifest written by another run directory)."""
+    manifest_path = os.path.join(path, MANIFEST)
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{manifest_path}: unreadable manifest ({e})") from None
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise CheckpointError(f"{path}: DCP's .metadata is missing")
+    missing = [f for f in manifest.get("files", []) if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise CheckpointError(f"{path}: shard file(s) {missing} missing")
+    sizes = manifest.get("sizes", {})
+    wrong = [f for f, n in sizes.items() if os.path.getsize(os.path.join(path, f)) != n]
+    if wrong:
+        raise CheckpointError(f"{path}: shard file(s) {wrong} truncated or altered (size differs from the manifest)")
+    if run_dir is not None and os.path.abspath(manifest.get("run_dir", "")) != os.path.abspath(run_dir):
+        raise CheckpointError(f"{manifest_path}: written by the run in {manifest.get('run_dir')!r}, not this one "
+                              f"({run_dir}); pass trainer.resume=PATH to resume from another run's checkpoint")
+    return manifest
+
+
+def latest_step_checkpoint(directory: str, run_dir: str, say=print) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """The newest complete periodic checkpoint (path, manifest); an incomplete or corrupt newer
+    one is named and skipped (``say``), so resume falls back to the previous complete one."""
+    for _, path in reversed(step_checkpoints(directory)):
+        try:
+            return path, check_step_checkpoint(path, run_dir)
+        except CheckpointError as e:
+            say(f"resume: skipping {e}")
+    return None
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return len(obj) if isinstance(obj, bytes) else 0
+
+
+class CheckpointManager:
+    """Saves and restores every stateful piece of a training job, so that a killed job continues
+    exactly where its last checkpoint left it.
+
+    Design:
+    - Pieces register by name (:meth:`register`): anything with ``state_dict``/``load_state_dict``
+      (the model's local state and the dense optimizer's, the LR scheduler or HDET engine, the
+      loader's position, the RNGs, the loop's accumulators).
+    - One DCP save per checkpoint, every rank writing its *own* state under the key ``rank<r>``.
+      Under HDET the replicas differ between syncs (that is the method), and a 2-D layout's
+      embedding replicas differ between averages: saving per rank is what makes a resume exact at
+      any step. The price is one copy of the embedding tables per sharding group, and a resume
+      needs the same layout (checked from the manifest; the final model in ``checkpoint/`` is the
+      layout-free artifact for evaluation and warm starts).
+    - Atomic: written into ``.step-<N>.tmp``, published by rank 0 with one rename after every rank
+      finished writing and the manifest (step, world size, the shard files and their sizes, the
+      run directory, the resolved config) is on disk. A reader never sees half a checkpoint; the
+      oldest ones beyond ``keep_last`` are deleted only after a newer one is published.
+    - A failed write (e.g. a full disk) is reported and training goes on; the last good
+      checkpoint is never touched by it.
+
+    Limits: synchronous (the job stalls while it writes; see BENCHMARKS.md for the measured
+    stall); resume needs the same world size and sharding group size.
+    """
+
+    def __init__(self, directory: str, run_dir: str, every_steps: int, keep_last: int, rank: int, world: int,
+                 say=print) -> None:
+        self.directory, self.run_dir = directory, run_dir
+        self.every_steps, self.keep_last = int(every_steps), max(1, int(keep_last))
+        self.rank, self.world = rank, world
+        self.say = say
+        self.pieces: Dict[str, Stateful] = {}
+        self.seconds = 0.0  # time spent saving (rank 0's view), for the benchmark harness
+        self.saved = 0
+        self.last_bytes = 0  # the last published checkpoint's files
+        self.state_bytes = 0  # the tensors it holds, over every rank (what "MB of model state" means)
+
+    def register(self, name: str, piece: Stateful) -> None:
+        self.pieces[name] = piece
+
+    def due(self, step: int, total_steps: int) -> bool:
+        """A periodic checkpoint after ``step``: every ``every_steps``, never at the pass's end (the
+        final model is saved then)."""
+        return self.every_steps > 0 and step % self.every_steps == 0 and step < total_steps
+
+    def _local_state(self) -> Dict[str, Any]:
+        return {f"rank{self.rank}": {name: piece.state_dict() for name, piece in self.pieces.items()}}
+
+    def save(self, step: int, manifest: Mapping[str, Any], before_write=None) -> bool:
+        """Writes checkpoint ``step-<step>`` (collective: every rank calls it). Returns whether it
+        was published; a failure is reported, leaves the previous checkpoints alone, and raises
+        nothing, so training goes on."""
+        import time
+
+        start = time.perf_counter()
+        final = os.path.join(self.directory, f"{STEP_PREFIX}{step}")
+        tmp = os.path.join(self.directory, f".{STEP_PREFIX}{step}.tmp")
+        if self.rank == 0:
+            os.makedirs(self.directory, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        dist.barrier()
+        if not self.state_bytes:
+            local = torch.tensor([float(_tensor_bytes(self._local_state()))], dtype=torch.float64)
+            dist.all_reduce(local)
+            self.state_bytes = int(local.item())
+        error = ""
+        try:
+            if before_write is not None:
+                before_write(step)
+            dcp.save(self._local_state(), checkpoint_id=tmp)
+        except Exception as e:  # noqa: BLE001 - any write failure: report, keep the last good one
+            error = f"{type(e).__name__}: {e}"
+        # Every rank learns whether every rank wrote its part (DCP may not get to its own collective).
+        errors: List[str] = [""] * self.world
+        dist.all_gather_object(errors, error)
+        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+        if self.rank == 0:
+            if failed:
+                shutil.rmtree(tmp, ignore_errors=True)
+                self.say(f"checkpoint at step {step} FAILED and was discarded ({'; '.join(failed)}); training goes "
+                         f"on, the last good checkpoint is kept")
+            else:
+                files = sorted(f for f in os.listdir(tmp) if not f.startswith("."))
+                body = {**manifest, "step": step, "world_size": self.world, "run_dir": os.path.abspath(self.run_dir),
+                        "files": files, "sizes": {f: os.path.getsize(os.path.join(tmp, f)) for f in files}}
+                with open(os.path.join(tmp, MANIFEST), "w") as f:
+                    json.dump(body, f, indent=1)
+                    f.flush()
+                    os.fsync(f.fileno())
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
+                self.last_bytes = sum(body["sizes"].values())
+                for _, old in step_checkpoints(self.directory)[:-self.keep_last]:
+                    shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+        self.seconds += time.perf_counter() - start
+        self.saved += not failed
+        return not failed
+
+    def load(self, path: str) -> None:
+        """Restores every registered piece from ``path`` (collective)."""
+        state = self._local_state()
+        dcp.load(state, checkpoint_id=path)
+        for name, piece in self.pieces.items():
+            piece.load_state_dict(state[f"rank{self.rank}"][name])
+
+    def remove_all(self) -> None:
+        """After the pass: periodic checkpoints are for resuming an unfinished run only."""
+        if self.rank == 0:
+            for _, path in step_checkpoints(self.directory):
+                shutil.rmtree(path, ignore_errors=True)
+            for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
+                if name.startswith(f".{STEP_PREFIX}"):
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)

@@ -6,6 +6,10 @@ training step ``S`` (1-based) on rank ``R``:
 
 - ``nan_state``: writes NaN into the rank's first replicated dense parameter, as an update that
   blew up would (the state is non-finite; the losses that follow are too).
+- ``kill``: the rank kills itself with SIGKILL (an OOM kill, a preempted host), once per run
+  directory: a marker file there keeps a restarted job that passes step S again from dying again.
+- ``checkpoint_fails``: the periodic checkpoint written at step S fails on that rank with "No
+  space left on device" (a full disk), before it is published.
 
 Unset (the normal case), :func:`faults_from_env` returns an empty plan and the trainer's check is
 one dictionary lookup per step.
@@ -13,14 +17,16 @@ one dictionary lookup per step.
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
 
 ENV = "RECSYS_HDET_FAULTS"
-KINDS = ("nan_state",)
+KINDS = ("nan_state", "kill", "checkpoint_fails")
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,8 @@ def parse_faults(spec: str) -> List[Fault]:
 class FaultPlan:
     """The faults for one rank, by step."""
 
-    def __init__(self, faults: List[Fault], rank: int) -> None:
+    def __init__(self, faults: List[Fault], rank: int, run_dir: Optional[str] = None) -> None:
+        self.rank, self.run_dir = rank, run_dir
         self.by_step: Dict[int, List[str]] = {}
         for f in faults:
             if f.rank is None or f.rank == rank:
@@ -55,7 +62,16 @@ class FaultPlan:
             if kind == "nan_state":
                 with torch.no_grad():
                     dense_tensors[0].view(-1)[0] = float("nan")
+            elif kind == "kill":
+                marker = os.path.join(self.run_dir or ".", f".fault-kill-step{step}-rank{self.rank}")
+                if not os.path.exists(marker):
+                    open(marker, "w").close()
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+    def before_checkpoint(self, step: int) -> None:
+        if "checkpoint_fails" in self.by_step.get(step, ()):
+            raise OSError(errno.ENOSPC, f"No space left on device (fault injected at step {step})")
 
 
-def faults_from_env(rank: int) -> FaultPlan:
-    return FaultPlan(parse_faults(os.environ.get(ENV, "")), rank)
+def faults_from_env(rank: int, run_dir: Optional[str] = None) -> FaultPlan:
+    return FaultPlan(parse_faults(os.environ.get(ENV, "")), rank, run_dir)

@@ -68,11 +68,12 @@ class MetricLogger:
     Only rank 0 constructs one. The console line: step/total, examples/s, loss per task, ETA.
     """
 
-    def __init__(self, path: str, total_steps: int, stream: IO[str] = sys.stdout) -> None:
+    def __init__(self, path: str, total_steps: int, stream: IO[str] = sys.stdout, start_step: int = 0) -> None:
         self.path = path
         self.total_steps = total_steps
         self.stream = stream
-        self._file = open(path, "w")
+        self.start_step = start_step  # a resumed run appends after the records up to its checkpoint's step
+        self._file = open(path, "a" if start_step else "w")
         self._start = time.monotonic()
 
     def log(self, record: Mapping[str, object]) -> None:
@@ -80,7 +81,7 @@ class MetricLogger:
         self._file.flush()
         step = int(record["step"])  # type: ignore[arg-type]
         elapsed = time.monotonic() - self._start
-        eta = elapsed / max(step, 1) * (self.total_steps - step)
+        eta = elapsed / max(step - self.start_step, 1) * (self.total_steps - step)
         losses = record["loss"]  # type: ignore[index]
         parts = " ".join(f"{k}={v:.4f}" for k, v in losses.items())  # type: ignore[union-attr]
         self.stream.write(
@@ -91,6 +92,23 @@ class MetricLogger:
 
     def close(self) -> None:
         self._file.close()
+
+
+def truncate_jsonl(path: str, last_step: int) -> int:
+    """Drops the records of ``path`` after ``last_step`` (what a crashed attempt wrote after the
+    checkpoint a resumed run continues from), atomically; returns how many were dropped."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    def step_of(line: str) -> float:
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            return math.inf  # a line the crash cut off
+    kept = [line for line in lines if step_of(line) <= last_step]
+    write_text_atomic(path, "".join(kept))
+    return len(lines) - len(kept)
 
 
 def write_text_atomic(path: str, text: str) -> None:

@@ -140,3 +140,21 @@ def dense_parameter_groups(named_params: Mapping[str, nn.Parameter] | Dict) -> D
             continue
         groups[group].append(p)
     return groups
+
+
+def build_model(cfg, meta, device: str = "meta") -> "MultiTaskRanker":
+    """The ranker the config's ``model`` and ``tasks`` describe, with one table per sparse feature of
+    the data set (``meta``: a DatasetMeta). On the "meta" device: DistributedModelParallel
+    materializes only the shards each rank holds."""
+    m = cfg.model
+    return MultiTaskRanker(
+        sparse_features=[SparseFeature(n, int(s["vocab"]), bool(s.get("multi", False))) for n, s in meta.sparse.items()],
+        num_dense=len(meta.dense),
+        tasks=list(cfg.tasks),
+        embedding_dim=int(m.embedding_dim),
+        attention_heads=int(m.attention_heads),
+        trunk=list(m.trunk),
+        tower=list(m.tower),
+        dropout=float(m.dropout),
+        device=device,
+    )

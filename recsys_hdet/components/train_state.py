@@ -1,0 +1,116 @@
+"""The training job's state that is not a module's: what a resume must restore besides the
+schedules, the HDET engine and the loader (which carry their own ``state_dict``).
+
+- :class:`ModelState`: this rank's copy of the model (every local embedding shard with its fused
+  optimizer state, every dense parameter and buffer) and the dense optimizer's state.
+- :class:`RNGState`: every random generator that affects training on this rank (torch's, which
+  drives dropout; numpy's; python's).
+- :class:`LoopState`: the training loop's position and accumulators (step, the loss sums behind
+  metrics.jsonl and summary.json, HDET's cost counters, the training time so far).
+
+Each is a small object with ``state_dict``/``load_state_dict`` for
+:class:`recsys_hdet.components.checkpoint.CheckpointManager`.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping
+
+import numpy as np
+import torch
+
+from recsys_hdet.components.replicas import dense_state_tensors, embedding_state_tensors, tbe_kernels
+
+
+class ModelState:
+    """This rank's model and dense-optimizer state. The tensors are views of the live storage
+    (fbgemm kernels' weights and optimizer state, dense parameters), so DCP loads them in place;
+    the dense optimizer's per-parameter state goes as one serialized blob because it does not
+    exist before the first step (DCP loads only keys its template has)."""
+
+    def __init__(self, model: torch.nn.Module, dense_optimizer: torch.optim.Optimizer) -> None:
+        # fbgemm's step counter (``iter``) rides along: some of its optimizers read it.
+        self.embedding = embedding_state_tensors(model) + [k.iter for k in tbe_kernels(model)
+                                                           if isinstance(getattr(k, "iter", None), torch.Tensor)]
+        self.dense = dense_state_tensors(model)
+        self.optimizer = dense_optimizer
+
+    def _params(self) -> List[torch.Tensor]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def state_dict(self) -> Dict[str, Any]:
+        buf = io.BytesIO()
+        torch.save([self.optimizer.state.get(p, {}) for p in self._params()], buf)
+        return {"embedding": self.embedding, "dense": self.dense, "dense_optimizer": buf.getvalue()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for kind in ("embedding", "dense"):
+            live, saved = getattr(self, kind), state[kind]
+            if len(live) != len(saved) or any(a.shape != b.shape for a, b in zip(live, saved)):
+                raise ValueError(f"checkpoint's {kind} state has other shapes than this model's")
+            for a, b in zip(live, saved):
+                if a.data_ptr() != b.data_ptr():
+                    a.copy_(b)
+        per_param = torch.load(io.BytesIO(state["dense_optimizer"]), weights_only=True)
+        params = self._params()
+        if len(per_param) != len(params):
+            raise ValueError("checkpoint's dense optimizer state covers other parameters than this model's")
+        # Assigned per parameter: Optimizer.load_state_dict would replace the param_group dicts
+        # that the LR schedulers hold.
+        self.optimizer.state.clear()
+        for p, s in zip(params, per_param):
+            if s:
+                self.optimizer.state[p] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+
+
+class RNGState:
+    def state_dict(self) -> Dict[str, Any]:
+        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(state["numpy"])
+        random.setstate(state["python"])
+
+
+@dataclass
+class LoopState:
+    """The training loop's position and running sums (per rank)."""
+
+    num_tasks: int
+    step: int = 0
+    window: torch.Tensor = field(default=None)  # per-task loss sums since the last log, + non-finite count
+    window_steps: int = 0
+    total: torch.Tensor = field(default=None)  # per-task loss sums over the pass (all-reduced)
+    hdet_seconds: float = 0.0
+    hdet_syncs: int = 0
+    train_seconds: float = 0.0  # before this attempt (a resumed job adds its own)
+
+    def __post_init__(self) -> None:
+        if self.window is None:
+            self.window = torch.zeros(self.num_tasks + 1, dtype=torch.float64)
+        if self.total is None:
+            self.total = torch.zeros(self.num_tasks, dtype=torch.float64)
+
+    def add_step_losses(self, per_task: torch.Tensor) -> None:
+        """One step's per-task losses into the interval's sums (a non-finite step is counted apart)."""
+        finite = bool(torch.isfinite(per_task).all())
+        self.window[: self.num_tasks] += per_task if finite else 0.0
+        self.window[self.num_tasks] += 0.0 if finite else 1.0
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"step": self.step, "window": self.window, "window_steps": self.window_steps, "total": self.total,
+                "hdet_seconds": self.hdet_seconds, "hdet_syncs": self.hdet_syncs, "train_seconds": self.train_seconds}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.window.copy_(state["window"])
+        self.total.copy_(state["total"])
+        self.window_steps = int(state["window_steps"])
+        self.hdet_seconds = float(state["hdet_seconds"])
+        self.hdet_syncs = int(state["hdet_syncs"])
+        self.train_seconds = float(state["train_seconds"])
