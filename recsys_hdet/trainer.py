@@ -153,7 +153,6 @@ class Trainer:
         checkpoints = self._build_checkpoints(model, optimizer, scheduler, train_stream, loop)
         resume_from = cfg.trainer.get("resume_from")
         if resume_from:
-            self._replay_ddp_first_iteration(model, optimizer, train_stream)
             checkpoints.load(str(resume_from))
             # The fused embedding kernels take an LR only when it is pushed (the restored schedule
             # wrote it into their param_groups).
@@ -194,7 +193,6 @@ class Trainer:
                 save_model(model, os.path.join(self.run_dir, "checkpoint"),
                            {"steps": steps, "examples": examples, "experiment": str(cfg.experiment_name),
                             "dense_normalization": self.normalization.to_dict(), "model_inputs": model_inputs(meta)})
-        checkpoints.remove_all()  # the pass is over: nothing left to resume
         if resume_from:
             summary["resumed_from_step"] = int(str(resume_from).rstrip("/").rsplit("-", 1)[-1])
         summary["periodic_checkpoints"] = {"every_steps": checkpoints.every_steps, "saved": checkpoints.saved,
@@ -208,21 +206,9 @@ class Trainer:
         if self.rank == 0:
             write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
             self._print_summary(summary)
+        # Only now: a job killed before summary.json was written resumes from them.
+        checkpoints.remove_all()
         return 0 if status == "completed" else EXIT_DIVERGED
-
-    def _replay_ddp_first_iteration(self, model, optimizer: GroupedOptimizer, stream: ParquetBatchStream) -> None:
-        """One forward and backward whose effects the checkpoint then overwrites, so that DDP
-        rebuilds its gradient buckets before the first resumed step, as the interrupted run's DDP
-        did after its first step. Without it the first resumed step all-reduces in the initial
-        bucket layout: over more than two ranks gloo then sums each element in another order, and
-        the resumed run drifts from the uninterrupted one by float rounding (measured: 1e-9 of
-        the train loss on 4 ranks). The fused embedding update inside this backward, the loader
-        position and the RNG it consumed are all restored by the checkpoint."""
-        batch = next(iter(stream))
-        logits = model(batch.dense, batch.sparse)
-        (F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").mean(0) * self.task_weights) \
-            .sum().backward()
-        optimizer.zero_grad()
 
     def _build_checkpoints(self, model, optimizer: GroupedOptimizer, scheduler, stream: ParquetBatchStream,
                            loop: LoopState) -> CheckpointManager:
@@ -372,7 +358,7 @@ class Trainer:
                 tick = time.monotonic()
                 loop.train_seconds = seconds_before + (tick - start - checkpoint_seconds)
                 checkpoints.save(loop.step, {"examples": loop.step * stream.examples_per_step,
-                                             "config": self.cfg_container}, before_write=faults.before_checkpoint)
+                                             "config": self.cfg_container}, fail_write=faults.checkpoint_fails)
                 checkpoint_seconds += time.monotonic() - tick
                 window_start += time.monotonic() - tick  # the stall is not the interval's throughput
         seconds = seconds_before + time.monotonic() - start - checkpoint_seconds

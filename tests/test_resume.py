@@ -95,7 +95,8 @@ def test_a_checkpoint_that_fails_to_write_is_discarded_and_training_goes_on(unin
     monkeypatch.setenv("RECSYS_HDET_FAULTS", "checkpoint_fails@step=8:rank=1,kill@step=10:rank=0")
     first = run_train(run_dir, *FAST, *LAYOUTS["plain"], data_cache=data_cache)
     assert first.returncode != 0
-    assert "checkpoint at step 8 FAILED and was discarded (rank 1: OSError: [Errno 28] No space left" in first.stdout
+    assert "checkpoint at step 8 FAILED and was discarded" in first.stdout
+    assert "No space left on device" in first.stdout
     assert sorted(p.name for p in (run_dir / "checkpoint").iterdir()) == ["step-4"]  # the last good one is kept
     second = run_train(run_dir, *FAST, *LAYOUTS["plain"], data_cache=data_cache)
     assert second.returncode == 0 and "at step 4 of" in second.stdout, second.stderr[-2000:]

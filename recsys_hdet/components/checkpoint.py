@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 
 
@@ -38,6 +39,11 @@ def save_model(model: nn.Module, directory: str, meta: Mapping[str, Any]) -> Non
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(dict(meta), f, indent=2)
         if os.path.exists(directory):
+            # Periodic checkpoints of the run (checkpoint/step-<N>) move along: they are removed
+            # only once summary.json is written.
+            for name in os.listdir(directory):
+                if name.startswith("step-"):
+                    os.replace(os.path.join(directory, name), os.path.join(tmp, name))
             shutil.rmtree(directory)
         os.replace(tmp, directory)
     dist.barrier()
@@ -129,6 +135,26 @@ def _tensor_bytes(obj: Any) -> int:
     return len(obj) if isinstance(obj, bytes) else 0
 
 
+def _describe_failure(e: BaseException, rank: int) -> str:
+    """One line per failed rank: DCP gathers the ranks' write exceptions into one CheckpointException."""
+    if isinstance(e, CheckpointException):
+        parts = []
+        for r, failure in sorted(e.failures.items()):
+            exc = failure[0] if isinstance(failure, tuple) else failure
+            parts.append(f"rank {r}: {type(exc).__name__}: {exc}")
+        return "; ".join(parts)
+    return f"rank {rank}: {type(e).__name__}: {e}"
+
+
+class _FullDiskWriter(dcp.FileSystemWriter):
+    """A storage writer whose write fails as on a full disk (fault injection for tests)."""
+
+    def write_data(self, plan, planner):
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device (fault injected)")
+
+
 class CheckpointManager:
     """Saves and restores every stateful piece of a training job, so that a killed job continues
     exactly where its last checkpoint left it.
@@ -177,7 +203,7 @@ class CheckpointManager:
     def _local_state(self) -> Dict[str, Any]:
         return {f"rank{self.rank}": {name: piece.state_dict() for name, piece in self.pieces.items()}}
 
-    def save(self, step: int, manifest: Mapping[str, Any], before_write=None) -> bool:
+    def save(self, step: int, manifest: Mapping[str, Any], fail_write=None) -> bool:
         """Writes checkpoint ``step-<step>`` (collective: every rank calls it). Returns whether it
         was published; a failure is reported, leaves the previous checkpoints alone, and raises
         nothing, so training goes on."""
@@ -196,15 +222,18 @@ class CheckpointManager:
             self.state_bytes = int(local.item())
         error = ""
         try:
-            if before_write is not None:
-                before_write(step)
-            dcp.save(self._local_state(), checkpoint_id=tmp)
-        except Exception as e:  # noqa: BLE001 - any write failure: report, keep the last good one
-            error = f"{type(e).__name__}: {e}"
+            # ``fail_write(step)``: a test's fault injection; the failure then happens where a full
+            # disk's would, inside DCP's write, which reports it to every rank.
+            writer = _FullDiskWriter(tmp) if fail_write is not None and fail_write(step) else \
+                dcp.FileSystemWriter(tmp)
+            dcp.save(self._local_state(), storage_writer=writer)
+        # DCP's CheckpointException (one rank's write failed, raised on every rank) is a BaseException.
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - any write failure: report, keep the last good one
+            error = _describe_failure(e, self.rank)
         # Every rank learns whether every rank wrote its part (DCP may not get to its own collective).
         errors: List[str] = [""] * self.world
         dist.all_gather_object(errors, error)
-        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+        failed = sorted({e for e in errors if e})  # DCP reports one rank's failure on every rank
         if self.rank == 0:
             if failed:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -17,7 +17,6 @@ one dictionary lookup per step.
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 from dataclasses import dataclass
@@ -68,9 +67,9 @@ class FaultPlan:
                     open(marker, "w").close()
                     os.kill(os.getpid(), signal.SIGKILL)
 
-    def before_checkpoint(self, step: int) -> None:
-        if "checkpoint_fails" in self.by_step.get(step, ()):
-            raise OSError(errno.ENOSPC, f"No space left on device (fault injected at step {step})")
+    def checkpoint_fails(self, step: int) -> bool:
+        """Whether this rank's write of the checkpoint at ``step`` fails (as on a full disk)."""
+        return "checkpoint_fails" in self.by_step.get(step, ())
 
 
 def faults_from_env(rank: int, run_dir: Optional[str] = None) -> FaultPlan:
