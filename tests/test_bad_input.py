@@ -1,4 +1,5 @@
 """Bad config and bad data fail before training, with the field or file named, leaving no outputs."""
+import json
 import os
 import shutil
 
@@ -143,6 +144,12 @@ def test_standard_exposure_on_data_without_is_rand_is_named(tmp_path, data_cache
     for day in os.listdir(root):
         if day.endswith(".parquet") and "is_rand" in pl.read_parquet_schema(root / day):
             pl.read_parquet(root / day).drop("is_rand").write_parquet(root / day)
+    # ... and whose meta.json does not promise the column (format 2 writes has_is_rand and the
+    # validator then requires it in every day file).
+    meta_path = root / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta.pop("has_is_rand", None)
+    meta_path.write_text(json.dumps(meta))
     proc = run_train(tmp_path / "run", "data=tiny", "data.generator=null", "data.train_exposure=standard",
                      data_cache=cache, timeout=120)
     _assert_clean_failure(proc, tmp_path / "run", "data.train_exposure=standard", str(root), "'is_rand' column")
