@@ -1,0 +1,168 @@
+"""The model registry the scheduled retraining job publishes into (issue 13's storage layer).
+
+Layout of a registry directory::
+
+    registry/
+      versions/<version>/      one published or rejected candidate: anything the job copies in
+                               (checkpoint/, config, summary.json, eval.json, report) + manifest.json
+      current                  a symlink to versions/<version>: the model in service
+      retrain.jsonl            the event log, one JSON object per line
+      .lock                    held by the one job that may change the registry
+
+Design:
+- A version directory is written under ``versions/.tmp-<version>`` and appears under its name
+  with one rename, manifest included, so a reader never sees half a version.
+- ``current`` is replaced with one atomic rename of a new symlink over the old one: it always
+  points at a complete version (or does not exist, before the first publish).
+- Rejected candidates are kept as versions too (``manifest.decision.published`` false, with the
+  reason): lineage shows what was tried and why it was not served.
+- One job at a time: :meth:`Registry.lock` takes an exclusive, non-blocking flock on ``.lock``;
+  a second job gets :class:`RegistryBusy` at once. The OS drops the lock when the holder dies.
+
+Limits: a local (or POSIX) filesystem: atomic rename and flock are what it relies on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Mapping, Optional
+
+MANIFEST = "manifest.json"
+
+
+class RegistryBusy(RuntimeError):
+    """Another job holds the registry's lock."""
+
+
+class RegistryError(RuntimeError):
+    """A registry operation that cannot be done (named, with the reason)."""
+
+
+class Registry:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.versions = os.path.join(self.root, "versions")
+        self.current_link = os.path.join(self.root, "current")
+        self.events = os.path.join(self.root, "retrain.jsonl")
+
+    # -- reading -------------------------------------------------------------------------------
+    def version_dir(self, version: str) -> str:
+        return os.path.join(self.versions, version)
+
+    def manifest(self, version: str) -> Dict[str, Any]:
+        path = os.path.join(self.version_dir(version), MANIFEST)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            raise RegistryError(f"{path}: unreadable manifest ({e})") from None
+
+    def list_versions(self) -> List[str]:
+        """Complete versions, oldest first (by the time they were written)."""
+        if not os.path.isdir(self.versions):
+            return []
+        names = [n for n in os.listdir(self.versions) if not n.startswith(".")
+                 and os.path.isfile(os.path.join(self.versions, n, MANIFEST))]
+        return sorted(names, key=lambda n: (self.manifest(n).get("created", 0.0), n))
+
+    def current(self) -> Optional[str]:
+        """The version ``current`` points at, or None before the first publish."""
+        if not os.path.islink(self.current_link):
+            return None
+        return os.path.basename(os.readlink(self.current_link).rstrip("/"))
+
+    # -- writing -------------------------------------------------------------------------------
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        os.makedirs(self.root, exist_ok=True)
+        with open(os.path.join(self.root, ".lock"), "a+") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                raise RegistryBusy(f"{self.root} is locked by another retraining job ({holder})") from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()}\n")
+            f.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def add_version(self, version: str, files: Mapping[str, str], manifest: Mapping[str, Any]) -> str:
+        """Copies ``files`` (name in the version -> source file or directory) and writes the manifest
+        into ``versions/<version>``, atomically. Returns the version's directory."""
+        final = self.version_dir(version)
+        if os.path.exists(final):
+            raise RegistryError(f"{final}: version {version!r} exists already (versions are never rewritten)")
+        tmp = os.path.join(self.versions, f".tmp-{version}")
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed attempt's leftovers
+        os.makedirs(tmp)
+        try:
+            for name, source in files.items():
+                target = os.path.join(tmp, name)
+                if os.path.isdir(source):
+                    shutil.copytree(source, target)
+                else:
+                    shutil.copy2(source, target)
+            body = {**manifest, "version": version, "created": time.time()}
+            with open(os.path.join(tmp, MANIFEST), "w") as f:
+                json.dump(body, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
+    def set_current(self, version: str) -> None:
+        """Points ``current`` at ``version`` with one atomic rename."""
+        if version not in self.list_versions():
+            raise RegistryError(f"{self.version_dir(version)}: no complete version {version!r}")
+        decision = self.manifest(version).get("decision", {})
+        if decision and not decision.get("published", False):
+            raise RegistryError(f"version {version!r} was rejected ({decision.get('reason')}); it cannot be served")
+        tmp_link = os.path.join(self.root, f".current-{os.getpid()}")
+        if os.path.lexists(tmp_link):
+            os.remove(tmp_link)
+        os.symlink(os.path.join("versions", version), tmp_link)
+        os.replace(tmp_link, self.current_link)
+
+    def rollback(self, to: Optional[str] = None) -> str:
+        """Points ``current`` at ``to``, or at the published version before the current one (its
+        parent in the manifests). Returns the version now current."""
+        if to is None:
+            now = self.current()
+            if now is None:
+                raise RegistryError(f"{self.root}: nothing is published, nothing to roll back")
+            to = self.manifest(now).get("parent")
+            if to is None:
+                raise RegistryError(f"version {now!r} has no parent to roll back to")
+        self.set_current(to)
+        self.log_event({"event": "rollback", "current": to})
+        return to
+
+    def log_event(self, event: Mapping[str, Any]) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        with open(self.events, "a") as f:
+            f.write(json.dumps({"time": time.time(), **event}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def status(self) -> List[Dict[str, Any]]:
+        """Every version's lineage line: version, parent, days, decision, current or not."""
+        cur = self.current()
+        out = []
+        for v in self.list_versions():
+            m = self.manifest(v)
+            out.append({"version": v, "parent": m.get("parent"), "days": m.get("days"),
+                        "decision": m.get("decision"), "current": v == cur})
+        return out

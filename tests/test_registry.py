@@ -1,0 +1,60 @@
+"""The retraining job's registry (pipelines/registry.py): atomic versions, the current pointer,
+rollback, one job at a time."""
+import json
+import os
+
+import pytest
+
+from pipelines.registry import Registry, RegistryBusy, RegistryError
+
+
+def _candidate(tmp_path, name):
+    d = tmp_path / "cands" / name
+    (d / "checkpoint").mkdir(parents=True)
+    (d / "checkpoint" / ".metadata").write_text(name)
+    (d / "summary.json").write_text(json.dumps({"status": "completed"}))
+    return {"checkpoint": str(d / "checkpoint"), "summary.json": str(d / "summary.json")}
+
+
+def test_publish_point_and_roll_back(tmp_path):
+    reg = Registry(str(tmp_path / "registry"))
+    assert reg.current() is None and reg.list_versions() == []
+    reg.add_version("v1", _candidate(tmp_path, "v1"), {"parent": None, "days": ["20220410"],
+                                                       "decision": {"published": True}})
+    reg.set_current("v1")
+    reg.add_version("v2", _candidate(tmp_path, "v2"), {"parent": "v1", "days": ["20220411"],
+                                                       "decision": {"published": True}})
+    reg.set_current("v2")
+    assert reg.current() == "v2" and reg.list_versions() == ["v1", "v2"]
+    assert (tmp_path / "registry" / "current" / "checkpoint" / ".metadata").read_text() == "v2"
+    assert reg.rollback() == "v1" and reg.current() == "v1"
+    assert json.loads((tmp_path / "registry" / "retrain.jsonl").read_text().splitlines()[-1])["event"] == "rollback"
+    assert reg.rollback(to="v2") == "v2"
+    assert [s["current"] for s in reg.status()] == [False, True]
+    with pytest.raises(RegistryError, match="exists already"):
+        reg.add_version("v2", _candidate(tmp_path, "v2b"), {})
+
+
+def test_a_rejected_or_incomplete_version_is_never_current(tmp_path):
+    reg = Registry(str(tmp_path / "registry"))
+    reg.add_version("v1", _candidate(tmp_path, "v1"), {"decision": {"published": False, "reason": "like NE worse"}})
+    with pytest.raises(RegistryError, match="rejected \\(like NE worse\\)"):
+        reg.set_current("v1")
+    # A crashed copy leaves only a .tmp- directory: not a version, and cleaned by the next attempt.
+    os.makedirs(tmp_path / "registry" / "versions" / ".tmp-v2" / "checkpoint")
+    assert reg.list_versions() == ["v1"]
+    with pytest.raises(RegistryError, match="no complete version"):
+        reg.set_current("v2")
+    reg.add_version("v2", _candidate(tmp_path, "v2"), {"decision": {"published": True}})
+    assert not (tmp_path / "registry" / "versions" / ".tmp-v2").exists()
+    assert reg.current() is None  # nothing was ever published
+
+
+def test_one_job_at_a_time(tmp_path):
+    reg = Registry(str(tmp_path / "registry"))
+    with reg.lock():
+        with pytest.raises(RegistryBusy, match=f"pid {os.getpid()}"):
+            with Registry(str(tmp_path / "registry")).lock():
+                pass
+    with reg.lock():  # released: the next job gets it
+        pass
