@@ -215,7 +215,8 @@ class Trainer:
         """Every stateful piece of the job, registered for periodic checkpoints and resume."""
         spec = self.cfg.trainer.periodic_checkpoint
         manager = CheckpointManager(os.path.join(self.run_dir, "checkpoint"), self.run_dir, int(spec.every_steps),
-                                    int(spec.keep_last), self.rank, self.world, say=self.log)
+                                    int(spec.keep_last), self.rank, self.world, say=self.log,
+                                    async_save=bool(spec.get("async_save", False)))
         manager.register("model", ModelState(model, optimizer.dense))
         manager.register("schedule", scheduler)  # the LR schedules' position, or the HDET engine's state
         manager.register("loader", stream)
@@ -361,6 +362,7 @@ class Trainer:
                                              "config": self.cfg_container}, fail_write=faults.checkpoint_fails)
                 checkpoint_seconds += time.monotonic() - tick
                 window_start += time.monotonic() - tick  # the stall is not the interval's throughput
+        checkpoints.finish()  # an async checkpoint still being written is published
         seconds = seconds_before + time.monotonic() - start - checkpoint_seconds
         for closing in (profiler, logger, hdet_log, tensorboard):
             if closing is not None:

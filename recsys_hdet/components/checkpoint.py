@@ -176,12 +176,15 @@ class CheckpointManager:
     - A failed write (e.g. a full disk) is reported and training goes on; the last good
       checkpoint is never touched by it.
 
-    Limits: synchronous (the job stalls while it writes; see BENCHMARKS.md for the measured
-    stall); resume needs the same world size and sharding group size.
+    - ``async_save``: the job stalls only while DCP copies the state into memory; the write runs in
+      a thread and the checkpoint is published at the next checkpoint or the pass's end (a job
+      killed meanwhile resumes from the one before). BENCHMARKS.md has both stalls measured.
+
+    Limits: resume needs the same world size and sharding group size.
     """
 
     def __init__(self, directory: str, run_dir: str, every_steps: int, keep_last: int, rank: int, world: int,
-                 say=print) -> None:
+                 say=print, async_save: bool = False) -> None:
         self.directory, self.run_dir = directory, run_dir
         self.every_steps, self.keep_last = int(every_steps), max(1, int(keep_last))
         self.rank, self.world = rank, world
@@ -190,6 +193,11 @@ class CheckpointManager:
         self.seconds = 0.0  # time spent saving (rank 0's view), for the benchmark harness
         self.saved = 0
         self.last_bytes = 0  # the last published checkpoint's files
+        self.async_save = bool(async_save) and every_steps > 0
+        self._pending = None  # (step, tmp dir, manifest, DCP future or None, error) not yet published
+        # DCP's background write runs its own collectives: on their own group, never interleaved
+        # with the training loop's on the default one.
+        self._async_group = dist.new_group(backend="gloo") if self.async_save else None
         self.state_bytes = 0  # the tensors it holds, over every rank (what "MB of model state" means)
 
     def register(self, name: str, piece: Stateful) -> None:
@@ -203,14 +211,18 @@ class CheckpointManager:
     def _local_state(self) -> Dict[str, Any]:
         return {f"rank{self.rank}": {name: piece.state_dict() for name, piece in self.pieces.items()}}
 
-    def save(self, step: int, manifest: Mapping[str, Any], fail_write=None) -> bool:
-        """Writes checkpoint ``step-<step>`` (collective: every rank calls it). Returns whether it
-        was published; a failure is reported, leaves the previous checkpoints alone, and raises
-        nothing, so training goes on."""
+    def save(self, step: int, manifest: Mapping[str, Any], fail_write=None) -> None:
+        """Writes checkpoint ``step-<step>`` (collective: every rank calls it). A failure is
+        reported, leaves the previous checkpoints alone, and raises nothing, so training goes on.
+
+        Synchronous: written and published before it returns. With ``async_save``, only the
+        state's copy into memory happens now (DCP's ``async_save``, writing in a thread on its
+        own gloo group); the checkpoint is published by the next ``save`` or by :meth:`finish`,
+        once every rank's write is done."""
         import time
 
         start = time.perf_counter()
-        final = os.path.join(self.directory, f"{STEP_PREFIX}{step}")
+        self._publish_pending()  # the previous async write, if any
         tmp = os.path.join(self.directory, f".{STEP_PREFIX}{step}.tmp")
         if self.rank == 0:
             os.makedirs(self.directory, exist_ok=True)
@@ -220,16 +232,37 @@ class CheckpointManager:
             local = torch.tensor([float(_tensor_bytes(self._local_state()))], dtype=torch.float64)
             dist.all_reduce(local)
             self.state_bytes = int(local.item())
-        error = ""
+        # ``fail_write(step)``: a test's fault injection; the failure then happens where a full
+        # disk's would, inside DCP's write, which reports it to every rank.
+        writer = _FullDiskWriter(tmp) if fail_write is not None and fail_write(step) else dcp.FileSystemWriter(tmp)
+        error, future = "", None
         try:
-            # ``fail_write(step)``: a test's fault injection; the failure then happens where a full
-            # disk's would, inside DCP's write, which reports it to every rank.
-            writer = _FullDiskWriter(tmp) if fail_write is not None and fail_write(step) else \
-                dcp.FileSystemWriter(tmp)
-            dcp.save(self._local_state(), storage_writer=writer)
+            if self.async_save:
+                future = dcp.async_save(self._local_state(), storage_writer=writer, process_group=self._async_group)
+            else:
+                dcp.save(self._local_state(), storage_writer=writer)
         # DCP's CheckpointException (one rank's write failed, raised on every rank) is a BaseException.
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - any write failure: report, keep the last good one
             error = _describe_failure(e, self.rank)
+        self._pending = (step, tmp, dict(manifest), future, error)
+        if not self.async_save:
+            self._publish_pending()
+        self.seconds += time.perf_counter() - start
+
+    def finish(self) -> None:
+        """Publishes the last async checkpoint (collective; a no-op when saving synchronously)."""
+        self._publish_pending()
+
+    def _publish_pending(self) -> None:
+        if self._pending is None:
+            return
+        step, tmp, manifest, future, error = self._pending
+        self._pending = None
+        if future is not None and not error:
+            try:
+                future.result()
+            except (Exception, CheckpointException) as e:  # noqa: BLE001
+                error = _describe_failure(e, self.rank)
         # Every rank learns whether every rank wrote its part (DCP may not get to its own collective).
         errors: List[str] = [""] * self.world
         dist.all_gather_object(errors, error)
@@ -240,6 +273,7 @@ class CheckpointManager:
                 self.say(f"checkpoint at step {step} FAILED and was discarded ({'; '.join(failed)}); training goes "
                          f"on, the last good checkpoint is kept")
             else:
+                final = os.path.join(self.directory, f"{STEP_PREFIX}{step}")
                 files = sorted(f for f in os.listdir(tmp) if not f.startswith("."))
                 body = {**manifest, "step": step, "world_size": self.world, "run_dir": os.path.abspath(self.run_dir),
                         "files": files, "sizes": {f: os.path.getsize(os.path.join(tmp, f)) for f in files}}
@@ -253,9 +287,7 @@ class CheckpointManager:
                 for _, old in step_checkpoints(self.directory)[:-self.keep_last]:
                     shutil.rmtree(old, ignore_errors=True)
         dist.barrier()
-        self.seconds += time.perf_counter() - start
         self.saved += not failed
-        return not failed
 
     def load(self, path: str) -> None:
         """Restores every registered piece from ``path`` (collective)."""
