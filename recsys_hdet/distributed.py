@@ -199,10 +199,11 @@ def finite_mean_allreduce_hook(group, bucket):  # (ProcessGroup, GradBucket) -> 
     """
     grad = bucket.buffer()
     # Summed in float64: the sum of a few float32 values is then exact, so it does not depend on
-    # the order the collective adds them in. That order follows the bucket's layout, which DDP
-    # rebuilds after the first step of every job; with more than two ranks a float32 sum would make
-    # a resumed run drift from the uninterrupted one by rounding (measured: 3e-9 of the train loss
-    # on 4 ranks). The price: twice the bytes of the dense gradient all-reduce.
+    # the order the collective adds them in. With a float32 sum over more than two ranks a resumed
+    # run drifted from the uninterrupted one by rounding (measured: 3e-9 of the train loss on 4
+    # ranks; exact on 2, where a + b == b + a): something in a new job (not DDP's first-step bucket
+    # rebuild alone: replaying it did not help) changes that order. The price: twice the bytes of
+    # the dense gradient all-reduce.
     buffer = torch.empty(grad.numel() + 1, dtype=torch.float64, device=grad.device)
     finite = bool(torch.isfinite(grad).all())
     if finite:

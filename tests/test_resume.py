@@ -13,12 +13,15 @@ import torch
 
 from conftest import REPO, read_json, read_jsonl, run_train
 
-FAST = ["data=tiny", "trainer.log_every=5", "trainer.periodic_checkpoint.every_steps=4"]
+# Checkpoints every 5 steps, replicas averaged every 3 (plain) or synced every 6 (HDET): most
+# checkpoints fall between averages, when the replicas differ.
+EVERY = 5
+FAST = ["data=tiny", "trainer.log_every=5", f"trainer.periodic_checkpoint.every_steps={EVERY}"]
 LAYOUTS = {
     # HDET off: two sharding groups of one rank (embedding replicas averaged every 3 steps, so the
     # checkpoints also fall between averages, when the replicas differ).
     "plain": ["trainer.nproc=2", "trainer.sharding_group_size=1", "trainer.embedding_sync_every=3"],
-    # HDET on, 2 x 2: replicas differ by design between syncs (T = 6, checkpoints every 4 steps).
+    # HDET on, 2 x 2: replicas differ by design between syncs (T = 6, checkpoints every 5 steps).
     "hdet": ["trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled", "hdet.sync_every=6",
              "hdet.controller_start=0"],
 }
@@ -82,7 +85,7 @@ def test_a_killed_run_resumes_bit_for_bit(name, uninterrupted, tmp_path, data_ca
     ckpts = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoint").glob("step-*"))
     # the kill comes inside step kill_step, before its own checkpoint would be written; an async
     # checkpoint is published by the next one, so the last one written is not yet there
-    last = (kill_step - 1) // 4 * 4 - (4 if extra else 0)
+    last = (kill_step - 1) // EVERY * EVERY - (EVERY if extra else 0)
     assert ckpts and ckpts[-1] == last and len(ckpts) <= 2, ckpts  # keep_last = 2
     second = run_train(run_dir, *FAST, *LAYOUTS[layout], *extra, data_cache=data_cache)  # trainer.resume=auto
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
@@ -98,16 +101,16 @@ def test_a_killed_run_resumes_bit_for_bit(name, uninterrupted, tmp_path, data_ca
 @pytest.mark.slow
 def test_a_checkpoint_that_fails_to_write_is_discarded_and_training_goes_on(uninterrupted, tmp_path, data_cache,
                                                                            monkeypatch):
-    # A full disk on rank 1 at step 8's checkpoint, then a kill at step 10: the resume comes from step 4.
+    # A full disk on rank 1 at step 10's checkpoint, then a kill at step 12: the resume comes from step 5.
     run_dir = tmp_path / "diskfull"
-    monkeypatch.setenv("RECSYS_HDET_FAULTS", "checkpoint_fails@step=8:rank=1,kill@step=10:rank=0")
+    monkeypatch.setenv("RECSYS_HDET_FAULTS", "checkpoint_fails@step=10:rank=1,kill@step=12:rank=0")
     first = run_train(run_dir, *FAST, *LAYOUTS["plain"], data_cache=data_cache)
     assert first.returncode != 0
-    assert "checkpoint at step 8 FAILED and was discarded" in first.stdout
+    assert "checkpoint at step 10 FAILED and was discarded" in first.stdout
     assert "No space left on device" in first.stdout
-    assert sorted(p.name for p in (run_dir / "checkpoint").iterdir()) == ["step-4"]  # the last good one is kept
+    assert sorted(p.name for p in (run_dir / "checkpoint").iterdir()) == ["step-5"]  # the last good one is kept
     second = run_train(run_dir, *FAST, *LAYOUTS["plain"], data_cache=data_cache)
-    assert second.returncode == 0 and "at step 4 of" in second.stdout, second.stderr[-2000:]
+    assert second.returncode == 0 and "at step 5 of" in second.stdout, second.stderr[-2000:]
     _assert_same_run(uninterrupted["plain"], run_dir)
 
 
