@@ -230,7 +230,9 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[
         runs = per_variant[variant]
         ne = _mean([r["ne"] for r in runs])
         prefix = "hdet" if variant == "hdet" else "paper"
-        gap = None if plain_ne is None or ne is None or plain_ne == optimum["ne"] else \
+        # Undefined when the plain run at the start is not worse than the grid optimum (no gap to
+        # close: the grid's optimum is then not the optimum, e.g. censored at the grid's edge).
+        gap = None if plain_ne is None or ne is None or plain_ne <= optimum["ne"] else \
             (plain_ne - ne) / (plain_ne - optimum["ne"])
         ratios = {}
         finished = [r["bases"] for r in runs if r["bases"]]
