@@ -24,7 +24,6 @@ Limits: a local (or POSIX) filesystem: atomic rename and flock are what it relie
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -79,22 +78,14 @@ class Registry:
     # -- writing -------------------------------------------------------------------------------
     @contextmanager
     def lock(self) -> Iterator[None]:
-        os.makedirs(self.root, exist_ok=True)
-        with open(os.path.join(self.root, ".lock"), "a+") as f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                holder = f.read().strip() or "another process"
-                raise RegistryBusy(f"{self.root} is locked by another retraining job ({holder})") from None
-            f.seek(0)
-            f.truncate()
-            f.write(f"pid {os.getpid()}\n")
-            f.flush()
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        from data_tools.prepare import LockHeld, try_exclusive_lock
+
+        try:
+            held = try_exclusive_lock(os.path.join(self.root, ".lock"))
+        except LockHeld as e:
+            raise RegistryBusy(f"{self.root} is locked by another retraining job ({e.holder})") from None
+        with held:
+            yield
 
     def add_version(self, version: str, files: Mapping[str, str], manifest: Mapping[str, Any]) -> str:
         """Copies ``files`` (name in the version -> source file or directory) and writes the manifest

@@ -159,33 +159,20 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
 
 
 def _run_dir_lock(run_dir: str):
-    """An exclusive lock on ``run_dir/.lock`` held for the job's life (the open file; the OS drops
-    it when the process dies, so a killed job never leaves a stale lock). Under torchrun, rank 0's
-    process holds it. Exits with status 2 when another job holds it."""
-    import fcntl
+    """An exclusive lock on ``run_dir/.lock`` held for the job's life (the open file). Under
+    torchrun, rank 0's process holds it. Exits with status 2 when another job holds it."""
+    from data_tools.prepare import LockHeld, try_exclusive_lock
 
-    if under_torchrun_rank_other_than_0():
-        return None
-    f = open(os.path.join(run_dir, ".lock"), "a+")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        print(f"error: {run_dir} is in use by another training job ({holder}); wait for it, or use another "
-              "hydra.run.dir", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
-    return f
-
-
-def under_torchrun_rank_other_than_0() -> bool:
     from recsys_hdet.distributed import under_torchrun
 
-    return under_torchrun() and os.environ.get("RANK", "0") != "0"
+    if under_torchrun() and os.environ.get("RANK", "0") != "0":
+        return None
+    try:
+        return try_exclusive_lock(os.path.join(run_dir, ".lock"))
+    except LockHeld as e:
+        print(f"error: {run_dir} is in use by another training job ({e.holder}); wait for it, or use another "
+              "hydra.run.dir", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 FINISHED = "finished"

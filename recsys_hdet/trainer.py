@@ -138,6 +138,7 @@ class Trainer:
         optimizer = GroupedOptimizer(model, cfg.optim.dense, {g: s(0)[0] for g, s in schedules.items()})
         averager = ReplicaAverager(model, self.pgs.replica, self.pgs.world)
         self.hdet = bool(cfg.hdet.enabled)
+        self.serving_signal = self.hdet and str(cfg.hdet.get("signal", "train")) == "serving"
         if self.hdet:
             if cfg.trainer.get("warm_start") and float(cfg.hdet.warm_init.nu) > 0:
                 self._warm_noise(averager)
@@ -377,7 +378,7 @@ class Trainer:
                     loop: LoopState):
         """Forward, backward, the optimizers, and the schedule's (or HDET's) step for training step
         ``step`` (0-based). Returns (per-task losses, HDET's sync record or None)."""
-        serving_signal = self.hdet and str(self.cfg.hdet.get("signal", "train")) == "serving"
+        serving_signal = self.serving_signal
         if serving_signal:
             # The loss as the model serves (no dropout, no smoothing) on the batch it is about to
             # train on: in one pass, a held-out estimate; what regularizers should be judged by.

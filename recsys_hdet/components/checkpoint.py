@@ -27,6 +27,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 
+STEP_PREFIX = "step-"  # checkpoint/step-<N>: a periodic checkpoint (CheckpointManager)
+
 
 def save_model(model: nn.Module, directory: str, meta: Mapping[str, Any]) -> None:
     tmp = directory + ".tmp"
@@ -42,7 +44,7 @@ def save_model(model: nn.Module, directory: str, meta: Mapping[str, Any]) -> Non
             # Periodic checkpoints of the run (checkpoint/step-<N>) move along: they are removed
             # only once summary.json is written.
             for name in os.listdir(directory):
-                if name.startswith("step-"):
+                if name.startswith(STEP_PREFIX):
                     os.replace(os.path.join(directory, name), os.path.join(tmp, name))
             shutil.rmtree(directory)
         os.replace(tmp, directory)
@@ -63,8 +65,6 @@ def load_model(model: nn.Module, directory: str) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Periodic, resumable checkpoints
 
-
-STEP_PREFIX = "step-"
 MANIFEST = "manifest.json"
 
 
@@ -228,8 +228,9 @@ class CheckpointManager:
             os.makedirs(self.directory, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
         dist.barrier()
+        state = self._local_state()
         if not self.state_bytes:
-            local = torch.tensor([float(_tensor_bytes(self._local_state()))], dtype=torch.float64)
+            local = torch.tensor([float(_tensor_bytes(state))], dtype=torch.float64)
             dist.all_reduce(local)
             self.state_bytes = int(local.item())
         # ``fail_write(step)``: a test's fault injection; the failure then happens where a full
@@ -238,9 +239,9 @@ class CheckpointManager:
         error, future = "", None
         try:
             if self.async_save:
-                future = dcp.async_save(self._local_state(), storage_writer=writer, process_group=self._async_group)
+                future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
             else:
-                dcp.save(self._local_state(), storage_writer=writer)
+                dcp.save(state, storage_writer=writer)
         # DCP's CheckpointException (one rank's write failed, raised on every rank) is a BaseException.
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - any write failure: report, keep the last good one
             error = _describe_failure(e, self.rank)
