@@ -25,6 +25,10 @@ Feature encoding:
 CLI: ``python -m data_tools.convert --log GLOB --users FILE --videos FILE --out DIR
 [--min-count user_id=N ...] [--extend-vocab DIR] [--overwrite]``; exit status 2 on bad input (the
 message names the file and column; nothing is written).
+
+New days: ``python -m data_tools.convert --append-to ROOT --log GLOB --users FILE --videos FILE``
+(:func:`append_days`) adds the log's days to the processed data set ROOT in place: old day files
+are not rewritten, vocabularies are extended (existing rows unchanged), meta.json is replaced last.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ import polars as pl
 from data_tools import schema as S
 from data_tools import vocab as V
 from data_tools.errors import DataError, data_error
-from data_tools.validate import (parse_date_expr, parse_expr, scan_raw_csv,
-                                 tag_list_expr, validate_processed, validate_raw)
+from data_tools.validate import (_load_meta, parse_date_expr, parse_expr, scan_raw_csv,
+                                 tag_list_expr, validate_day_file, validate_processed, validate_raw)
 
 def resolve_min_count(min_count: dict | None) -> dict:
     """Per id feature, the impressions an id needs for a row of its own (default 1: every id)."""
@@ -72,10 +76,18 @@ def _base_vocabs(root: str | None) -> dict:
     return out
 
 
-def _string_vocab(lf: pl.LazyFrame, cols) -> dict[str, list[str]]:
+def _string_vocab(lf: pl.LazyFrame, cols, base: dict | None = None) -> dict[str, list[str]]:
+    """Per column, its values in code order (code = index + 1): sorted; with ``base`` (an earlier
+    conversion's ``string_vocabs``), the base values first, in their order, then the new values
+    sorted, so that every existing value keeps its code."""
     q = lf.select([parse_expr(c, pl.String).drop_nulls().unique().sort().implode().alias(c)
                    for c in cols]).collect()
-    return {c: list(q[c][0]) for c in cols}
+    out = {}
+    for c in cols:
+        old = list((base or {}).get(c) or [])
+        seen = set(old)
+        out[c] = old + [v for v in q[c][0] if v not in seen]
+    return out
 
 
 def _encode(col: str, values: list[str]) -> pl.Expr:
@@ -189,12 +201,12 @@ def check_joins(files, users: str, videos: str, max_unmatched_fraction: float,
     return counts
 
 
-def _convert_into(tmp, files, users, videos, min_count, base, info, source) -> dict:
+def _convert_into(tmp, files, users, videos, min_count, base, info, source, string_base=None) -> dict:
     has_oracle = info["has_oracle"]
     # ---- user table: categoricals encoded, dense values raw (null where missing)
     ulf = scan_raw_csv(users)
     u_str = ("user_active_degree",) + tuple(f"{c}_range" for c in S.RANGE_SOURCES)
-    uvocab = _string_vocab(ulf, u_str)
+    uvocab = _string_vocab(ulf, u_str, string_base)
     user_dense = [_log1p_count(c).alias(f"log_{c}") for c in S.RANGE_SOURCES] + [
         _known_value(c, parse_expr(c, pl.Int64)).cast(pl.Float64).alias(c)
         for c in ("is_lowactive_period", "is_live_streamer", "is_video_author")]
@@ -208,7 +220,7 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source) -> d
     # ---- video table (raw author, music and tag ids; they are encoded after the vocabularies)
     vlf = scan_raw_csv(videos)
     v_str = ("video_type", "upload_type")
-    vvocab = _string_vocab(vlf, v_str)
+    vvocab = _string_vocab(vlf, v_str, string_base)
     w = parse_expr("server_width", pl.Float64)
     h = parse_expr("server_height", pl.Float64)
     duration = parse_expr("video_duration", pl.Float64)
@@ -352,6 +364,258 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source) -> d
     return meta
 
 
+# ---- appending days to an existing processed data set -------------------------------------------
+# New files are staged in ROOT/.append-XXXX/ and moved into place with os.replace; meta.json is
+# replaced last (the commit). Before the first move, the stage's manifest.json lists every move and
+# keeps a hard link (or copy) of each file it replaces, so an append that fails or is killed half way
+# is rolled back: at once when it fails, or by the next append (under the lock) when it was killed.
+APPEND_STAGE_PREFIX = ".append-"
+_MANIFEST = "manifest.json"
+
+
+def append_days(log, users: str, videos: str, root: str, *, source: dict | None = None,
+                verbose: bool = False, max_unmatched_fraction: float = 0.01,
+                max_conflicting_duplicates: int = 0) -> dict:
+    """Add the days of raw CSVs (``log``: a glob, path or list) to the processed data set ``root``
+    in place and return its new meta dict.
+
+    Existing day files are not touched; each id vocabulary keeps every row and appends the ids first
+    seen on the new days (with ``min_count`` as recorded in ``meta.json``, judged on the new days'
+    impressions); string categoricals keep their codes and append new values; ``meta.json``'s
+    ``days``, ``sparse`` table sizes, ``ids``, ``has_is_rand`` and ``source`` (``appended_days``,
+    ``appended``: one record per append, ``string_vocabs``, ``missing_values``) are updated.
+    Refused with a DataError, nothing written: a day already in the data set or before its last
+    day, a data set with oracle columns and a log without them, anything :func:`convert` refuses.
+    The new day files are validated before anything is published; an fcntl lock on
+    ``root + ".lock"`` (the one ``ensure_dataset`` takes) keeps appenders from interleaving.
+    """
+    from data_tools.prepare import file_lock  # prepare imports this module
+
+    root = os.path.abspath(os.fspath(root))
+    if not os.path.isdir(root):
+        raise data_error(root, None, "processed data directory not found (nothing to append to)")
+    with file_lock(root + ".lock"):
+        return _append_locked(log, users, videos, root, source=source, verbose=verbose,
+                              max_unmatched_fraction=max_unmatched_fraction,
+                              max_conflicting_duplicates=max_conflicting_duplicates)
+
+
+def _append_locked(log, users: str, videos: str, root: str, *, source: dict | None = None,
+                   verbose: bool = False, max_unmatched_fraction: float = 0.01,
+                   max_conflicting_duplicates: int = 0, extra_files=()) -> dict:
+    """:func:`append_days` for a caller that holds the lock. ``extra_files``: (staged path, final
+    path) pairs moved into place with the data set's files, before meta.json, and rolled back with
+    them (e.g. the synthetic generator's raw log and oracle.json)."""
+    t0 = time.time()
+    root = os.path.abspath(os.fspath(root))
+    recover_appends(root)
+    old = _load_meta(root)
+    meta_path = os.path.join(root, "meta.json")
+    base = _base_vocabs(root)
+    src_old = old.get("source") or {}
+    _check_appendable(meta_path, old, base, src_old)
+    info = validate_raw(log, users, videos)
+    files = info["log_files"]
+    new_days = [str(d) for d in info["dates"]]
+    dup = [d for d in new_days if d in old["days"]]
+    if dup:
+        raise data_error(meta_path, "days", f"day {dup[0]} is already in this data set"
+                         + (f" (so are {', '.join(dup[1:])})" if len(dup) > 1 else "")
+                         + f"; the log {files} would replace it: appending never replaces a day")
+    last = max(old["days"])
+    early = [d for d in new_days if d < last]
+    if early:
+        raise data_error(meta_path, "days", f"day {early[0]} of the log {files} comes before the data set's last "
+                                            f"day {last}: appended days must come after it")
+    if old["has_oracle"] and not info["has_oracle"]:
+        lacking = next(f for f in files if not set(S.ORACLE_COLUMNS) <= set(scan_raw_csv(f).collect_schema().names()))
+        raise data_error(lacking, S.ORACLE_COLUMNS[0], "the data set's day files have oracle columns "
+                         f"(has_oracle) but this log lacks {list(S.ORACLE_COLUMNS)}")
+    joins = check_joins(files, users, videos, max_unmatched_fraction, max_conflicting_duplicates)
+    old_ids = old.get("ids") or {}
+    min_count = {f: int((old_ids.get(f) or {}).get("min_count", 1)) for f in V.ID_FEATURES}
+    stage = tempfile.mkdtemp(prefix=APPEND_STAGE_PREFIX, dir=root)
+    token = os.path.basename(stage)
+    committed = False
+    try:
+        os.chmod(stage, 0o755)
+        part = _convert_into(stage, files, users, videos, min_count, base,
+                             dict(info, has_oracle=old["has_oracle"]), {},
+                             string_base=src_old.get("string_vocabs"))
+        ids = {}
+        for f in V.ID_FEATURES:
+            ids[f] = _merge_vocab(V.vocab_path(stage, f), base[f], old_ids.get(f) or {}, part["ids"][f],
+                                  min_count[f])
+        sparse = part["sparse"]
+        for c, spec in old["sparse"].items():
+            if sparse[c]["vocab"] < spec["vocab"]:  # cannot happen: vocabularies only grow
+                raise data_error(meta_path, f"sparse.{c}", f"table would shrink {spec['vocab']} -> "
+                                                           f"{sparse[c]['vocab']}")
+        src = dict(src_old)
+        src["string_vocabs"] = part["source"]["string_vocabs"]
+        src["missing_values"] = {c: int((src_old.get("missing_values") or {}).get(c, 0)) + int(n)
+                                 for c, n in part["source"]["missing_values"].items()}
+        src["is_rand_absent_in"] = list(src_old.get("is_rand_absent_in") or []) + part["source"]["is_rand_absent_in"]
+        src["appended_days"] = list(src_old.get("appended_days") or []) + new_days
+        record = {"days": new_days, "log": [os.path.abspath(f) for f in files], "users": os.path.abspath(users),
+                  "videos": os.path.abspath(videos), "joins": joins, **(source or {}), "token": token}
+        src["appended"] = list(src_old.get("appended") or []) + [record]
+        meta = dict(old)
+        meta.update(sparse=sparse, days=dict(sorted({**old["days"], **part["days"]}.items())), ids=ids, source=src)
+        if "has_is_rand" in old:
+            meta["has_is_rand"] = bool(old["has_is_rand"]) and part["has_is_rand"]
+        with open(os.path.join(stage, "meta.json"), "w") as fh:
+            json.dump(meta, fh, indent=1)
+        # validate what would be published: the new meta and the new day files against it (the old
+        # day files are valid against it too: same columns, ids below the old, smaller table sizes)
+        _load_meta(stage)
+        for d in new_days:
+            validate_day_file(os.path.join(stage, part["days"][d]["file"]), meta, d, part["days"][d]["rows"])
+        moves = [(os.path.join(stage, part["days"][d]["file"]), os.path.join(root, part["days"][d]["file"]))
+                 for d in new_days]
+        moves += [(os.path.abspath(a), os.path.abspath(b)) for a, b in extra_files]
+        moves += [(V.vocab_path(stage, f), V.vocab_path(root, f)) for f in V.ID_FEATURES]
+        _publish(stage, token, moves, meta_path)
+        committed = True
+    except BaseException:
+        if not committed:
+            _rollback(stage)
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    if verbose:
+        rows = sum(part["days"][d]["rows"] for d in new_days)
+        print(f"appended {rows} rows in {len(new_days)} days ({', '.join(new_days)}) to {root} "
+              f"in {time.time() - t0:.1f}s; it now has {len(meta['days'])} days")
+        print("joins: " + ", ".join(f"{k} {v}" for k, v in joins.items()))
+        for f in V.ID_FEATURES:
+            print(f"ids {f}: table {old['sparse'][f]['vocab']} -> {sparse[f]['vocab']} rows")
+    return meta
+
+
+def _check_appendable(meta_path: str, old: dict, base: dict, src: dict) -> None:
+    """The data set was written by this converter's format and its vocabularies match meta.json."""
+    want = {"sparse": {c: c in S.SPARSE_MULTI for c in S.SPARSE_FEATURES}, "dense": list(S.DENSE_FEATURES),
+            "tasks": list(S.TASKS)}
+    have = {"sparse": {c: spec.get("multi") for c, spec in old["sparse"].items()}, "dense": old["dense"],
+            "tasks": old["tasks"]}
+    for k in want:
+        if have[k] != want[k]:
+            raise data_error(meta_path, k, f"{have[k]} differs from what this converter writes ({want[k]}): "
+                                           "convert the data set again instead of appending to it")
+    for f in V.ID_FEATURES:
+        if V.table_rows(base[f]) != old["sparse"][f]["vocab"]:
+            raise data_error(V.vocab_path(os.path.dirname(meta_path), f), None,
+                             f"{V.table_rows(base[f])} rows but meta.json's sparse.{f}.vocab is "
+                             f"{old['sparse'][f]['vocab']}")
+    strings = src.get("string_vocabs") or {}
+    for c in S.STRING_SPARSE:
+        if not isinstance(strings.get(c), list) or len(strings[c]) + 1 != old["sparse"][c]["vocab"]:
+            raise data_error(meta_path, f"source.string_vocabs.{c}", "missing or inconsistent with "
+                                                                     f"sparse.{c}.vocab: cannot keep its codes")
+
+
+def _merge_vocab(path: str, base: pl.DataFrame, old_ids: dict, new_cov: dict, min_count: int) -> dict:
+    """Rewrites the staged vocabulary at ``path`` with counts over every day (the data set's plus the
+    new days'), checks that every existing id kept its row, and returns the feature's ``ids`` entry.
+    Out-of-vocabulary ids are not stored, so an id below ``min_count`` on several conversions counts
+    once per conversion in ``oov_ids`` (exact with ``min_count`` 1, where there are none)."""
+    staged = pl.read_parquet(path)
+    merged = (staged.join(base.select("raw_id", pl.col("count").alias("_old")), on="raw_id", how="left")
+              .with_columns((pl.col("count") + pl.col("_old").fill_null(0)).alias("count"))
+              .select("raw_id", "row", "count").sort("row"))
+    top = int(base["row"].max()) if base.height else V.FIRST_ROW - 1
+    kept = merged.filter(pl.col("row") <= top).select("raw_id", "row")
+    if not kept.equals(base.select("raw_id", "row").sort("row")):  # build_vocab guarantees it
+        raise data_error(path, "row", "an existing id would change its row")
+    merged.write_parquet(path)
+    present = merged.filter(pl.col("count") > 0).height
+    oov_ids = int(old_ids.get("oov_ids", 0)) + int(new_cov["oov_ids"])
+    distinct = present + oov_ids
+    return {"distinct_raw_ids": distinct, "distinct_rows": present + (1 if oov_ids else 0), "oov_ids": oov_ids,
+            "oov_impressions": int(old_ids.get("oov_impressions", 0)) + int(new_cov["oov_impressions"]),
+            "collision_rate": (oov_ids if oov_ids > 1 else 0) / distinct if distinct else 0.0,
+            "table_rows": V.table_rows(merged), "min_count": min_count}
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit_meta(staged: str, meta_path: str) -> None:
+    """The commit point of an append (a function of its own so that tests can fail it)."""
+    os.replace(staged, meta_path)
+
+
+def _publish(stage: str, token: str, moves, meta_path: str) -> None:
+    backup = os.path.join(stage, "backup")
+    os.mkdir(backup)
+    entries = [{"src": a, "dst": b, "existed": os.path.exists(b), "backup": os.path.join(backup, str(i))}
+               for i, (a, b) in enumerate(moves)]
+    tmp = os.path.join(stage, _MANIFEST + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump({"token": token, "entries": entries}, fh, indent=1)
+    _fsync(tmp)
+    os.replace(tmp, os.path.join(stage, _MANIFEST))
+    for e in entries:  # every backup before the first move: a rollback finds one for each replaced file
+        if e["existed"]:
+            try:
+                os.link(e["dst"], e["backup"])
+            except OSError:
+                shutil.copy2(e["dst"], e["backup"])
+    staged_meta = os.path.join(stage, "meta.json")
+    for path in [e["src"] for e in entries] + [staged_meta]:
+        _fsync(path)
+    for e in entries:
+        os.replace(e["src"], e["dst"])
+    _commit_meta(staged_meta, meta_path)
+    try:
+        _fsync(os.path.dirname(meta_path))
+    except OSError:
+        pass
+
+
+def _rollback(stage: str) -> None:
+    """Undo the moves an uncommitted append made (from its manifest; none made: nothing to undo)."""
+    path = os.path.join(stage, _MANIFEST)
+    if not os.path.isfile(path):
+        return
+    with open(path) as fh:
+        entries = json.load(fh)["entries"]
+    for e in reversed(entries):
+        if e["existed"]:
+            if os.path.exists(e["backup"]):
+                os.replace(e["backup"], e["dst"])
+        elif os.path.exists(e["dst"]):
+            os.remove(e["dst"])
+
+
+def recover_appends(root: str) -> list[str]:
+    """Clean up after appends to ``root`` that were killed: a stage whose token meta.json records
+    (committed) is removed, any other is rolled back first. Call with the lock held; returns the
+    stage names handled. An unreadable meta.json is left for the caller to report."""
+    try:
+        with open(os.path.join(root, "meta.json")) as fh:
+            appended = ((json.load(fh).get("source") or {}).get("appended") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    tokens = {r.get("token") for r in appended if isinstance(r, dict)}
+    done = []
+    for name in sorted(os.listdir(root)):
+        stage = os.path.join(root, name)
+        if not (name.startswith(APPEND_STAGE_PREFIX) and os.path.isdir(stage)):
+            continue
+        if name not in tokens:
+            _rollback(stage)
+        shutil.rmtree(stage, ignore_errors=True)
+        done.append(name)
+    return done
+
+
 def _parse_min_count_args(items) -> dict:
     out = {}
     for it in items or []:
@@ -380,7 +644,11 @@ def main(argv=None) -> int:
     ap.add_argument("--log", required=True, nargs="+", help="log CSV file(s) or glob(s)")
     ap.add_argument("--users", required=True)
     ap.add_argument("--videos", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the processed data set to write (a new directory; see --overwrite)")
+    ap.add_argument("--append-to", metavar="ROOT",
+                    help="instead of --out: add the log's days to the processed data set ROOT in place (old day "
+                         "files untouched, ids keep their rows, new ids appended; a day ROOT already has, or one "
+                         "before its last day, is refused)")
     ap.add_argument("--min-count", action="append", default=[], metavar="NAME=INT",
                     help="impressions an id needs for an embedding row of its own; rarer ids share the "
                          f"out-of-vocabulary row (default 1 for each of {', '.join(V.ID_FEATURES)})")
@@ -392,6 +660,20 @@ def main(argv=None) -> int:
     ap.add_argument("--max-conflicting-duplicates", type=int, default=0, metavar="N",
                     help="ids a feature file may repeat with conflicting values (default 0)")
     args = ap.parse_args(argv)
+    if (args.out is None) == (args.append_to is None):
+        ap.error("give exactly one of --out and --append-to")
+    if args.append_to is not None:
+        if args.min_count or args.extend_vocab or args.overwrite:
+            ap.error("--append-to keeps the data set's vocabularies and min_count: --min-count, --extend-vocab "
+                     "and --overwrite do not apply")
+        try:
+            append_days(args.log, args.users, args.videos, args.append_to, verbose=True,
+                        max_unmatched_fraction=args.max_unmatched,
+                        max_conflicting_duplicates=args.max_conflicting_duplicates)
+        except DataError as e:
+            print(f"ERROR: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         convert(args.log, args.users, args.videos, args.out, _parse_min_count_args(args.min_count),
                 overwrite=args.overwrite, verbose=True, max_unmatched_fraction=args.max_unmatched,

@@ -7,7 +7,9 @@ Writes into ``out_dir``:
   the true probabilities on the realized labels (the Bayes floor) per day and task
 - ``generator_config.json``: the config used
 
-Ground truth (all numpy, one ``np.random.Generator`` seeded by ``config.seed``):
+Ground truth (all numpy, one ``np.random.Generator`` seeded by ``config.seed``, consumed day by
+day, so the first N days are the same whatever ``days`` is; the users' unused ``onehot_feat*``
+columns come from a second stream seeded by ``(seed, 1)``):
 Zipf user activity and item popularity; user / item / author / tag latent factors whose
 task-weighted dot products drive the logits; categorical side effects (active degree, the
 ``*_range`` buckets, video type, upload type, tab, hour); dense effects (duration, video age,
@@ -15,7 +17,10 @@ aspect ratio, flags); per-day drift of item factors and task biases; contributio
 1 - prod(1 - p_k) over independent comment / forward / follow components. Task biases are
 calibrated by bisection on day 0 to the target positive rates.
 
-CLI: ``python -m data_tools.generate --out DIR [--seed N --n-users N ...]``
+CLI: ``python -m data_tools.generate --out DIR [--seed N --n-users N ...]``; or
+``python -m data_tools.generate --append-to ROOT [--days N]``: the next N (default 1) days of the
+processed synthetic data set ROOT (built by ``ensure_dataset``), from the same ground truth with
+the drift continued, converted into ROOT in place (``data_tools.prepare.append_synthetic_days``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import datetime as dt
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -274,9 +280,17 @@ def _diurnal(rng, n):
 
 
 def generate(config: GeneratorConfig | dict | None = None, out_dir: str = ".", *,
-             verbose: bool = False) -> dict:
-    """Write the synthetic raw data set into ``out_dir``; return the oracle dict."""
+             verbose: bool = False, from_day: int = 0) -> dict:
+    """Write the synthetic raw data set into ``out_dir``; return the oracle dict.
+
+    Prefix-stable in ``days``: the first N days (log rows and oracle) and the user and video files
+    are the same whatever ``days`` is (only generator_config.json differs), so a data set can grow by
+    generating with more days (``data_tools.prepare.append_synthetic_days``). ``from_day``: days
+    before it are simulated (the random stream is consumed exactly as in a full run) but left out
+    of the log and the oracle; the user and video files are written in full."""
     cfg = config if isinstance(config, GeneratorConfig) else GeneratorConfig.from_dict(config)
+    if isinstance(from_day, bool) or not isinstance(from_day, int) or not 0 <= from_day < cfg.days:
+        raise DataError(f"generate: from_day must be an int in [0, days={cfg.days}), got {from_day!r}")
     t0 = time.time()
     rng = np.random.default_rng(cfg.seed)
     w = _build_world(cfg, rng)
@@ -375,7 +389,7 @@ def generate(config: GeneratorConfig | dict | None = None, out_dir: str = ".", *
         frac = np.where(long_view == 1, rng.uniform(0.9, 2.5, n), rng.uniform(0.0, 0.9, n))
         play = np.round(dur * frac).astype(np.int64)
         is_profile_enter = ((rng.random(n) < 0.02) | (is_follow == 1)).astype(np.int64)
-        logs.append(pl.DataFrame({
+        day_log = pl.DataFrame({
             "user_id": u.astype(np.int64),
             "video_id": v.astype(np.int64),
             "date": np.full(n, date_int, dtype=np.int64),
@@ -398,7 +412,11 @@ def generate(config: GeneratorConfig | dict | None = None, out_dir: str = ".", *
             "oracle_contribution": probs["contribution"],
             "oracle_like": probs["like"],
             "oracle_long_dwell": probs["long_dwell"],
-        }))
+        })
+        if day < from_day:
+            del oracle[str(date_int)]
+        else:
+            logs.append(day_log)
 
     os.makedirs(out_dir, exist_ok=True)
     log = pl.concat(logs)
@@ -413,8 +431,11 @@ def generate(config: GeneratorConfig | dict | None = None, out_dir: str = ".", *
     for k in _RANGES:
         users[k] = w["counts"][k]
         users[f"{k}_range"] = w["ranges"][k]
+    # A stream of their own (not the main one after the day loop), so that the user file does not
+    # depend on the number of days.
+    onehot_rng = np.random.default_rng([cfg.seed, 1])
     for i in range(18):
-        users[f"onehot_feat{i}"] = rng.integers(0, 2 if i == 0 else 8 + 4 * i, cfg.n_users)
+        users[f"onehot_feat{i}"] = onehot_rng.integers(0, 2 if i == 0 else 8 + 4 * i, cfg.n_users)
     udf = pl.DataFrame({c: users[c] for c in USER_COLUMNS},
                        schema_overrides={c: USER_COLUMNS[c] for c in USER_COLUMNS})
     udf.write_csv(os.path.join(out_dir, USER_FILE))
@@ -449,20 +470,41 @@ def generate(config: GeneratorConfig | dict | None = None, out_dir: str = ".", *
     with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
         json.dump(cfg.to_dict(), f, indent=1)
     if verbose:
-        print(f"generated {cfg.days * n} impressions into {out_dir} in {time.time() - t0:.1f}s")
+        print(f"generated {(cfg.days - from_day) * n} impressions into {out_dir} in {time.time() - t0:.1f}s")
     return oracle
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    for f in dataclasses.fields(GeneratorConfig):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    target = ap.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", help="write a new raw data set (CSVs + oracle.json) into this directory")
+    target.add_argument("--append-to", metavar="ROOT",
+                        help="a processed synthetic data set: append its next --days days (default 1) in place")
+    fields = dataclasses.fields(GeneratorConfig)
+    for f in fields:
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
+                        help=f"default {f.default}" + (" (with --append-to: days to append, default 1)"
+                                                       if f.name == "days" else ""))
     args = ap.parse_args(argv)
-    cfg = GeneratorConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(GeneratorConfig)})
+    given = {f.name: getattr(args, f.name) for f in fields if getattr(args, f.name) is not None}
+    if args.append_to is not None:
+        other = sorted(k for k in given if k != "days")
+        if other:
+            ap.error(f"--append-to uses the data set's own generator config; "
+                     f"--{other[0].replace('_', '-')} cannot be given with it")
+        from data_tools.prepare import append_synthetic_days  # prepare imports this module
+        try:
+            new = append_synthetic_days(args.append_to, given.get("days", 1))
+        except DataError as e:
+            print(f"ERROR: {e}", file=sys.stderr)
+            return 2
+        print(f"appended {len(new)} day(s) to {args.append_to}: {', '.join(new)}")
+        return 0
+    cfg = GeneratorConfig(**given)
     oracle = generate(cfg, args.out, verbose=True)
     print(json.dumps(oracle, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
