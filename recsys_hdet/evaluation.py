@@ -27,7 +27,8 @@ import polars as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.dataloader import LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, split_days
+from recsys_hdet.components.dataloader import (LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, RowHoldout,
+                                              split_for)
 from recsys_hdet.components.metrics import oracle_metrics, read_json, read_jsonl, task_metrics
 
 PRED_PREFIX = "pred_"
@@ -88,8 +89,10 @@ def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Opti
         raise EvaluationError(f"{os.path.join(root, 'meta.json')}: the run's data set is not there "
                               "(pass data_root=DIR)")
     meta = DatasetMeta.load(root)
-    train_days, eval_days = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"),
-                                       int(cfg.data.get("skip_days", 0)))
+    try:
+        train_days, eval_days = split_for(meta, cfg.data)
+    except ValueError as e:
+        raise EvaluationError(f"{cfg_path}: {e}") from None
     if days:
         unknown = [str(d) for d in days if str(d) not in meta.days]
         if unknown:
@@ -143,7 +146,8 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
             raise RuntimeError(f"{checkpoint}/meta.json: no dense_normalization (a checkpoint from before the "
                                "format-2 data sets): retrain the run")
         stream = ParquetBatchStream(meta, days, batch_size, pgs.layout.rank, world, 0,
-                                    shuffle_within_day=False, pad_last=True, normalization=normalization)
+                                    shuffle_within_day=False, pad_last=True, normalization=normalization,
+                                    holdout=RowHoldout.from_config(cfg.data), part="holdout")
         local: List[torch.Tensor] = []
         with torch.no_grad():
             for batch in stream:  # global batch b, rank r: rows [b*G + r*B, b*G + (r+1)*B) of the day
@@ -158,7 +162,7 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
             parts, b = [], 0
             for day in days:
                 n = stream.batches_in_day(day)
-                rows = int(meta.days[day]["rows"])
+                rows = stream.rows_in_day(day)
                 parts.append(per_batch[b:b + n].reshape(-1, per_batch.shape[-1])[:rows])
                 b += n
             np.save(out_path, torch.cat(parts).numpy())
@@ -168,14 +172,16 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
         dist.destroy_process_group()
 
 
-def score_run(run: RunInfo, batch_size: int = 4096, nproc: int = 1) -> np.ndarray:
-    """Predicted probabilities [rows, tasks] for ``run.eval_days``, in the days' file order."""
+def score_run(run: RunInfo, batch_size: int = 4096, nproc: int = 1, scratch: Optional[str] = None) -> np.ndarray:
+    """Predicted probabilities [rows, tasks] for ``run.eval_days``, in the days' file order (with a
+    ``data.holdout``, of their held-out rows). ``scratch``: where the workers' temporary output goes
+    (default: the run directory; pass another for a run directory that must stay untouched)."""
     from recsys_hdet.distributed import launch
 
     cfg_dict = OmegaConf.to_container(run.cfg, resolve=True)
     cfg_dict["data"]["root"] = run.meta.root  # type: ignore[index]
     temperature = final_temperature(run.run_dir, float(run.cfg.model.attention_temperature))
-    with tempfile.TemporaryDirectory(dir=run.run_dir, prefix=".eval-") as tmp:
+    with tempfile.TemporaryDirectory(dir=scratch or run.run_dir, prefix=".eval-") as tmp:
         out_path = os.path.join(tmp, "probs.npy")
         code = launch(_score_worker, (cfg_dict, run.checkpoint, run.eval_days, batch_size, temperature, out_path), nproc)
         if code != 0 or not os.path.isfile(out_path):
@@ -232,11 +238,14 @@ def predictions_frame(run: RunInfo, probs: np.ndarray) -> pl.DataFrame:
     cols = ["date", "time_ms", "user_id_raw", "video_id_raw", "user_active_degree", "tab"] + \
         [LABEL_PREFIX + t for t in tasks] + oracle
     frames, with_rand = [], False
+    holdout = RowHoldout.from_config(run.cfg.data)
     for d in run.eval_days:
         # is_rand is kept (Int8) where the day file has it; a day without it gets nulls: no information.
         has_rand = RAND_COLUMN in pl.read_parquet_schema(run.meta.day_path(d))
         with_rand |= has_rand
         frame = pl.read_parquet(run.meta.day_path(d), columns=cols + ([RAND_COLUMN] if has_rand else []))
+        if holdout is not None:  # the rows the run held out (and scored), as the loader picks them
+            frame = frame.filter(pl.Series(holdout.mask(d, frame.height)))
         frames.append(frame.with_columns(
             (pl.col(RAND_COLUMN) if has_rand else pl.lit(None)).cast(pl.Int8).alias(RAND_COLUMN)))
     df = pl.concat(frames)
@@ -312,8 +321,9 @@ def random_exposure_slice(df: pl.DataFrame, tasks: Sequence[str], metrics_for) -
 def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int = 1) -> Dict[str, Any]:
     """eval.json's metrics from a predictions table (see :func:`predictions_frame`)."""
     def metrics_for(frame: pl.DataFrame) -> Dict[str, Dict[str, float]]:
-        return {t: task_metrics(torch.from_numpy(frame[PRED_PREFIX + t].to_numpy()),
-                                torch.from_numpy(frame[LABEL_PREFIX + t].to_numpy())) for t in tasks}
+        # torch.tensor copies: a filtered frame's numpy view can be read-only
+        return {t: task_metrics(torch.tensor(frame[PRED_PREFIX + t].to_numpy()),
+                                torch.tensor(frame[LABEL_PREFIX + t].to_numpy())) for t in tasks}
 
     out: Dict[str, Any] = {"rows": df.height, "eval": metrics_for(df)}
     if all(ORACLE_PREFIX + t in df.columns for t in tasks):

@@ -65,14 +65,14 @@ def prepare_data(cfg: DictConfig) -> str:
 
 def _check_days_and_steps(cfg: DictConfig, root: str) -> None:
     """The day split and the pass length, checked before workers start (same arithmetic as theirs)."""
-    from recsys_hdet.components.dataloader import DatasetMeta, day_rows, split_days
+    from recsys_hdet.components.dataloader import DatasetMeta, RowHoldout, day_rows, split_for
 
     meta = DatasetMeta.load(root)
     exposure = str(cfg.data.get("train_exposure", "all"))
     try:
-        train_days, _ = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"),
-                                   int(cfg.data.get("skip_days", 0)))
-        per_day = day_rows(meta, train_days, exposure)  # "standard": the rows without random exposure
+        train_days, _ = split_for(meta, cfg.data)
+        # "standard": the rows without random exposure; data.holdout: the rows not held out
+        per_day = day_rows(meta, train_days, exposure, RowHoldout.from_config(cfg.data))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     from recsys_hdet.config import probe_rows

@@ -178,3 +178,46 @@ def test_dense_inputs_are_standardized_with_the_training_days_only(tiny_dataset)
     assert raw[name].null_count() > 0
     i = meta.dense.index(name)
     assert (x[:, i][torch.from_numpy(raw[name].is_null().to_numpy())] == 0).all()
+
+
+def test_row_holdout_is_never_trained_on_and_is_what_evaluation_scores(tiny_dataset):
+    """data.holdout: a fixed slice of every day, chosen by file position, never in a training
+    stream (any layout), and exactly the rows a part="holdout" stream reads."""
+    from recsys_hdet.components.dataloader import RowHoldout
+
+    meta = DatasetMeta.load(tiny_dataset)
+    holdout = RowHoldout(0.1, seed=3)
+    day = list(meta.days)[-1]
+    rows = int(meta.days[day]["rows"])
+    mask = holdout.mask(day, rows)
+    assert 0.07 < mask.mean() < 0.13
+    assert np.array_equal(mask, RowHoldout(0.1, seed=3).mask(day, rows))  # fixed
+    assert not np.array_equal(mask, RowHoldout(0.1, seed=4).mask(day, rows))
+    # Rows are identified by (time, user, video): unique in the tiny data set (checked).
+    ids = ["time_ms", "user_id_raw", "video_id_raw"]
+    keys = lambda b: list(zip(*(b.extras[c][b.mask].tolist() for c in ids)))
+    file_keys = list(pl.read_parquet(meta.day_path(day), columns=ids).iter_rows())
+    assert len(set(file_keys)) == rows
+    held_keys = {k for k, h in zip(file_keys, mask) if h}
+    seen = []
+    for rank in range(2):
+        train = ParquetBatchStream(meta, [day], 32, rank, 2, seed=5, shuffle_within_day=True, holdout=holdout,
+                                   extras=ids)
+        for b in train:
+            seen += keys(b)
+    assert len(seen) > 0.8 * rows and not (set(seen) & held_keys)
+    assert train.rows_in_day(day) == rows - int(mask.sum())
+    evaluated = ParquetBatchStream(meta, [day], 50, 0, 1, seed=0, shuffle_within_day=False, pad_last=True,
+                                   holdout=holdout, part="holdout", extras=ids)
+    assert [k for b in evaluated for k in keys(b)] == [k for k, h in zip(file_keys, mask) if h]
+
+
+def test_split_days_until_and_holdout(tiny_dataset):
+    meta = DatasetMeta.load(tiny_dataset)
+    days = list(meta.days)
+    assert split_days(meta, 1, until=days[1]) == (days[:1], [days[1]])
+    # With a row holdout the evaluated day is a training day too (its other rows).
+    assert split_days(meta, 1, until=days[1], holdout=True) == (days[:2], [days[1]])
+    assert split_days(meta, 1, skip_days=1, train_days=1, until=days[1], holdout=True) == ([days[1]], [days[1]])
+    with pytest.raises(ValueError, match="data.until=20990101"):
+        split_days(meta, 1, until="20990101")

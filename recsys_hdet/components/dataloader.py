@@ -20,6 +20,11 @@ Design:
   day's row count, batches and reserved rows are those of its standard rows. ``is_rand`` is read
   only then (never a model input); a day file without the column is refused, naming it.
 
+- ``holdout`` (:class:`RowHoldout`): a fixed random slice of every day's rows (drawn per day from a
+  seed, by position in the day file, before anything else) that training never reads; a stream
+  with ``part="holdout"`` reads only that slice (the retraining gate scores it). The slice is
+  chosen in file order, so it is the same whatever the layout, batch size or shuffling.
+
 - Dense inputs are standardized by :class:`DenseNormalization`: the mean and standard deviation
   of each dense feature over the *training* days only (from the per-day statistics the converter
   stores in meta.json), so no held-out day leaks into the inputs; a missing value (null in the
@@ -96,6 +101,35 @@ class DatasetMeta:
 
 
 @dataclass(frozen=True)
+class RowHoldout:
+    """A fixed slice of every day's rows never trained on: row i of day d (file order) is held out
+    when the generator seeded by ``(seed, d)`` draws ``u_i < fraction``. Independent of the layout,
+    batch size, shuffling and of the other days, so a day's slice never changes as days arrive."""
+
+    fraction: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fraction < 1.0:
+            raise ValueError(f"data.holdout.fraction={self.fraction}: must be in (0, 1) (0 turns the holdout off)")
+
+    def mask(self, day: str, rows: int) -> np.ndarray:
+        """True for the held-out rows of ``day`` (``rows``: the day file's row count)."""
+        return np.random.default_rng([int(self.seed), int(day), 0x401D]).random(rows) < self.fraction
+
+    @classmethod
+    def from_config(cls, data_cfg) -> Optional["RowHoldout"]:
+        """``data.holdout`` of a run's config: None when absent or its fraction is 0."""
+        h = data_cfg.get("holdout") if data_cfg is not None else None
+        if not h or not float(h.get("fraction") or 0.0):
+            return None
+        return cls(float(h["fraction"]), int(h.get("seed") or 0))
+
+
+STREAM_PARTS = ("train", "holdout")  # which rows a stream reads when a RowHoldout is set
+
+
+@dataclass(frozen=True)
 class DenseNormalization:
     """Per dense feature: ``(x - mean) / std`` with the statistics of ``days``; missing -> 0."""
 
@@ -162,29 +196,53 @@ def require_rand_column(meta: DatasetMeta, days: Sequence[str]) -> None:
             )
 
 
-def day_rows(meta: DatasetMeta, days: Sequence[str], exposure: str = "all") -> Dict[str, int]:
+def day_rows(meta: DatasetMeta, days: Sequence[str], exposure: str = "all", holdout: Optional[RowHoldout] = None,
+             part: str = "train") -> Dict[str, int]:
     """Rows per day the stream reads: every row (``"all"``, from meta.json), or the standard-exposure
-    ones (``"standard"``: counted from the files' ``is_rand`` column, the only column read)."""
+    ones (``"standard"``: counted from the files' ``is_rand`` column, the only column read); with a
+    ``holdout``, only the rows of ``part`` ("train": not held out, "holdout": held out)."""
     if exposure not in TRAIN_EXPOSURES:
         raise ValueError(f"exposure={exposure!r}: one of {TRAIN_EXPOSURES}")
-    if exposure == "all":
-        return {d: int(meta.days[d]["rows"]) for d in days}
-    require_rand_column(meta, days)
-    return {d: int(pl.scan_parquet(meta.day_path(d)).select(_standard_rows.sum()).collect().item()) for d in days}
+    if part not in STREAM_PARTS:
+        raise ValueError(f"part={part!r}: one of {STREAM_PARTS}")
+    if exposure == "standard":
+        require_rand_column(meta, days)
+    out = {}
+    for d in days:
+        total = int(meta.days[d]["rows"])
+        keep = _part_mask(holdout, part, d, total)
+        if exposure == "all":
+            out[d] = int(keep.sum()) if keep is not None else total
+        else:
+            standard = pl.read_parquet(meta.day_path(d), columns=[RAND_COLUMN]).select(_standard_rows).to_series()
+            standard = standard.to_numpy()
+            out[d] = int((standard & keep).sum()) if keep is not None else int(standard.sum())
+    return out
+
+
+def _part_mask(holdout: Optional[RowHoldout], part: str, day: str, rows: int) -> Optional[np.ndarray]:
+    """Rows of the day file the stream's ``part`` keeps (None: every row)."""
+    if holdout is None:
+        return None
+    held = holdout.mask(day, rows)
+    return held if part == "holdout" else ~held
 
 
 class _DayArrays:
     """A day's rows as contiguous tensors, in stream order."""
 
     def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str],
-                 drop_random: bool = False, normalization: Optional[DenseNormalization] = None) -> None:
+                 drop_random: bool = False, normalization: Optional[DenseNormalization] = None,
+                 keep: Optional[np.ndarray] = None) -> None:
         label_cols = [LABEL_PREFIX + t for t in meta.tasks]
         columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
+        df = pl.read_parquet(meta.day_path(day), columns=columns + ([RAND_COLUMN] if drop_random else []))
+        if keep is not None:  # the holdout's part, by position in the file: before anything else
+            if len(keep) != df.height:
+                raise ValueError(f"{meta.day_path(day)}: {df.height} rows, meta.json says {len(keep)}")
+            df = df.filter(pl.Series(keep))
         if drop_random:
-            df = pl.read_parquet(meta.day_path(day), columns=columns + [RAND_COLUMN])
             df = df.filter(_standard_rows).drop(RAND_COLUMN)
-        else:
-            df = pl.read_parquet(meta.day_path(day), columns=columns)
         if shuffle:
             rng = np.random.default_rng([seed, int(day)])
             df = df[rng.permutation(df.height)]
@@ -223,13 +281,18 @@ class ParquetBatchStream:
         reserve_rows: int = 0,
         exposure: str = "all",
         normalization: Optional[DenseNormalization] = None,
+        holdout: Optional[RowHoldout] = None,
+        part: str = "train",
     ) -> None:
         self.meta = meta
         if normalization is not None:
             normalization.check(meta)
         self.normalization = normalization  # None: raw values, missing -> 0 (tests and tools only)
         self.exposure = exposure
-        self._rows = day_rows(meta, days, exposure)  # validates exposure (and the column it needs)
+        self.holdout = holdout
+        self.part = part
+        # validates exposure and part (and the column "standard" needs)
+        self._rows = day_rows(meta, days, exposure, holdout, part)
         self.reserve_rows = reserve_rows
         self._arrays: Optional[_DayArrays] = None  # the day being read (for its reserved rows)
         self.days = list(days)
@@ -247,7 +310,7 @@ class ParquetBatchStream:
     def rows_in_day(self, day: str) -> int:
         """The day's rows this stream reads (its standard-exposure rows under ``exposure="standard"``)."""
         if day not in self._rows:
-            self._rows.update(day_rows(self.meta, [day], self.exposure))
+            self._rows.update(day_rows(self.meta, [day], self.exposure, self.holdout, self.part))
         return self._rows[day]
 
     def batches_in_day(self, day: str) -> int:
@@ -276,9 +339,10 @@ class ParquetBatchStream:
             day = self.days[self._day_index]
             n_batches = self.batches_in_day(day)
             if self._batch_index < n_batches:
+                keep = _part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"]))
                 arrays = self._arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
                                                    drop_random=self.exposure == "standard",
-                                                   normalization=self.normalization)
+                                                   normalization=self.normalization, keep=keep)
                 while self._batch_index < n_batches:
                     batch = self._make_batch(arrays, self._batch_index)
                     self._batch_index += 1
@@ -336,18 +400,35 @@ class ParquetBatchStream:
 
 
 def split_days(
-    meta: DatasetMeta, eval_days: int, train_days: Optional[int] = None, skip_days: int = 0
+    meta: DatasetMeta, eval_days: int, train_days: Optional[int] = None, skip_days: int = 0,
+    until: Optional[str] = None, holdout: bool = False,
 ) -> tuple[List[str], List[str]]:
     """The held-out days are the last ``eval_days``; training days are the ones before them, after
     skipping the first ``skip_days`` (e.g. days a warm-start checkpoint was trained on), at most
-    ``train_days`` of them."""
+    ``train_days`` of them. ``until`` (a day): the data set as it was that day; later days are
+    ignored (a backfill trains as if they had not arrived). ``holdout`` (rows are held out, see
+    :class:`RowHoldout`): the evaluated days are scored on their held-out slice only, so they are
+    training days too (their other rows): training days run from ``skip_days`` to the last day."""
     days = list(meta.days)
-    if eval_days < 1 or eval_days + skip_days >= len(days):
+    if until is not None:
+        if str(until) not in meta.days:
+            raise ValueError(f"data.until={until}: not a day of the data set at {meta.root} (days {days[0]}.."
+                             f"{days[-1]})")
+        days = days[: days.index(str(until)) + 1]
+    needed = max(eval_days, skip_days + 1) if holdout else eval_days + skip_days + 1
+    if eval_days < 1 or needed > len(days):
         raise ValueError(
             f"data.eval_days={eval_days}, data.skip_days={skip_days}: the data set at {meta.root} has "
-            f"{len(days)} days; need at least one training day and one held-out day"
+            f"{len(days)} days{f' up to {until}' if until else ''}; need at least one training day and one "
+            f"held-out day"
         )
-    train = days[skip_days : len(days) - eval_days]
+    train = days[skip_days:] if holdout else days[skip_days : len(days) - eval_days]
     if train_days is not None:
         train = train[:train_days]
     return train, days[len(days) - eval_days :]
+
+
+def split_for(meta: DatasetMeta, data_cfg) -> tuple[List[str], List[str]]:
+    """:func:`split_days` with a run's ``data`` config."""
+    return split_days(meta, int(data_cfg.eval_days), data_cfg.get("train_days"), int(data_cfg.get("skip_days", 0)),
+                      data_cfg.get("until"), RowHoldout.from_config(data_cfg) is not None)
