@@ -75,6 +75,13 @@ def validate_config(cfg: DictConfig) -> None:
         _require(isinstance(w, (int, float)) and w >= 0 and math.isfinite(w), f"tasks.{task}.weight", w,
                  "must be a finite number >= 0")
     _require(sum(float(s.weight) for s in cfg.tasks.values()) > 0, "tasks", "all weights 0", "some task needs a weight > 0")
+    holdout = cfg.data.get("holdout") or {}
+    fraction = holdout.get("fraction", 0.0)
+    _require(isinstance(fraction, (int, float)) and 0.0 <= float(fraction) < 1.0, "data.holdout.fraction", fraction,
+             "must be a number in [0, 1)")
+    until = cfg.data.get("until")
+    _require(until is None or (len(str(until)) == 8 and str(until).isdigit()), "data.until", until,
+             "must be null or a day YYYYMMDD")
     s = cfg.optim.schedule
     _require(s.name == "one_cycle", "optim.schedule.name", s.name, "only 'one_cycle' is implemented")
     _require(0.0 < float(s.pct_start) < 1.0, "optim.schedule.pct_start", s.pct_start, "must be in (0, 1)")
@@ -94,6 +101,9 @@ def validate_config(cfg: DictConfig) -> None:
                  "'train', 'serving' or 'probe'")
         if h.get("signal") == "probe":
             _positive_int(cfg, "hdet.probe_rows")
+            mix = h.get("probe_mix", 1.0)
+            _require(mix == "replicas" or (isinstance(mix, (int, float)) and 0.0 < float(mix) <= 1.0),
+                     "hdet.probe_mix", mix, "'replicas' or a number in (0, 1]")
         from recsys_hdet.components.hparam_bindings import EXPLORABLE
 
         explore = h.get("explore") or {}

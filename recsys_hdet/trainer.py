@@ -21,14 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from recsys_hdet.components.checkpoint import CheckpointManager, load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams, set_temperature
 from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, DenseNormalization, ParquetBatchStream,
-                                              model_inputs, split_days)
+                                              RowHoldout, model_inputs, split_for)
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
 from recsys_hdet.components.metrics import (MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, truncate_jsonl,
                                            write_json_atomic)
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
-from recsys_hdet.components.replicas import ReplicaAverager
+from recsys_hdet.components.replicas import ReplicaAverager, mixed_replica_loss
 from recsys_hdet.components.tensorboard import build_tensorboard
 from recsys_hdet.config import probe_rows
 from recsys_hdet.distributed import ProcessGroups, shard_model
@@ -97,8 +97,10 @@ class Trainer:
     def run(self) -> int:
         cfg = self.cfg
         meta = DatasetMeta.load(cfg.data.root)
-        train_days, eval_days = split_days(meta, int(cfg.data.eval_days), cfg.data.get("train_days"),
-                                           int(cfg.data.get("skip_days", 0)))
+        train_days, eval_days = split_for(meta, cfg.data)
+        # data.holdout: a fixed slice of every day never trained on; the held-out metrics score the
+        # slice of the evaluated days (otherwise whole days are held out).
+        self.holdout = RowHoldout.from_config(cfg.data)
         # Dense inputs standardized with the training days' statistics; a warm start keeps the
         # normalization its weights were trained with.
         warm = cfg.trainer.get("warm_start")
@@ -108,6 +110,7 @@ class Trainer:
             meta, train_days, int(cfg.data.batch_size), self.rank, self.world, int(cfg.seed),
             shuffle_within_day=bool(cfg.data.shuffle_within_day), reserve_rows=probe_rows(cfg),
             exposure=str(cfg.data.get("train_exposure", "all")), normalization=self.normalization,
+            holdout=self.holdout,
         )
         total_steps = len(train_stream)
         train_rows = sum(train_stream.rows_in_day(d) for d in train_days)
@@ -116,7 +119,11 @@ class Trainer:
                 f"data: {train_rows} training rows cannot fill one global "
                 f"batch of {train_stream.examples_per_step} (data.batch_size x trainer.nproc)"
             )
-        if train_stream.exposure == "standard":
+        if self.holdout is not None:
+            self.log(f"data.holdout: {sum(int(meta.days[d]['rows']) for d in train_days) - train_rows} rows of the "
+                     f"training days are held out (fraction {self.holdout.fraction}, seed {self.holdout.seed}); "
+                     f"held-out metrics score that slice of {eval_days}")
+        elif train_stream.exposure == "standard":
             all_rows = sum(int(meta.days[d]["rows"]) for d in train_days)
             self.log(f"data.train_exposure=standard: {all_rows - train_rows} random-exposure rows (is_rand = 1) of "
                      f"{all_rows} in the training days are not trained on")
@@ -238,9 +245,15 @@ class Trainer:
         probe = None
         if stream.reserve_rows:
             batch = int(cfg.trainer.eval_batch_size)
-            probe = lambda: self._probe_loss(model, stream.reserved_batches(batch))
+            mix = h.get("probe_mix", 1.0)
+            dense_mix = 1.0 / layout.world_size if mix == "replicas" else float(mix)
+            emb_mix = 1.0 / layout.replicas if mix == "replicas" else float(mix)
+            score = lambda: self._probe_loss(model, stream.reserved_batches(batch))
+            probe = score if dense_mix == emb_mix == 1.0 else (
+                lambda: mixed_replica_loss(averager, score, dense_mix, emb_mix))
             self.log(f"HDET signal: every replica scores the same {stream.reserve_rows} rows reserved from each "
-                     "training day, at each sync")
+                     f"training day, at each sync (as avg + c (own - avg): c = {dense_mix:g} dense, "
+                     f"{emb_mix:g} embedding)")
 
         def converge(excluded_ranks):
             bad_groups = {r // layout.sharding_group_size for r in excluded_ranks}
@@ -463,7 +476,7 @@ class Trainer:
         stream = ParquetBatchStream(
             meta, eval_days, int(self.cfg.trainer.eval_batch_size), self.rank, self.world,
             int(self.cfg.seed), shuffle_within_day=False, pad_last=True, extras=extras,
-            normalization=self.normalization,
+            normalization=self.normalization, holdout=self.holdout, part="holdout",
         )
         model.eval()
         probs, labels, oracle = [], [], []

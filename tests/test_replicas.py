@@ -120,3 +120,36 @@ def _differing_state_worker():
 
 def test_differing_state_names_what_the_replicas_disagree_on():
     spawn(_differing_state_worker, 4)
+
+
+def _mixed_probe_worker():
+    from recsys_hdet.components.replicas import ReplicaAverager, mixed_replica_loss
+    from recsys_hdet.distributed import init_process_groups
+
+    pgs = init_process_groups(2)  # 4 ranks: 2 sharding groups, so embeddings have 2 replicas
+    model, opt = tiny_sharded_model(pgs)
+    train_steps(model, opt, seed=dist.get_rank(), steps=3)
+    averager = ReplicaAverager(model, pgs.replica, pgs.world)
+    own_dense = [t.clone() for t in averager.dense_tensors]
+    own_emb = [t.clone() for t in averager.embedding_weights]
+    avg_dense = [torch.stack(_gather(t, pgs.world)).mean(0) for t in own_dense]
+    avg_emb = [torch.stack(_gather(t, pgs.replica)).mean(0) for t in own_emb]
+    seen = {}
+
+    def score():  # records what the probe scored
+        seen["dense"] = [t.clone() for t in averager.dense_tensors]
+        seen["emb"] = [t.clone() for t in averager.embedding_weights]
+        return 0.5
+
+    assert mixed_replica_loss(averager, score, 0.25, 0.5) == 0.5
+    for got, own, avg in zip(seen["dense"], own_dense, avg_dense):
+        torch.testing.assert_close(got, avg + 0.25 * (own - avg), rtol=1e-5, atol=1e-6)
+    for got, own, avg in zip(seen["emb"], own_emb, avg_emb):
+        torch.testing.assert_close(got, avg + 0.5 * (own - avg), rtol=1e-5, atol=1e-6)
+    # This replica's own weights come back bit for bit.
+    assert all(torch.equal(a, b) for a, b in zip(averager.dense_tensors, own_dense))
+    assert all(torch.equal(a, b) for a, b in zip(averager.embedding_weights, own_emb))
+
+
+def test_mixed_probe_scores_the_pulled_weights_and_restores_them():
+    spawn(_mixed_probe_worker, 4)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -165,3 +165,40 @@ class ReplicaAverager:
         embedding shards (one sharding group) have no replica to restore them from, so they do not count."""
         embeddings = self.embedding_tensors if self.has_embedding_replicas else []
         return all_finite(self.dense_tensors) and all_finite(embeddings)
+
+
+@torch.no_grad()
+def mixed_replica_loss(averager: ReplicaAverager, score: Callable[[], float], dense_mix: float,
+                       embedding_mix: float) -> float:
+    """``score()`` of ``avg + c (own - avg)``: this replica's weights pulled toward the replicas' average
+    (``c`` = ``dense_mix`` for the dense tensors, ``embedding_mix`` for the embedding weights), then
+    this replica's own weights restored exactly (its optimizer state is never touched).
+
+    Why: a replica trains on 1/N of the data, so its own weights carry N times the noise that the
+    averaged model keeps, and scoring the replica itself (c = 1) charges a higher learning rate for
+    noise that the average removes: a bias toward lower rates. To second order the loss at
+    ``c = 1/N`` weighs progress against noise as a plain run at that learning rate would.
+    A non-finite replica is left out of the average (it still scores, as inf). Collective: every
+    rank calls it at the same point.
+    """
+    finite = averager.local_state_is_finite()
+    parts = [(averager.dense_tensors, averager.world_group, dense_mix)]
+    if averager.has_embedding_replicas and embedding_mix != 1.0:
+        parts.append((averager.embedding_weights, averager.replica_group, embedding_mix))
+    own = [[t.clone() for t in tensors] for tensors, _, _ in parts]
+    try:
+        for (tensors, group, c), mine in zip(parts, own):
+            try:
+                average_(tensors, group, include=finite)
+            except FloatingPointError:  # every member non-finite: this part keeps its own weights
+                finite = False
+                continue
+            for t, m in zip(tensors, mine):
+                t.mul_(1.0 - c).add_(m, alpha=c)
+        # Scored even when non-finite: a sharded forward is collective within the sharding group.
+        loss = score()
+    finally:
+        for (tensors, _, _), mine in zip(parts, own):
+            for t, m in zip(tensors, mine):
+                t.copy_(m)
+    return loss if finite else float("inf")
