@@ -14,8 +14,8 @@ Design:
   with one rename, manifest included, so a reader never sees half a version.
 - ``current`` is replaced with one atomic rename of a new symlink over the old one: it always
   points at a complete version (or does not exist, before the first publish).
-- Rejected candidates are kept as versions too (``manifest.decision.published`` false, with the
-  reason): lineage shows what was tried and why it was not served.
+- Rejected candidates are kept as versions too (``manifest.status`` "rejected", the reasons in
+  ``manifest.gate.reasons``): lineage shows what was tried and why it was not served.
 - One job at a time: :meth:`Registry.lock` takes an exclusive, non-blocking flock on ``.lock``;
   a second job gets :class:`RegistryBusy` at once. The OS drops the lock when the holder dies.
 
@@ -118,9 +118,10 @@ class Registry:
         """Points ``current`` at ``version`` with one atomic rename."""
         if version not in self.list_versions():
             raise RegistryError(f"{self.version_dir(version)}: no complete version {version!r}")
-        decision = self.manifest(version).get("decision", {})
-        if decision and not decision.get("published", False):
-            raise RegistryError(f"version {version!r} was rejected ({decision.get('reason')}); it cannot be served")
+        manifest = self.manifest(version)
+        if manifest.get("status", "published") != "published":
+            reasons = "; ".join(manifest.get("gate", {}).get("reasons", [])) or "no reason recorded"
+            raise RegistryError(f"version {version!r} was {manifest.get('status')} ({reasons}); it cannot be served")
         tmp_link = os.path.join(self.root, f".current-{os.getpid()}")
         if os.path.lexists(tmp_link):
             os.remove(tmp_link)
@@ -155,5 +156,5 @@ class Registry:
         for v in self.list_versions():
             m = self.manifest(v)
             out.append({"version": v, "parent": m.get("parent"), "days": m.get("days"),
-                        "decision": m.get("decision"), "current": v == cur})
+                        "status": m.get("status"), "current": v == cur})
         return out

@@ -20,10 +20,10 @@ def test_publish_point_and_roll_back(tmp_path):
     reg = Registry(str(tmp_path / "registry"))
     assert reg.current() is None and reg.list_versions() == []
     reg.add_version("v1", _candidate(tmp_path, "v1"), {"parent": None, "days": ["20220410"],
-                                                       "decision": {"published": True}})
+                                                       "status": "published"})
     reg.set_current("v1")
     reg.add_version("v2", _candidate(tmp_path, "v2"), {"parent": "v1", "days": ["20220411"],
-                                                       "decision": {"published": True}})
+                                                       "status": "published"})
     reg.set_current("v2")
     assert reg.current() == "v2" and reg.list_versions() == ["v1", "v2"]
     assert (tmp_path / "registry" / "current" / "checkpoint" / ".metadata").read_text() == "v2"
@@ -37,15 +37,15 @@ def test_publish_point_and_roll_back(tmp_path):
 
 def test_a_rejected_or_incomplete_version_is_never_current(tmp_path):
     reg = Registry(str(tmp_path / "registry"))
-    reg.add_version("v1", _candidate(tmp_path, "v1"), {"decision": {"published": False, "reason": "like NE worse"}})
-    with pytest.raises(RegistryError, match="rejected \\(like NE worse\\)"):
+    reg.add_version("v1", _candidate(tmp_path, "v1"), {"status": "rejected", "gate": {"reasons": ["like NE worse"]}})
+    with pytest.raises(RegistryError, match="was rejected \\(like NE worse\\)"):
         reg.set_current("v1")
     # A crashed copy leaves only a .tmp- directory: not a version, and cleaned by the next attempt.
     os.makedirs(tmp_path / "registry" / "versions" / ".tmp-v2" / "checkpoint")
     assert reg.list_versions() == ["v1"]
     with pytest.raises(RegistryError, match="no complete version"):
         reg.set_current("v2")
-    reg.add_version("v2", _candidate(tmp_path, "v2"), {"decision": {"published": True}})
+    reg.add_version("v2", _candidate(tmp_path, "v2"), {"status": "published"})
     assert not (tmp_path / "registry" / "versions" / ".tmp-v2").exists()
     assert reg.current() is None  # nothing was ever published
 

@@ -1,0 +1,539 @@
+"""``python -m pipelines.retrain``: the scheduled retraining job (cron, a systemd timer, an Airflow task).
+
+For each day that arrived after the last day a version was trained on, in order:
+
+1. **Train**: warm-start from the published model (``registry/current``), one pass over the day
+   (``experiment``, HDET on by default); the first run (empty registry) trains
+   ``cold_start_experiment`` on every day up to the newest instead. With ``carry_lr`` each group's
+   max LR starts from the per-group bases the published model's HDET controller ended with
+   (``hdet_bases`` in its manifest) instead of the preset's static values.
+2. **Evaluate**: the candidate and the published model score the same rows: the **held-out slice
+   of the day just trained on** (``holdout``: a fixed random slice of every day, by file position,
+   that no run of this job ever trains on; the recsys_hdet evaluation code).
+3. **Gate**: published only if the run completed, and for every task the candidate's NE is at most
+   the published model's plus ``gate.ne_tolerance``, below ``gate.max_ne`` (1.0 = no better than
+   the rows' positive rate: a day of shuffled labels) and its calibration within
+   ``gate.calibration``. Otherwise the version is kept as ``rejected`` with the reasons; the next
+   day warm-starts from the published model again (a rejected day is not retried unless forced).
+4. **Publish**: ``registry/versions/<version>/`` is written whole and renamed into place
+   (:class:`pipelines.registry.Registry`), then ``current`` is repointed by an atomic rename.
+
+Operations: one job at a time (the registry's lock: a second job exits with :data:`EXIT_BUSY`);
+idempotent (a day some version was trained on is skipped, and a rerun with nothing new says so);
+crash-safe (a day's run trains in ``registry/work/<day>/`` with periodic checkpoints and resumes
+there; a version appears whole or not at all; a publish interrupted between the version's rename
+and ``current``'s is finished by the next run); ``--until DAY`` backfills every missing day up to
+DAY in order; ``--dry-run`` prints the plan; ``rollback [--to VERSION]`` repoints ``current``;
+``status`` prints the lineage. Exit statuses: :data:`EXIT_PUBLISHED`, :data:`EXIT_NOTHING`,
+:data:`EXIT_REJECTED`, :data:`EXIT_FAILED`, :data:`EXIT_BUSY`, 2 for a usage or config error.
+
+Limits: one machine (flock and rename on a local filesystem); the day's training runs as a
+subprocess of this job, so a scheduler should kill the job's whole process group (systemd does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import math
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipelines.registry import MANIFEST, Registry, RegistryBusy, RegistryError
+from recsys_hdet.components.metrics import read_json, read_jsonl
+
+EXIT_PUBLISHED = 0   # at least one day published, none failed, the newest day published
+EXIT_FAILED = 1      # a day could not be trained or evaluated (the registry is unchanged for it)
+EXIT_NOTHING = 3     # no new day: nothing done
+EXIT_REJECTED = 4    # the gate rejected the newest day processed (nothing failed)
+EXIT_BUSY = 75       # another job holds the registry's lock (EX_TEMPFAIL: try again later)
+GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
+# Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
+# version's directory is renamed into place and before ``current`` is repointed.
+FAULT_ENV = "RECSYS_HDET_RETRAIN_FAULT"
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+# Files of a finished run copied into its version directory (when present).
+VERSION_FILES = ("checkpoint", ".hydra", "summary.json", "eval.json", "report.html", "hdet.jsonl", "metrics.jsonl",
+                 "published_eval.json", "train.log")
+
+
+class RetrainError(RuntimeError):
+    """A day (or the registry) that cannot be processed; the message names the file and problem."""
+
+
+@dataclass
+class DayPlan:
+    day: str                 # the newest day of the window (the gate's day)
+    train_days: List[str]
+    cold_start: bool
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the registry and the data
+
+
+def version_name(number: int) -> str:
+    return f"v{number:04d}"
+
+
+def trained_days(registry: Registry) -> List[str]:
+    """Every day some version (published or rejected) was trained on, sorted."""
+    return sorted({d for v in registry.list_versions() for d in registry.manifest(v).get("train_days", [])})
+
+
+def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], force: bool) -> List[DayPlan]:
+    """The windows to train, in order: the days after the last day any version was trained on
+    (``force``: the newest day again when there is none). Until a version is published the job
+    cold-starts once, on every day up to the newest pending one; after that, one day per window."""
+    days = [d for d in days if until is None or d <= str(until)]
+    done = trained_days(registry)
+    pending = [d for d in days if not done or d > done[-1]]
+    if force and not pending and days:
+        pending = [days[-1]]
+    if not pending:
+        return []
+    if registry.current() is None:
+        return [DayPlan(pending[-1], [d for d in days if d <= pending[-1]], True)]
+    return [DayPlan(d, [d], False) for d in pending]
+
+
+def check_registry(registry: Registry) -> None:
+    """RetrainError for a damaged registry: ``current`` pointing at a missing or incomplete version,
+    or an unreadable manifest."""
+    if os.path.lexists(registry.current_link) and not os.path.islink(registry.current_link):
+        raise RetrainError(f"{registry.current_link}: not a symlink; the registry is damaged (remove it, then "
+                           f"run rollback --to VERSION)")
+    current = registry.current()
+    if current is not None and current not in registry.list_versions():
+        raise RetrainError(f"{registry.current_link} points at versions/{current}, which is missing or incomplete; "
+                           f"the registry is damaged: repoint it with `python -m pipelines.retrain rollback --to "
+                           f"VERSION registry={registry.root} data_root=...` (versions: "
+                           f"{registry.list_versions() or 'none'})")
+
+
+def finish_interrupted_publish(registry: Registry) -> Optional[str]:
+    """A job killed between a published version's rename and ``current``'s leaves the newest version
+    published but not current; nothing after it (no rollback, no publish event) says otherwise.
+    Repoints ``current`` and returns the version, else None."""
+    versions = registry.list_versions()
+    if not versions:
+        return None
+    newest = versions[-1]
+    m = registry.manifest(newest)
+    if m.get("status") != "published" or registry.current() == newest:
+        return None
+    events = read_jsonl(registry.events) if os.path.isfile(registry.events) else []
+    if any(e.get("time", 0) >= m.get("created", 0) and e.get("event") in ("published", "rollback") for e in events):
+        return None
+    if m.get("parent") != registry.current():
+        return None
+    registry.set_current(newest)
+    registry.log_event({"event": "published", "version": newest, "day": m.get("day"),
+                        "note": "finished an interrupted publish"})
+    return newest
+
+
+def data_fingerprint(root: str, days: Sequence[str]) -> str:
+    """blake2b of the training day files' bytes (the exact data a version was trained on)."""
+    meta = read_json(os.path.join(root, "meta.json"))
+    h = hashlib.blake2b(digest_size=16)
+    for d in days:
+        h.update(d.encode())
+        with open(os.path.join(root, meta["days"][d]["file"]), "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def git_commit() -> str:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def validate_days(root: str, days: Sequence[str]) -> None:
+    """The days about to be trained on pass the data set validator (DataError names file and field)."""
+    from data_tools.validate import _load_meta, validate_day_file
+
+    meta = _load_meta(root)
+    for d in days:
+        spec = meta["days"][d]
+        validate_day_file(os.path.join(root, spec["file"]), meta, d, spec.get("rows"))
+
+
+# ----------------------------------------------------------------------------------------------
+# One day
+
+
+def final_hdet_bases(run_dir: str) -> Dict[str, float]:
+    """Per LR group, the max LR the controller ended the pass with: the run's max LR times the last
+    sync's base over the schedule it replaces (empty when HDET was off)."""
+    from pipelines.lr_recovery import max_lr_trajectory
+
+    if not os.path.isfile(os.path.join(run_dir, "hdet.jsonl")):
+        return {}
+    trajectory = max_lr_trajectory(run_dir)
+    return dict(trajectory[-1][1]) if trajectory else {}
+
+
+def training_overrides(cfg: DictConfig, plan: DayPlan, all_days: Sequence[str], warm: Optional[str],
+                       lrs: Dict[str, float], run_dir: str) -> List[str]:
+    experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
+    out = [f"+experiment={experiment}", f"data.root={os.path.abspath(str(cfg.data_root))}", "data.generator=null",
+           f"data.until={plan.day}", f"data.skip_days={all_days.index(plan.train_days[0])}",
+           f"data.train_days={len(plan.train_days)}", "data.eval_days=1",
+           f"data.holdout.fraction={float(cfg.holdout.fraction)}", f"data.holdout.seed={int(cfg.holdout.seed)}",
+           f"seed={int(cfg.seed)}", f"hydra.run.dir={run_dir}", "trainer.resume=auto",
+           *[str(o) for o in cfg.overrides]]
+    if warm:
+        out += [f"trainer.warm_start={warm}", "trainer.warm_start_preset=null"]
+    out += [f"optim.lr.{g}={v:.8g}" for g, v in sorted(lrs.items())]
+    return out
+
+
+def _die_with_parent() -> None:  # a killed job takes its training run with it (Linux)
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def train(cfg: DictConfig, overrides: List[str], run_dir: str) -> Tuple[int, Optional[Dict[str, Any]]]:
+    """Runs (or resumes) the day's training; (exit status, summary or None)."""
+    summary_path = os.path.join(run_dir, "summary.json")
+    if os.path.isfile(summary_path):  # trained before the job was interrupted (evaluation or publish)
+        return 0, read_json(summary_path)
+    os.makedirs(run_dir, exist_ok=True)
+    cmd = [sys.executable, "-m", "recsys_hdet.train", *overrides]
+    timeout = int(cfg.train_timeout_s) or None
+    with open(os.path.join(run_dir, "train.log"), "a") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = -signal.SIGKILL
+    return code, read_json(summary_path) if os.path.isfile(summary_path) else None
+
+
+def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Optional[str]) -> Tuple[Dict, Optional[Dict]]:
+    """(candidate eval.json, published model's metrics on the same rows or None): both score the
+    held-out slice of ``day`` with the recsys_hdet evaluation code. The published version's
+    directory is only read (its scratch files go to the candidate's run directory)."""
+    from recsys_hdet.evaluation import evaluate_frame, load_run, predictions_frame, score_run
+    from recsys_hdet.evaluate import evaluate_run
+
+    nproc = int(cfg.eval_nproc)
+    candidate = evaluate_run(run_dir, days=[day], nproc=nproc)  # eval.json, report.html
+    if current_dir is None:
+        return candidate, None
+    published_path = os.path.join(run_dir, "published_eval.json")
+    if os.path.isfile(published_path):
+        return candidate, read_json(published_path)
+    run = load_run(current_dir, [day], os.path.abspath(str(cfg.data_root)))
+    probs = score_run(run, nproc=nproc, scratch=run_dir)
+    published = {"version_dir": current_dir, "days": [day],
+                 **evaluate_frame(predictions_frame(run, probs), list(run.cfg.tasks))}
+    tmp = published_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(published, f, indent=1)
+    os.replace(tmp, published_path)
+    return candidate, published
+
+
+def gate(cfg: DictConfig, summary: Optional[Dict[str, Any]], candidate: Optional[Dict],
+         published: Optional[Dict]) -> Dict[str, Any]:
+    """The gate's decision: ``{"decision": "published"|"rejected", "reasons": [...], "tasks": {...}}``."""
+    g = cfg.gate
+    reasons: List[str] = []
+    tasks: Dict[str, Dict[str, Any]] = {}
+    if summary is None or summary.get("status") != "completed":
+        reasons.append(f"the run did not complete (status {summary.get('status') if summary else None!r})")
+    if candidate is not None:
+        low, high = (float(x) for x in g.calibration)
+        for t, m in candidate["eval"].items():
+            row = {"candidate_ne": m["ne"], "candidate_calibration": m["calibration"], "rows": candidate.get("rows")}
+            if published is not None:
+                row["published_ne"] = published["eval"][t]["ne"]
+            if candidate.get("oracle"):
+                row["oracle_ne"] = candidate["oracle"][t]["ne"]
+            tasks[t] = row
+            ne = m["ne"]
+            if ne is None or not math.isfinite(ne):
+                reasons.append(f"{t}: NE is not finite")
+                continue
+            if ne >= float(g.max_ne):
+                reasons.append(f"{t}: NE {ne:.4f} >= gate.max_ne {float(g.max_ne):g} (no better than the held-out "
+                               f"rows' positive rate)")
+            if published is not None and ne > row["published_ne"] + float(g.ne_tolerance):
+                reasons.append(f"{t}: NE {ne:.4f} worse than the published model's {row['published_ne']:.4f} by "
+                               f"{ne - row['published_ne']:.4f} > gate.ne_tolerance {float(g.ne_tolerance):g}")
+            cal = m["calibration"]
+            if cal is None or not low <= cal <= high:
+                reasons.append(f"{t}: calibration {cal} outside gate.calibration [{low:g}, {high:g}]")
+    return {"decision": "rejected" if reasons else "published", "reasons": reasons, "tasks": tasks,
+            "ne_tolerance": float(g.ne_tolerance), "max_ne": float(g.max_ne),
+            "calibration": [float(x) for x in g.calibration]}
+
+
+def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequence[str],
+                log) -> str:
+    """Trains, evaluates, gates and records one day. Returns "published" or "rejected"; raises
+    RetrainError when the day fails (nothing is written to the registry then)."""
+    current = registry.current()
+    current_dir = registry.version_dir(current) if current else None
+    parent_manifest = registry.manifest(current) if current else {}
+    if current and parent_manifest.get("holdout") != OmegaConf.to_container(cfg.holdout):
+        raise RetrainError(f"holdout={OmegaConf.to_container(cfg.holdout)} differs from the published version "
+                           f"{current}'s {parent_manifest.get('holdout')}: the gate's rows would include rows that "
+                           f"model trained on; keep the holdout of the registry (or start a new registry)")
+    warm = os.path.join(current_dir, "checkpoint") if current_dir and not plan.cold_start else None
+    carried = dict(parent_manifest.get("hdet_bases") or {}) if (cfg.carry_lr and warm) else {}
+    lr_source = f"carried from {current}" if carried else "the preset's static config"
+    run_dir = os.path.join(registry.root, "work", plan.day)
+    overrides = training_overrides(cfg, plan, all_days, warm, carried, run_dir)
+    what = "cold start" if plan.cold_start else f"warm start from {current}"
+    log(f"day {plan.day}: training on {plan.train_days[0]}..{plan.train_days[-1]} ({what}; LRs: {lr_source}) "
+        f"in {run_dir}")
+    t0 = time.time()
+    code, summary = train(cfg, overrides, run_dir)
+    if summary is None:
+        raise RetrainError(f"day {plan.day}: training failed (exit status {code}); see {run_dir}/train.log "
+                           "(a rerun resumes it from its last checkpoint)")
+    candidate = published = None
+    if summary.get("status") == "completed":
+        log(f"day {plan.day}: trained in {time.time() - t0:.0f} s; evaluating on the day's held-out rows")
+        try:
+            candidate, published = evaluate_models(cfg, run_dir, plan.day, current_dir)
+        except Exception as e:  # noqa: BLE001 - any evaluation failure fails the day, named
+            raise RetrainError(f"day {plan.day}: evaluation failed: {type(e).__name__}: {e}") from e
+    decision = gate(cfg, summary, candidate, published)
+    number = len(registry.list_versions()) + 1
+    version = version_name(number)
+    resolved = os.path.join(run_dir, ".hydra", "config.yaml")
+    manifest = {
+        "status": decision["decision"],
+        "parent": current,
+        "day": plan.day,
+        "train_days": plan.train_days,
+        "cold_start": plan.cold_start,
+        "gate": decision,
+        "hdet_bases": final_hdet_bases(run_dir) if summary.get("status") == "completed" else {},
+        "lr_start": {g: float(v) for g, v in carried.items()} or "static",
+        "metrics": candidate["eval"] if candidate else {},
+        "experiment": cfg.cold_start_experiment if plan.cold_start else cfg.experiment,
+        "overrides": overrides,
+        "holdout": OmegaConf.to_container(cfg.holdout),
+        "data": {"root": os.path.abspath(str(cfg.data_root)),
+                 "fingerprint": data_fingerprint(str(cfg.data_root), plan.train_days)},
+        "config_hash": hashlib.blake2b(open(resolved, "rb").read(), digest_size=16).hexdigest()
+        if os.path.isfile(resolved) else None,
+        "commit": git_commit(),
+        "train_seconds": summary.get("wall_seconds"),
+    }
+    files = {name: os.path.join(run_dir, name) for name in VERSION_FILES if os.path.exists(os.path.join(run_dir, name))}
+    registry.add_version(version, files, manifest)
+    if os.environ.get(FAULT_ENV) == "kill_before_current":  # tests: a job killed mid-publish
+        os.kill(os.getpid(), signal.SIGKILL)
+    if decision["decision"] == "published":
+        registry.set_current(version)
+    registry.log_event({"event": decision["decision"], "version": version, "day": plan.day, "parent": current,
+                        "reasons": decision["reasons"],
+                        "ne": {t: r.get("candidate_ne") for t, r in decision["tasks"].items()}})
+    shutil.rmtree(run_dir, ignore_errors=True)
+    ne = ", ".join(f"{t} {r['candidate_ne']:.4f}" + (f" (published {r['published_ne']:.4f})" if "published_ne" in r
+                                                      else "") for t, r in decision["tasks"].items())
+    if decision["decision"] == "published":
+        log(f"day {plan.day}: PUBLISHED {version} (parent {current}); NE {ne}")
+    else:
+        log(f"day {plan.day}: REJECTED as {version}: " + "; ".join(decision["reasons"]) + (f"; NE {ne}" if ne else ""))
+    return decision["decision"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Commands
+
+
+def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -> int:
+    from data_tools.errors import DataError
+    from recsys_hdet.components.dataloader import DatasetMeta
+
+    registry = Registry(str(cfg.registry))
+    log = lambda msg: print(f"[retrain] {msg}", flush=True)
+    root = os.path.abspath(str(cfg.data_root))
+    if not os.path.isfile(os.path.join(root, "meta.json")):
+        log(f"FAILED: data_root={root}: no processed data set there (meta.json missing)")
+        return EXIT_FAILED
+    os.makedirs(registry.root, exist_ok=True)
+    try:
+        with registry.lock():
+            check_registry(registry)
+            finished = finish_interrupted_publish(registry)
+            if finished:
+                log(f"finished the interrupted publish of {finished}: current -> {finished}")
+            meta = DatasetMeta.load(root)
+            all_days = list(meta.days)
+            if until is not None and str(until) not in meta.days:
+                log(f"FAILED: --until {until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
+                return EXIT_FAILED
+            plans = plan_days(registry, all_days, until, force)
+            if not plans:
+                done = trained_days(registry)
+                log(f"nothing to do: every day up to {until or all_days[-1]} was trained on (last: "
+                    f"{done[-1] if done else '-'}; current: {registry.current()})")
+                registry.log_event({"event": "nothing_to_do", "until": until or all_days[-1]})
+                return EXIT_NOTHING
+            if dry_run:
+                for p in plans:
+                    start = "cold start" if p.cold_start else "warm start from the version current then"
+                    log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
+                        f"held-out rows, publish or reject")
+                return EXIT_NOTHING
+            try:
+                validate_days(root, sorted({d for p in plans for d in p.train_days}))
+            except DataError as e:
+                log(f"FAILED before training: {e}; the registry is unchanged")
+                registry.log_event({"event": "failed", "day": plans[0].day, "reason": str(e)})
+                return EXIT_FAILED
+            outcome = None
+            for p in plans:
+                try:
+                    outcome = process_day(cfg, registry, p, all_days, log)
+                except (RetrainError, RegistryError) as e:
+                    log(f"FAILED: {e}")
+                    registry.log_event({"event": "failed", "day": p.day, "reason": str(e)})
+                    return EXIT_FAILED
+            work = os.path.join(registry.root, "work")
+            if os.path.isdir(work) and not os.listdir(work):
+                os.rmdir(work)
+            return EXIT_PUBLISHED if outcome == "published" else EXIT_REJECTED
+    except RegistryBusy as e:
+        log(f"BUSY: {e}; exiting without doing anything")
+        return EXIT_BUSY
+    except RetrainError as e:
+        log(f"FAILED: {e}")
+        return EXIT_FAILED
+
+
+def status(cfg: DictConfig) -> int:
+    registry = Registry(str(cfg.registry))
+    if not os.path.isdir(registry.root):
+        print(f"{registry.root}: no registry yet (the first run creates it)")
+        return EXIT_NOTHING
+    current = registry.current()
+    versions = registry.list_versions()
+    print(f"registry {registry.root}: {len(versions)} version(s), current: {current}")
+    for v in versions:
+        m = registry.manifest(v)
+        ne = " ".join(f"{t}={r['candidate_ne']:.4f}" for t, r in m.get("gate", {}).get("tasks", {}).items()
+                      if r.get("candidate_ne") is not None)
+        bases = " ".join(f"{g}={x:.3g}" for g, x in (m.get("hdet_bases") or {}).items())
+        days = m.get("train_days", [])
+        print(f"{'*' if v == current else ' '} {v} {m.get('status', '?'):9s} parent={m.get('parent')} "
+              f"days={days[0] if days else '-'}..{days[-1] if days else '-'} NE {ne or '-'}"
+              + (f" | LRs {bases}" if bases else ""))
+        for r in m.get("gate", {}).get("reasons", []):
+            print(f"      rejected: {r}")
+    try:
+        check_registry(registry)
+    except RetrainError as e:
+        print(f"DAMAGED: {e}")
+        return EXIT_FAILED
+    return EXIT_PUBLISHED
+
+
+def rollback(cfg: DictConfig, to: Optional[str]) -> int:
+    registry = Registry(str(cfg.registry))
+    try:
+        with registry.lock():
+            before = registry.current()
+            now = registry.rollback(to)
+    except RegistryBusy as e:
+        print(f"[retrain] BUSY: {e}")
+        return EXIT_BUSY
+    except RegistryError as e:
+        print(f"[retrain] FAILED: {e}")
+        return EXIT_FAILED
+    print(f"[retrain] current: {before} -> {now}")
+    return EXIT_PUBLISHED
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+
+USAGE = ("usage: python -m pipelines.retrain [status | rollback [--to VERSION]] [--until DAY] [--dry-run] "
+         "[--force] registry=DIR data_root=DIR [key=value ...]")
+
+
+def compose(overrides: Sequence[str]) -> DictConfig:
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = hydra_compose(config_name="retrain", overrides=list(overrides))
+    for key in ("registry", "data_root"):
+        if OmegaConf.is_missing(cfg, key):
+            raise ValueError(f"config {key}: missing (pass {key}=DIR)")
+    low, high = (float(x) for x in cfg.gate.calibration)
+    if not (0 < low <= 1 <= high):
+        raise ValueError(f"config gate.calibration={list(cfg.gate.calibration)}: need 0 < low <= 1 <= high")
+    if not 0.0 < float(cfg.holdout.fraction) < 1.0:
+        raise ValueError(f"config holdout.fraction={cfg.holdout.fraction}: must be in (0, 1)")
+    if float(cfg.gate.ne_tolerance) < 0:
+        raise ValueError(f"config gate.ne_tolerance={cfg.gate.ne_tolerance}: must be >= 0")
+    return cfg
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args.pop(0) if args and args[0] in ("status", "rollback", "run") else "run"
+    flags: Dict[str, Any] = {"until": None, "to": None, "dry_run": False, "force": False}
+    overrides: List[str] = []
+    while args:
+        a = args.pop(0)
+        if a in ("-h", "--help"):
+            print(USAGE)
+            return 0
+        if a in ("--until", "--to"):
+            if not args:
+                print(f"{a} needs a value\n{USAGE}", file=sys.stderr)
+                return 2
+            flags[a[2:]] = args.pop(0)
+        elif a in ("--dry-run", "--force"):
+            flags[a[2:].replace("-", "_")] = True
+        elif a.startswith("--"):
+            print(f"unknown option {a}\n{USAGE}", file=sys.stderr)
+            return 2
+        else:
+            overrides.append(a)
+    try:
+        cfg = compose(overrides)
+    except Exception as e:  # noqa: BLE001 - Hydra's and ours: a config error, named
+        print(f"[retrain] config error: {e}\n{USAGE}", file=sys.stderr)
+        return 2
+    if command == "status":
+        return status(cfg)
+    if command == "rollback":
+        return rollback(cfg, flags["to"])
+    return run_job(cfg, flags["until"], flags["dry_run"], flags["force"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

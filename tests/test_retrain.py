@@ -1,0 +1,229 @@
+"""The scheduled retraining job (pipelines/retrain.py).
+
+Fast tests: planning, the gate, interrupted publishes, a damaged registry, the lock and the
+command line, on hand-made registries (no training). The slow test runs the job end to end on the
+retrain_demo data: three consecutive days, a planted bad day, a rerun, a concurrent job, and kills
+during training and during publishing that end in the same registry state as an uninterrupted run.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipelines import retrain as R
+from pipelines.registry import Registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DAYS = ["20220408", "20220409", "20220410", "20220411"]
+
+
+def _version(reg: Registry, tmp_path, name, status, parent, days):
+    src = tmp_path / "src" / name
+    (src / "checkpoint").mkdir(parents=True)
+    (src / "checkpoint" / ".metadata").write_text(name)
+    reg.add_version(name, {"checkpoint": str(src / "checkpoint")},
+                    {"status": status, "parent": parent, "train_days": days, "day": days[-1],
+                     "gate": {"reasons": [] if status == "published" else ["like: NE worse"]}})
+    if status == "published":
+        reg.set_current(name)
+        reg.log_event({"event": "published", "version": name})
+
+
+def _cfg(**gate):
+    cfg = R.compose(["registry=/nonexistent", "data_root=/nonexistent"])
+    for k, v in gate.items():
+        OmegaConf.update(cfg, f"gate.{k}", v)
+    return cfg
+
+
+def test_plan_cold_start_then_one_day_at_a_time(tmp_path):
+    reg = Registry(str(tmp_path / "registry"))
+    (plan,) = R.plan_days(reg, DAYS[:3], None, force=False)
+    assert plan.cold_start and plan.train_days == DAYS[:3] and plan.day == DAYS[2]
+    _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
+    assert R.plan_days(reg, DAYS[:3], None, force=False) == []  # idempotent: nothing new
+    plans = R.plan_days(reg, DAYS, None, force=False)
+    assert [(p.day, p.train_days, p.cold_start) for p in plans] == [(DAYS[3], [DAYS[3]], False)]
+    assert R.plan_days(reg, DAYS, DAYS[2], force=False) == []  # --until: later days wait
+    (forced,) = R.plan_days(reg, DAYS[:3], None, force=True)
+    assert forced.train_days == [DAYS[2]] and not forced.cold_start
+    # A rejected day is not retried (unless forced); the next day follows it.
+    _version(reg, tmp_path, "v0002", "rejected", "v0001", [DAYS[3]])
+    assert R.plan_days(reg, DAYS, None, force=False) == []
+    assert [p.day for p in R.plan_days(reg, DAYS + ["20220412"], None, False)] == ["20220412"]
+
+
+def test_until_a_version_is_published_each_run_cold_starts(tmp_path):
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "rejected", None, DAYS[:2])
+    (plan,) = R.plan_days(reg, DAYS[:3], None, force=False)
+    assert plan.cold_start and plan.train_days == DAYS[:3]
+
+
+def _evals(candidate_ne, published_ne, calibration=1.0):
+    cand = {"rows": 1000, "eval": {t: {"ne": ne, "calibration": calibration} for t, ne in candidate_ne.items()}}
+    pub = {"eval": {t: {"ne": ne} for t, ne in published_ne.items()}} if published_ne else None
+    return cand, pub
+
+
+def test_gate_rules():
+    cfg = _cfg(ne_tolerance=0.002, max_ne=1.0, calibration=[0.8, 1.25])
+    done = {"status": "completed"}
+    ok = R.gate(cfg, done, *_evals({"like": 0.80, "long_dwell": 0.70}, {"like": 0.799, "long_dwell": 0.71}))
+    assert ok["decision"] == "published" and ok["reasons"] == []
+    assert ok["tasks"]["like"] == {"candidate_ne": 0.80, "candidate_calibration": 1.0, "rows": 1000,
+                                   "published_ne": 0.799}
+    worse = R.gate(cfg, done, *_evals({"like": 0.81, "long_dwell": 0.70}, {"like": 0.80, "long_dwell": 0.71}))
+    assert worse["decision"] == "rejected" and worse["reasons"] == [
+        "like: NE 0.8100 worse than the published model's 0.8000 by 0.0100 > gate.ne_tolerance 0.002"]
+    useless = R.gate(cfg, done, *_evals({"like": 1.003}, None))
+    assert useless["decision"] == "rejected" and "gate.max_ne" in useless["reasons"][0]
+    miscalibrated = R.gate(cfg, done, *_evals({"like": 0.8}, {"like": 0.8}, calibration=1.4))
+    assert "calibration 1.4 outside gate.calibration [0.8, 1.25]" in miscalibrated["reasons"][0]
+    diverged = R.gate(cfg, {"status": "diverged"}, None, None)
+    assert diverged["decision"] == "rejected" and "did not complete (status 'diverged')" in diverged["reasons"][0]
+
+
+def test_an_interrupted_publish_is_finished_but_a_rollback_is_not_undone(tmp_path):
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
+    # Killed after the version's rename, before current's: the newest published version is not current.
+    src = tmp_path / "src" / "v0002"
+    (src / "checkpoint").mkdir(parents=True)
+    reg.add_version("v0002", {"checkpoint": str(src / "checkpoint")},
+                    {"status": "published", "parent": "v0001", "train_days": [DAYS[3]], "day": DAYS[3]})
+    assert reg.current() == "v0001"
+    assert R.finish_interrupted_publish(reg) == "v0002" and reg.current() == "v0002"
+    assert R.finish_interrupted_publish(reg) is None
+    reg.rollback()  # an operator's rollback to v0001 stays
+    assert R.finish_interrupted_publish(reg) is None and reg.current() == "v0001"
+
+
+def test_a_damaged_registry_is_named(tmp_path):
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
+    os.rename(reg.version_dir("v0001"), str(tmp_path / "moved"))
+    with pytest.raises(R.RetrainError, match="points at versions/v0001, which is missing.*rollback --to"):
+        R.check_registry(reg)
+
+
+def _main(tmp_path, *args):
+    return R.main([*args, f"registry={tmp_path / 'registry'}", f"data_root={tmp_path / 'data'}"])
+
+
+def test_command_line_errors_and_statuses(tmp_path, capsys):
+    assert R.main(["registry=/x"]) == 2  # data_root missing
+    assert "data_root: missing" in capsys.readouterr().err
+    assert R.main(["--bogus", "registry=/x", "data_root=/y"]) == 2
+    assert R.main(["registry=/x", "data_root=/y", "gate.calibration=[1.2,1.3]"]) == 2
+    assert _main(tmp_path) == R.EXIT_FAILED  # no data set there
+    assert "meta.json missing" in capsys.readouterr().out
+    assert _main(tmp_path, "status") == R.EXIT_NOTHING
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
+    _version(reg, tmp_path, "v0002", "published", "v0001", [DAYS[3]])
+    assert _main(tmp_path, "rollback") == R.EXIT_PUBLISHED and reg.current() == "v0001"
+    assert _main(tmp_path, "rollback", "--to", "v0002") == R.EXIT_PUBLISHED and reg.current() == "v0002"
+    assert _main(tmp_path, "rollback", "--to", "v0009") == R.EXIT_FAILED
+    assert _main(tmp_path, "status") == R.EXIT_PUBLISHED
+    out = capsys.readouterr().out
+    assert "* v0002 published parent=v0001" in out and "  v0001 published" in out
+    with reg.lock():  # another job holds the registry
+        assert _main(tmp_path, "rollback") == R.EXIT_BUSY
+    assert "BUSY" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# End to end (slow)
+
+NPROC = 2
+
+
+def _job(tmp_path, name, data, *extra, env=None):
+    cmd = [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={tmp_path / name}", f"data_root={data}",
+           "overrides=[" + ",".join(f"'{o}'" for o in (*__import__("pipelines.retrain_demo", fromlist=["x"])
+                                                   .DEMO_OVERRIDES, f"trainer.nproc={NPROC}")) + "]"]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, **(env or {})})
+
+
+def _finish(proc, timeout=900):
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def _lineage(reg_dir):
+    reg = Registry(str(reg_dir))
+    out = []
+    for v in reg.list_versions():
+        m = reg.manifest(v)
+        out.append((v, m["status"], m["parent"], m["train_days"], m["gate"]["decision"],
+                    {t: round(r["candidate_ne"], 6) for t, r in m["gate"]["tasks"].items()},
+                    sorted(m["hdet_bases"])))
+    return out, reg.current()
+
+
+@pytest.mark.slow
+def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
+    from data_tools.prepare import append_synthetic_days, ensure_dataset
+    from pipelines.retrain_demo import shuffle_labels
+
+    spec = OmegaConf.load(os.path.join(ROOT, "conf", "data", "retrain_demo.yaml"))
+    data = str(tmp_path / "data")
+    ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
+
+    # Uninterrupted: cold start (v0001), while a second job is refused at once.
+    first = _job(tmp_path, "reg", data)
+    deadline = time.time() + 120
+    while not (tmp_path / "reg" / ".lock").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    code, out = _finish(_job(tmp_path, "reg", data), timeout=120)
+    assert code == R.EXIT_BUSY and "locked by another retraining job" in out, out
+    code, out = _finish(first)
+    assert code == R.EXIT_PUBLISHED, out
+    (day4,) = append_synthetic_days(data, 1)
+    code, out = _finish(_job(tmp_path, "reg", data))
+    assert code == R.EXIT_PUBLISHED, out
+    (day5,) = append_synthetic_days(data, 1)
+    shuffle_labels(data, day5)
+    code, out = _finish(_job(tmp_path, "reg", data))
+    assert code == R.EXIT_REJECTED and "REJECTED" in out, out
+    code, out = _finish(_job(tmp_path, "reg", data))
+    assert code == R.EXIT_NOTHING and "nothing to do" in out, out
+    lineage, current = _lineage(tmp_path / "reg")
+    assert [(v, s, p, d[-1]) for v, s, p, d, *_ in lineage] == [
+        ("v0001", "published", None, "20220410"), ("v0002", "published", "v0001", day4),
+        ("v0003", "rejected", "v0002", day5)]
+    assert current == "v0002"
+    m2 = Registry(str(tmp_path / "reg")).manifest("v0002")
+    assert m2["lr_start"] == Registry(str(tmp_path / "reg")).manifest("v0001")["hdet_bases"]  # carried
+    assert set(m2["hdet_bases"]) == {"embedding", "transformer", "non_embedding", "no_decay"}
+    # The gate's rows are never in a training window: the held-out slice of every day is the one
+    # the loader excludes, and every version's runs used the same holdout.
+    assert {json.dumps(Registry(str(tmp_path / "reg")).manifest(v)["holdout"]) for v in ("v0001", "v0002", "v0003")} \
+        == {json.dumps({"fraction": 0.1, "seed": 0})}
+
+    # Interrupted: the same days into a second registry, killed during training (day 1) and between
+    # the version's rename and current's (day 2); each rerun resumes or finishes the day.
+    days = sorted(json.load(open(os.path.join(data, "meta.json")))["days"])
+    killed = _job(tmp_path, "reg2", data, "--until", days[2])
+    deadline = time.time() + 600
+    while time.time() < deadline and not list((tmp_path / "reg2" / "work").glob("*/checkpoint/step-*/manifest.json")):
+        time.sleep(0.5)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert Registry(str(tmp_path / "reg2")).list_versions() == []
+    code, out = _finish(_job(tmp_path, "reg2", data, "--until", days[2]))
+    assert code == R.EXIT_PUBLISHED, out
+    code, out = _finish(_job(tmp_path, "reg2", data, "--until", day4, env={R.FAULT_ENV: "kill_before_current"}))
+    assert code == -signal.SIGKILL, out
+    assert Registry(str(tmp_path / "reg2")).current() == "v0001"  # never pointed at an incomplete version
+    code, out = _finish(_job(tmp_path, "reg2", data))
+    assert "finished the interrupted publish of v0002" in out, out
+    assert code == R.EXIT_REJECTED, out  # then the bad day
+    assert _lineage(tmp_path / "reg2") == (lineage, current)
