@@ -227,3 +227,27 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     assert "finished the interrupted publish of v0002" in out, out
     assert code == R.EXIT_REJECTED, out  # then the bad day
     assert _lineage(tmp_path / "reg2") == (lineage, current)
+
+
+def test_a_new_day_that_fails_validation_is_not_trained_on(tmp_path, tiny_dataset, capsys):
+    import shutil
+
+    import polars as pl
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_dataset, data)
+    days = sorted(json.loads((data / "meta.json").read_text())["days"])
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "published", None, days[:2])
+    before = (reg.list_versions(), reg.current(), (tmp_path / "registry" / "retrain.jsonl").read_text())
+    # The new day has a label outside {0, 1}.
+    path = data / json.loads((data / "meta.json").read_text())["days"][days[2]]["file"]
+    df = pl.read_parquet(path)
+    df.with_columns(pl.when(pl.int_range(pl.len()) == 7).then(2.0).otherwise(pl.col("label_like"))
+                    .cast(df.schema["label_like"]).alias("label_like")).write_parquet(path)
+    assert _main(tmp_path) == R.EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "FAILED before training" in out and path.name in out and "label_like" in out, out
+    assert (reg.list_versions(), reg.current()) == before[:2]
+    assert not (tmp_path / "registry" / "work").exists()
+    assert json.loads((tmp_path / "registry" / "retrain.jsonl").read_text().splitlines()[-1])["event"] == "failed"
