@@ -92,7 +92,13 @@ def _check_days_and_steps(cfg: DictConfig, root: str) -> None:
 
 def _stale_warm_start(path: str, data_root: str) -> str:
     """Why the checkpoint at ``path`` does not fit the data set's model inputs ('' if it does, or if
-    it does not record them)."""
+    it does not record them).
+
+    Tables that only grow (every feature kept, each table at least as large as recorded, the same
+    dense features: the data set's vocabularies gained ids since) fit: the warm start loads the
+    checkpoint's rows into the first rows of each table and the new rows start fresh
+    (recsys_hdet.components.checkpoint.load_model); one line names the grown tables. A feature
+    added or removed, a table that shrinks, or other dense features do not."""
     from recsys_hdet.components.dataloader import DatasetMeta, model_inputs
 
     try:
@@ -105,8 +111,23 @@ def _stale_warm_start(path: str, data_root: str) -> str:
     now = model_inputs(DatasetMeta.load(data_root))
     diff = sorted(k for k in set(now["sparse"]) | set(recorded["sparse"])
                   if now["sparse"].get(k) != recorded["sparse"].get(k))
-    if diff or now["dense"] != recorded["dense"]:
-        return f"embedding table sizes differ for {diff}" if diff else "dense features differ"
+    tables = []  # what a warm start cannot load: a table added, removed or smaller than recorded
+    for k in diff:
+        if k not in recorded["sparse"]:
+            tables.append(f"{k} added")
+        elif k not in now["sparse"]:
+            tables.append(f"{k} removed")
+        elif now["sparse"][k] < recorded["sparse"][k]:
+            tables.append(f"{k} shrinks {recorded['sparse'][k]} -> {now['sparse'][k]} rows")
+    why = ([f"embedding tables differ ({', '.join(tables)}; a warm start can only grow a table)"] if tables else []) + \
+          (["dense features differ"] if now["dense"] != recorded["dense"] else [])
+    if why:
+        return "; ".join(why)
+    if diff and os.environ.get("RANK", "0") == "0":
+        grown = ", ".join(f"{k} {recorded['sparse'][k]} -> {now['sparse'][k]} "
+                          f"(+{now['sparse'][k] - recorded['sparse'][k]} rows)" for k in diff)
+        print(f"warm start {path}: the data set's vocabularies grew since it was trained; embedding tables grow: "
+              f"{grown}", flush=True)
     return ""
 
 
