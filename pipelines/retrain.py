@@ -288,7 +288,8 @@ def gate(cfg: DictConfig, summary: Optional[Dict[str, Any]], candidate: Optional
                                f"{ne - row['published_ne']:.4f} > gate.ne_tolerance {float(g.ne_tolerance):g}")
             cal = m["calibration"]
             if cal is None or not low <= cal <= high:
-                reasons.append(f"{t}: calibration {cal} outside gate.calibration [{low:g}, {high:g}]")
+                shown = "undefined" if cal is None else f"{cal:.3f}"
+                reasons.append(f"{t}: calibration {shown} outside gate.calibration [{low:g}, {high:g}]")
     return {"decision": "rejected" if reasons else "published", "reasons": reasons, "tasks": tasks,
             "ne_tolerance": float(g.ne_tolerance), "max_ne": float(g.max_ne),
             "calibration": [float(x) for x in g.calibration]}

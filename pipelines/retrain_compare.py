@@ -41,6 +41,14 @@ def _run(cmd: List[str], log_path: str) -> int:
         return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _max_lrs(version_dir: str) -> Dict[str, float]:
+    """The max LR per group the version's run trained with (its resolved config)."""
+    from omegaconf import OmegaConf
+
+    lr = OmegaConf.load(os.path.join(version_dir, ".hydra", "config.yaml")).optim.lr
+    return {g: float(lr[g]) for g in lr}
+
+
 def collect(out: str) -> Dict[str, Any]:
     rows: Dict[str, Dict[str, Any]] = {}
     for arm in ARMS:
@@ -55,7 +63,8 @@ def collect(out: str) -> Dict[str, Any]:
                 "ne": {t: tasks[t]["candidate_ne"] for t in TASKS},
                 "published_ne": {t: tasks[t].get("published_ne") for t in TASKS},
                 "oracle_ne": {t: tasks[t].get("oracle_ne") for t in TASKS},
-                "lr_start": m["lr_start"], "hdet_bases": m["hdet_bases"], "train_seconds": m.get("train_seconds")}
+                "lr_start": m["lr_start"], "hdet_bases": m["hdet_bases"], "train_seconds": m.get("train_seconds"),
+                "max_lr": _max_lrs(reg.version_dir(v)), "reasons": m["gate"].get("reasons", [])}
     return rows
 
 
@@ -64,23 +73,28 @@ def write_docs(out: str, docs: str, days_asked: int) -> None:
     days = sorted(d for d, r in rows.items() if set(r) == set(ARMS))
     mean = lambda d: statistics.fmean(d[t] for t in TASKS)
     table = ["| day | carried NE (mean) | static NE (mean) | carried - static | oracle NE (mean) | carried: published? "
-             "| static: published? | carried embedding / dense LR at start |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| static: published? | carried max LR embedding / transformer | static max LR embedding / transformer "
+             "| carried: bases it ended with |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     diffs = []
     for d in days:
         c, s = rows[d]["carried"], rows[d]["static"]
         diffs.append(mean(c["ne"]) - mean(s["ne"]))
-        lr = c["lr_start"]
-        lr_text = "static" if lr == "static" else f"{lr['embedding']:.3g} / {lr['transformer']:.3g}"
+        lrs = lambda r: f"{r['max_lr']['embedding']:.3g} / {r['max_lr']['transformer']:.3g}"
+        ended = f"{c['hdet_bases']['embedding']:.3g} / {c['hdet_bases']['transformer']:.3g}" if c["hdet_bases"] else "-"
+        decision = lambda r: r["status"] + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else "")
         table.append(f"| {d} | {mean(c['ne']):.4f} | {mean(s['ne']):.4f} | {diffs[-1]:+.4f} | {mean(c['oracle_ne']):.4f} "
-                     f"| {c['status']} | {s['status']} | {lr_text} |")
+                     f"| {decision(c)} | {decision(s)} | {lrs(c)} | {lrs(s)} | {ended} |")
     per_task = ["| day | arm | " + " | ".join(TASKS) + " |", "|---|---|" + "---|" * len(TASKS)]
     for d in days:
         for arm in ARMS:
             per_task.append(f"| {d} | {arm} | " + " | ".join(f"{rows[d][arm]['ne'][t]:.4f}" for t in TASKS) + " |")
         per_task.append(f"| {d} | oracle | " + " | ".join(f"{rows[d]['carried']['oracle_ne'][t]:.4f}" for t in TASKS)
                         + " |")
+    published = {arm: sum(rows[d][arm]["status"] == "published" for d in days) for arm in ARMS}
     verdict = ("no day finished in both arms yet" if not diffs else
+               f"published days: carried {published['carried']} of {len(days)}, static {published['static']} of "
+               f"{len(days)}; " +
                f"over {len(diffs)} day(s), carried minus static mean NE: {statistics.fmean(diffs):+.4f} "
                f"(per day: {', '.join(f'{x:+.4f}' for x in diffs)}; negative = carried better)")
     partial = "" if len(days) >= days_asked else (
@@ -94,8 +108,8 @@ the shared cold start (version 1), then one day appended at a time. Each day bot
 2 workers); `carried` starts each group's max LR from the bases the published model's controller
 ended its day with, `static` from the preset's LRs every day. NE: the day's held-out slice (10% of
 the day, never trained on), scored by the candidate of that day; the oracle is the generator's true
-probabilities on the same rows. One seed: a difference smaller than about 0.003 NE is within the
-day-to-day noise of a 1,600-row slice (the published model's NE on the same rows is in the json).
+probabilities on the same rows. One seed per arm and about 1,600 held-out rows per day: the
+differences include seed and sampling noise that this comparison does not measure.
 
 {verdict}
 
