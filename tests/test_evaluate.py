@@ -157,6 +157,7 @@ def test_report_renders_every_figure_in_chromium(hdet_run):
     assert abs(np.mean(rec["values"]) - rec["base"]) < 1e-6 * rec["base"] + 1e-12
 
 
+@pytest.mark.slow  # trains one more run; the single-run report rendering test stays in the default suite
 @needs_chromium
 def test_comparison_report_renders(hdet_run, tmp_path, data_cache):
     plain = tmp_path / "plain"

@@ -106,6 +106,7 @@ def test_a_non_finite_replica_in_a_real_run_is_excluded_restored_and_training_go
     assert "final model bit-identical on every replica" in proc.stdout
 
 
+@pytest.mark.slow  # a real 4-rank fault run; the one-replica fault run stays in the default suite
 def test_the_run_diverges_only_when_no_replica_is_finite(tmp_path, data_cache, tiny_dataset):
     run_dir = tmp_path / "all_nan"
     proc = _fault_run(run_dir, "nan_state@step=6", data_cache)  # every rank

@@ -256,3 +256,22 @@ def test_a_new_day_that_fails_validation_is_not_trained_on(tmp_path, tiny_datase
     assert (reg.list_versions(), reg.current()) == before[:2]
     assert not (tmp_path / "registry" / "work").exists()
     assert json.loads((tmp_path / "registry" / "retrain.jsonl").read_text().splitlines()[-1])["event"] == "failed"
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path, tiny_dataset, capsys):
+    import shutil
+
+    shutil.copytree(tiny_dataset, tmp_path / "data")
+    days = sorted(json.loads((tmp_path / "data" / "meta.json").read_text())["days"])
+    assert _main(tmp_path, "--dry-run") == R.EXIT_NOTHING
+    assert f"would train day {days[-1]} on {days[0]}..{days[-1]} (cold start)" in capsys.readouterr().out
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "published", None, days[:1])
+    listing = lambda: sorted(set(os.listdir(tmp_path / "registry")) - {".lock"})
+    before = listing()
+    assert _main(tmp_path, "--dry-run", "--until", days[1]) == R.EXIT_NOTHING
+    out = capsys.readouterr().out
+    assert f"would train day {days[1]} on {days[1]}..{days[1]} (warm start" in out and days[2] not in out
+    assert listing() == before and reg.list_versions() == ["v0001"]
+    assert _main(tmp_path, "--until", "20990101") == R.EXIT_FAILED
+    assert "--until 20990101: not a day of" in capsys.readouterr().out

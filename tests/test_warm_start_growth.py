@@ -277,6 +277,7 @@ def base_run(tmp_path_factory, data_cache, tiny_dataset):
     return run_dir, grown
 
 
+@pytest.mark.slow  # two real runs; the default suite keeps the 2-rank layout tests, and the slow retraining test warm-starts on grown tables
 def test_a_warm_start_on_grown_vocabularies_trains_and_a_shrink_is_refused(base_run, tiny_dataset, tmp_path,
                                                                           data_cache):
     run_dir, grown = base_run
@@ -310,6 +311,7 @@ def test_a_warm_start_on_grown_vocabularies_trains_and_a_shrink_is_refused(base_
     assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "shrink" / "checkpoint")
 
 
+@pytest.mark.slow  # a real run and two scorings; `make test-all` runs it
 def test_evaluation_scores_a_checkpoint_on_grown_vocabularies_as_on_its_own(base_run, tiny_dataset, tmp_path):
     # recsys_hdet.evaluation builds the model from the data set it scores (here: the grown copy)
     # and loads the smaller checkpoint into it; the held-out day's ids all have old rows, so every
