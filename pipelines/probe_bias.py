@@ -1,0 +1,107 @@
+"""``python -m pipelines.probe_bias``: which way does the probe signal push, and why? (issue 10)
+
+In the recovery study (docs/lr_recovery.md) the scale-free controller lowered every group's base
+from every start, the 10x-too-low one included. This diagnostic asks whether the bias comes from
+what the probe scores. It runs, on the benchmark data set (format 2, today's loader), the study's
+HDET controller (``pipelines.lr_recovery.HDET_NEW``) from the study's tuned point (embedding 6,
+dense 0.03) and from all-low (0.6, 0.003), with three forms of the probe:
+
+- ``probe_mix=1.0``: each replica scores itself (the study's form);
+- ``probe_mix=replicas``: ``avg + (own - avg) / N``: a replica's own noise weighed as the averaged
+  model keeps it (tests whether the bias is the replicas' extra noise);
+- ``probe_mix=0.05``: ``avg + 0.05 (own - avg)``: to first order, how each replica's displacement
+  moves the *averaged* model's loss (tests whether it is the replicas' own overshoot);
+
+plus the plain runs at both points. Seed 0 only: a diagnostic, not a study. Writes
+``docs/probe_bias.md``/``.json``: per run, held-out NE (mean over tasks) and each group's final
+base over its start (geometric mean over the last quarter of the syncs, as the study reports it).
+Resumable like the ablation (finished runs are skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+from pipelines.ablation import AblationConfig, run_dir, run_one
+from pipelines.lr_recovery import DENSE, HDET_NEW, final_bases, lr_overrides, mean_ne
+from recsys_hdet.components.metrics import read_json
+
+STARTS: Dict[str, Tuple[float, float]] = {"tuned": (6.0, 0.03), "all_low": (0.6, 0.003)}
+FORMS: Dict[str, Tuple[str, ...]] = {
+    "plain": (),
+    "probe_mix=1.0": (*HDET_NEW, "hdet.probe_mix=1.0"),
+    "probe_mix=replicas": (*HDET_NEW, "hdet.probe_mix=replicas"),
+    "probe_mix=0.05": (*HDET_NEW, "hdet.probe_mix=0.05"),
+}
+
+
+def _name(start: str, form: str) -> str:
+    return f"{start}/{form.replace('=', '_')}"
+
+
+def run_all(out: str) -> List[Dict[str, Any]]:
+    rows = []
+    for start, (emb, dense) in STARTS.items():
+        for form, extra in FORMS.items():
+            name = _name(start, form)
+            res = run_one(out, AblationConfig(name, "baseline_low", name, None, None), 0,
+                          [*lr_overrides(emb, dense), *extra])
+            path = run_dir(out, name, 0)
+            summary = read_json(os.path.join(path, "summary.json")) if not res.get("crashed") else None
+            row: Dict[str, Any] = {"start": start, "form": form, "status": summary["status"] if summary else "crashed",
+                                   "ne": mean_ne(summary) if summary else None}
+            if summary and form != "plain" and summary["status"] == "completed":
+                bases = final_bases(path)
+                row["final_over_start"] = {"embedding": bases["embedding"] / emb,
+                                           **{g: bases[g] / dense for g in DENSE}}
+            rows.append(row)
+            print(f"{name}: {row['status']}, NE {row['ne']}", flush=True)
+    return rows
+
+
+def write(rows: List[Dict[str, Any]], docs: str) -> None:
+    fmt = lambda x, d=4: "-" if x is None else f"{x:.{d}f}"
+    lines = ["| start | probe form | status | held-out NE | embedding | transformer | non_embedding | no_decay |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        f = r.get("final_over_start", {})
+        lines.append(f"| {r['start']} | {r['form']} | {r['status']} | {fmt(r['ne'])} | "
+                     + " | ".join(fmt(f.get(g), 3) for g in ("embedding", *DENSE)) + " |")
+    md = f"""# Which way does the probe signal push? (issue 10 diagnostic)
+
+Produced by `python -m pipelines.probe_bias` on {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}.
+Benchmark data set (format 2), `baseline_low` preset, seed 0, the recovery study's scale-free controller
+(`pipelines.lr_recovery.HDET_NEW`: probe signal, centred ranks, log space, x2 spread, from step 0) with
+three forms of what each replica's probe scores (`hdet.probe_mix`, see the pipeline's docstring), and
+the plain runs at the same max LRs. The group columns are each group's final base over the max LR it
+started from (geometric mean over the last quarter of the syncs): below 1, the controller lowered it.
+One seed: a diagnostic of direction, not a measurement of size.
+
+{chr(10).join(lines)}
+"""
+    os.makedirs(docs, exist_ok=True)
+    with open(os.path.join(docs, "probe_bias.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    with open(os.path.join(docs, "probe_bias.md"), "w") as fh:
+        fh.write(md)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="docs/probe_bias", help="runs (committed without checkpoints, so a later session resumes)")
+    ap.add_argument("--docs", default="docs")
+    args = ap.parse_args(argv)
+    rows = run_all(args.out)
+    write(rows, args.docs)
+    print(f"wrote {args.docs}/probe_bias.md and .json")
+    return 0 if all(r["status"] != "crashed" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
