@@ -11,6 +11,8 @@ dense 0.03) and from all-low (0.6, 0.003), with three forms of the probe:
   model keeps it (tests whether the bias is the replicas' extra noise);
 - ``probe_mix=0.05``: ``avg + 0.05 (own - avg)``: to first order, how each replica's displacement
   moves the *averaged* model's loss (tests whether it is the replicas' own overshoot);
+- ``score=regression``: the replica itself, but each group's signal from one joint fit of the losses
+  on all groups' offsets (tests whether the per-group correlations' confounding decides the sign);
 
 plus the plain runs at both points. Seed 0 only: a diagnostic, not a study. Writes
 ``docs/probe_bias.md``/``.json``: per run, held-out NE (mean over tasks) and each group's final
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -38,7 +41,12 @@ FORMS: Dict[str, Tuple[str, ...]] = {
     "probe_mix=1.0": (*HDET_NEW, "hdet.probe_mix=1.0"),
     "probe_mix=replicas": (*HDET_NEW, "hdet.probe_mix=replicas"),
     "probe_mix=0.05": (*HDET_NEW, "hdet.probe_mix=0.05"),
+    # One joint fit of the losses on every group's offset instead of one correlation per group
+    # (pooled over syncs: beta 0.9 keeps ~10 syncs, enough degrees of freedom for 4 groups).
+    "score=regression": tuple({**dict(o.split("=", 1) for o in HDET_NEW), "hdet.score": "regression",
+                               "hdet.beta": "0.9"}.items()),
 }
+FORMS["score=regression"] = tuple(f"{k}={v}" for k, v in FORMS["score=regression"])
 
 
 def _name(start: str, form: str) -> str:
@@ -65,8 +73,67 @@ def run_all(out: str) -> List[Dict[str, Any]]:
     return rows
 
 
-def write(rows: List[Dict[str, Any]], docs: str) -> None:
+GROUPS = ("embedding", *DENSE)
+
+
+def probe_slopes(path: str) -> List[Dict[str, float]]:
+    """What the controller saw in a finished HDET run: per half of the pass, the least-squares slope
+    of the replicas' probe losses on every group's log2 multiplier, fitted jointly (the four groups'
+    permutations are independent, so one joint fit separates their effects), with each sync's
+    losses and multipliers centred. In loss units per doubling of that group's LR: positive, the
+    higher-LR replicas scored worse."""
+    import numpy as np
+
+    from recsys_hdet.components.metrics import read_jsonl
+
+    X, Y = [], []
+    for r in read_jsonl(os.path.join(path, "hdet.jsonl")):
+        hp, losses = r.get("hparams") or {}, r.get("losses") or []
+        if not hp or not losses or any(x is None for x in losses):
+            continue
+        n = len(losses)
+        rows = []
+        for rank in range(n):
+            feats = []
+            for g in GROUPS:
+                h = hp[f"lr/{g}"]
+                replica = rank * len(h["values"]) // n  # contiguous blocks of ranks form one replica
+                feats.append(math.log2(h["values"][replica] / h["base"]))
+            rows.append(feats)
+        a, y = np.array(rows), np.array(losses, dtype=float)
+        X.append(a - a.mean(0))
+        Y.append(y - y.mean())
+    out = []
+    for part in (slice(0, len(X) // 2), slice(len(X) // 2, None)):
+        xs, ys = np.concatenate(X[part]), np.concatenate(Y[part])
+        coef = np.linalg.lstsq(xs, ys, rcond=None)[0]
+        out.append({g: float(c) for g, c in zip(GROUPS, coef)})
+    return out
+
+
+def study_slopes(study: str) -> List[Dict[str, Any]]:
+    """:func:`probe_slopes` of the recovery study's scale-free HDET runs (those finished)."""
+    rows = []
+    for start in ("tuned", "all_low", "all_high", "emb_low_dense_high", "emb_high_dense_low"):
+        for seed in (0, 1, 2):
+            path = os.path.join(study, "runs", start, "hdet", f"seed{seed}")
+            summary = read_json(os.path.join(path, "summary.json"))
+            if summary and summary.get("status") == "completed":
+                first, second = probe_slopes(path)
+                rows.append({"start": start, "seed": seed, "first_half": first, "second_half": second})
+    return rows
+
+
+def write(rows: List[Dict[str, Any]], docs: str, slopes: List[Dict[str, Any]] = ()) -> None:
     fmt = lambda x, d=4: "-" if x is None else f"{x:.{d}f}"
+    slope_lines = ["| start | seed | half | " + " | ".join(GROUPS) + " |", "|---|---|---|" + "---|" * len(GROUPS)]
+    for r in slopes:
+        for half in ("first_half", "second_half"):
+            slope_lines.append(f"| {r['start']} | {r['seed']} | {half.replace('_', ' ')} | "
+                               + " | ".join(f"{r[half][g] * 1e4:+.2f}" for g in GROUPS) + " |")
+    if slopes:
+        positive = sum(r["second_half"]["non_embedding"] > 0 for r in slopes)
+        slope_lines.append(f"\nnon_embedding's second-half slope is positive in {positive} of {len(slopes)} runs.")
     lines = ["| start | probe form | status | held-out NE | embedding | transformer | non_embedding | no_decay |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -84,10 +151,19 @@ started from (geometric mean over the last quarter of the syncs): below 1, the c
 One seed: a diagnostic of direction, not a measurement of size.
 
 {chr(10).join(lines)}
+
+## What the probe saw in the recovery study's runs
+
+Per finished scale-free HDET run of `docs/lr_recovery` (format-1 data, 3 seeds per start): the slope of
+the replicas' probe losses on each group's log2 LR multiplier, fitted jointly over all groups and the
+syncs of each half of the pass (losses centred per sync), x 1e4: positive, the higher-LR replicas scored
+worse (the controller then lowers that group).
+
+{chr(10).join(slope_lines)}
 """
     os.makedirs(docs, exist_ok=True)
     with open(os.path.join(docs, "probe_bias.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
+        json.dump({"runs": rows, "study_probe_slopes": list(slopes)}, fh, indent=1)
     with open(os.path.join(docs, "probe_bias.md"), "w") as fh:
         fh.write(md)
 
@@ -96,9 +172,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/probe_bias", help="runs (committed without checkpoints, so a later session resumes)")
     ap.add_argument("--docs", default="docs")
+    ap.add_argument("--study", default="docs/lr_recovery", help="the recovery study whose HDET runs' signal is read")
     args = ap.parse_args(argv)
     rows = run_all(args.out)
-    write(rows, args.docs)
+    write(rows, args.docs, study_slopes(args.study))
     print(f"wrote {args.docs}/probe_bias.md and .json")
     return 0 if all(r["status"] != "crashed" for r in rows) else 1
 

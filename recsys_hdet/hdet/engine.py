@@ -35,7 +35,9 @@ Method, section by section:
    start at step 0). At a sync the signal ``g`` in [-1, 1] is how strongly the window's losses
    favour the higher offsets (``score``: "zscore", the correlation of ``-L`` with ``u``; "rank",
    the same on ranks, i.e. centred-rank fitness shaping; "softmax", the paper's weights, giving
-   ``g = sum w u - mean u``); both scale-free scores rank a non-finite replica worst, so a replica
+   ``g = sum w u - mean u``; "regression", every hparam's partial correlation from one joint
+   least-squares fit of the ranks' losses on all hparams' offsets, pooled over syncs: see
+   ``_joint_preferences``); the scale-free scores rank a non-finite replica worst, so a replica
    that blew up is the strongest signal, not only an exclusion. Then ``m <- beta m + (1 - beta) g``
    and ``o <- clamp(o + step * m, range)``: ``step`` is in natural-log units per sync (by default
    ``travel_decades * ln 10 / controlled syncs``, so a short and a long run can travel as far), and
@@ -114,6 +116,9 @@ def preference(losses: torch.Tensor, ok: torch.Tensor, u: torch.Tensor, score: s
     return float((fc * uc).sum()) / denominator if denominator > 0 else 0.0
 
 
+SCORES = ("softmax", "zscore", "rank", "regression")
+
+
 @dataclass(frozen=True)
 class ReplicaAxis:
     """Which replica each world rank belongs to, for one hparam (e.g. ranks, or sharding groups)."""
@@ -176,7 +181,7 @@ class HDETConfig:
     decay: str = "schedule"  # linear space: how the base decays with no signal: "schedule" or "geometric"
     # Defaults are the paper's form; conf/hdet/enabled.yaml sets the measured product defaults.
     space: str = "linear"  # how learning rates spread and are controlled: "linear" (paper) or "log"
-    score: str = "softmax"  # "softmax" (paper: absolute sigma), "zscore" or "rank" (scale-free)
+    score: str = "softmax"  # "softmax" (paper: absolute sigma), "zscore", "rank" or "regression" (scale-free)
     log_step: Optional[float] = None  # log space: step in natural-log units per sync (None: from travel_decades)
     travel_decades: float = 2.0  # log space: how far a consistent signal moves the base over the run
     range_decades: Tuple[float, float] = (-2.0, 2.0)  # log space: bounds of base / schedule, in decades
@@ -200,7 +205,7 @@ class HDETConfig:
             (self.lam >= 0 and math.isfinite(self.lam), "lam", "must be a finite number >= 0"),
             (self.decay in ("schedule", "geometric"), "decay", "must be 'schedule' or 'geometric'"),
             (self.space in ("linear", "log"), "space", "must be 'linear' or 'log'"),
-            (self.score in ("softmax", "zscore", "rank"), "score", "must be 'softmax', 'zscore' or 'rank'"),
+            (self.score in SCORES, "score", "must be one of " + ", ".join(repr(x) for x in SCORES)),
             (self.log_step is None or (self.log_step >= 0 and math.isfinite(self.log_step)), "log_step",
              "must be null or a finite number >= 0"),
             (self.travel_decades >= 0 and math.isfinite(self.travel_decades), "travel_decades",
@@ -270,6 +275,10 @@ class HDETEngine:
         self.window_loss_sum = 0.0
         self.window_steps = 0
         self.state: Dict[str, _HParamState] = {h.name: _HParamState(base=h.schedule(0)) for h in self.hparams}
+        # score="regression": the pooled normal equations of the joint fit (see _joint_preferences).
+        k = len(self.hparams)
+        self.fit = {"xx": torch.zeros(k, k, dtype=torch.float64), "xy": torch.zeros(k, dtype=torch.float64),
+                    "yy": 0.0, "dof": 0.0}
         self._draw_permutations()
         self._apply()
 
@@ -352,6 +361,7 @@ class HDETEngine:
                                   "hparams": {}, "excluded": excluded_ranks}
         if self.probe is not None:
             record["train_losses"] = finite_or_none(table[:, 2].tolist())
+        joint = self._joint_preferences(rank_loss, rank_ok) if self.config.score == "regression" else {}
         for h in self.hparams:
             losses, ok = self._replica_losses(h, rank_loss, rank_ok)
             values = self.values(h.name)
@@ -359,7 +369,7 @@ class HDETEngine:
             window_base = s.base
             if self.signal_possible(h) and self.step_count >= self.config.controller_start:
                 s.controlled = True
-                self._control(h, s, losses, ok, values, syncs_left)
+                self._control(h, s, losses, ok, values, syncs_left, joint.get(h.name))
             elif h.space != "log":
                 s.base = self._schedule_now(h)
             # base and values: what the window just scored trained with (its last step);
@@ -384,13 +394,60 @@ class HDETEngine:
             losses[r] = rank_loss[members].mean() if ok[r] else float("nan")
         return losses, ok
 
-    def _control(self, h, s: _HParamState, losses, ok, values, syncs_left: int) -> None:
+    def _joint_preferences(self, rank_loss: torch.Tensor, rank_ok: torch.Tensor) -> Dict[str, float]:
+        """score="regression": for every hparam with a signal, the partial correlation of -loss with its
+        offset, from ONE least-squares fit of the ranks' losses on all hparams' offsets at once.
+
+        Why: the hparams' permutations are independent, so a per-hparam correlation (zscore, rank)
+        counts the other hparams' effects as noise; with two embedding replicas and three dense
+        groups spread over four ranks that noise decides the sign of the embedding group's signal.
+        The fit is pooled over syncs (normal equations decayed by ``beta`` per sync, each sync's losses
+        and offsets centred over the ranks), so the pooling is the momentum; the partial correlation
+        ``t / sqrt(t^2 + dof)`` is in [-1, 1] and unchanged when the losses are scaled or shifted. A
+        non-finite rank scores one spread above the worst finite one (the strongest signal). No
+        signal (0) until the pooled fit has more degrees of freedom than hparams.
+        """
+        names = [h.name for h in self.hparams]
+        usable = [i for i, h in enumerate(self.hparams) if self.signal_possible(h)]
+        finite = torch.isfinite(rank_loss) & rank_ok
+        if not usable or int(finite.sum()) < 2:
+            return {}
+        y = rank_loss.clone()
+        good = y[finite]
+        y[~finite] = good.max() + (good.std() if len(good) > 1 else 0.0) + 1e-12
+        # Each rank's offset for each hparam: the offset of the replica it belongs to this window.
+        X = torch.stack([self.offsets[h.name][torch.tensor(self.state[h.name].permutation)]
+                         [torch.tensor(h.axis.replica_of_rank)] for h in self.hparams], dim=1)
+        Xc, yc = X - X.mean(0), y - y.mean()
+        beta, f = self.config.beta, self.fit
+        f["xx"] = beta * f["xx"] + Xc.T @ Xc
+        f["xy"] = beta * f["xy"] + Xc.T @ yc
+        f["yy"] = beta * f["yy"] + float(yc @ yc)
+        f["dof"] = beta * f["dof"] + (len(y) - 1)
+        idx = torch.tensor(usable)
+        A, b = f["xx"][idx][:, idx], f["xy"][idx]
+        dof = f["dof"] - len(usable)
+        if dof <= 0:
+            return {names[i]: 0.0 for i in usable}
+        A = A + torch.eye(len(usable), dtype=torch.float64) * 1e-9 * float(A.diagonal().mean())
+        coef = torch.linalg.solve(A, b)
+        rss = max(f["yy"] - float(coef @ b), 1e-30 * max(f["yy"], 1e-300))
+        se = torch.sqrt(rss / dof * torch.linalg.inv(A).diagonal())
+        t = coef / se
+        rho = t / torch.sqrt(t * t + dof)
+        return {names[i]: float(-r) for i, r in zip(usable, rho)}
+
+    def _control(self, h, s: _HParamState, losses, ok, values, syncs_left: int,
+                 joint: Optional[float] = None) -> None:
         cfg = self.config
         u = self.offsets[h.name][torch.tensor(s.permutation)]  # each replica's offset this window
-        g = preference(losses, ok, u, cfg.score, cfg.sigma)
+        g = joint if cfg.score == "regression" else preference(losses, ok, u, cfg.score, cfg.sigma)
+        if g is None:
+            g = 0.0
         if h.space == "log":
-            # Momentum and step in log units: the same relative move anywhere on the schedule.
-            s.velocity = cfg.beta * s.velocity + (1 - cfg.beta) * g
+            # Momentum and step in log units: the same relative move anywhere on the schedule; the
+            # regression score is pooled over syncs already, so its signal is the velocity.
+            s.velocity = g if cfg.score == "regression" else cfg.beta * s.velocity + (1 - cfg.beta) * g
             s.log_offset = min(max(s.log_offset + self.log_step * s.velocity, self.log_range[0]), self.log_range[1])
             return
         if cfg.score == "softmax":  # the paper's Delta, on the values the replicas trained with
@@ -441,6 +498,8 @@ class HDETEngine:
             "window_loss_sum": self.window_loss_sum,
             "window_steps": self.window_steps,
             "generator": self.generator.get_state(),
+            "fit": {"xx": self.fit["xx"].tolist(), "xy": self.fit["xy"].tolist(), "yy": self.fit["yy"],
+                    "dof": self.fit["dof"]},
             "hparams": {
                 n: {"base": s.base, "velocity": s.velocity, "permutation": list(s.permutation),
                     "controlled": s.controlled, "log_offset": s.log_offset}
@@ -453,6 +512,11 @@ class HDETEngine:
         self.window_loss_sum = float(state["window_loss_sum"])
         self.window_steps = int(state["window_steps"])
         self.generator.set_state(state["generator"])
+        if "fit" in state:  # absent in checkpoints from before score="regression"
+            fit = state["fit"]
+            self.fit = {"xx": torch.tensor(fit["xx"], dtype=torch.float64).reshape(self.fit["xx"].shape),
+                        "xy": torch.tensor(fit["xy"], dtype=torch.float64), "yy": float(fit["yy"]),
+                        "dof": float(fit["dof"])}
         for n, s in state["hparams"].items():
             self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]),
                                          bool(s["controlled"]), float(s.get("log_offset", 0.0)))
