@@ -13,6 +13,8 @@ dense 0.03) and from all-low (0.6, 0.003), with three forms of the probe:
   moves the *averaged* model's loss (tests whether it is the replicas' own overshoot);
 - ``score=regression``: the replica itself, but each group's signal from one joint fit of the losses
   on all groups' offsets (tests whether the per-group correlations' confounding decides the sign);
+- ``autolr=false``: the same spread and averaging with the controller off (what HDET costs before
+  the controller does anything);
 
 plus the plain runs at both points. Seed 0 only: a diagnostic, not a study. Writes
 ``docs/probe_bias.md``/``.json``: per run, held-out NE (mean over tasks) and each group's final
@@ -45,6 +47,8 @@ FORMS: Dict[str, Tuple[str, ...]] = {
     # (pooled over syncs: beta 0.9 keeps ~10 syncs, enough degrees of freedom for 4 groups).
     "score=regression": tuple({**dict(o.split("=", 1) for o in HDET_NEW), "hdet.score": "regression",
                                "hdet.beta": "0.9"}.items()),
+    # The spread and the averaging without any control: what HDET costs before the controller acts.
+    "autolr=false": (*HDET_NEW, "hdet.autolr=false"),
 }
 FORMS["score=regression"] = tuple(f"{k}={v}" for k, v in FORMS["score=regression"])
 
