@@ -15,6 +15,8 @@ dense 0.03) and from all-low (0.6, 0.003), with three forms of the probe:
   on all groups' offsets (tests whether the per-group correlations' confounding decides the sign);
 - ``autolr=false``: the same spread and averaging with the controller off (what HDET costs before
   the controller does anything);
+- ``alpha=0``: no spread and no controller, only the averaging every ``hdet.sync_every`` steps
+  (the plain run averages the embedding replicas every step): the sync interval's cost alone;
 
 plus the plain runs at both points. Seed 0 only: a diagnostic, not a study. Writes
 ``docs/probe_bias.md``/``.json``: per run, held-out NE (mean over tasks) and each group's final
@@ -49,6 +51,10 @@ FORMS: Dict[str, Tuple[str, ...]] = {
                                "hdet.beta": "0.9"}.items()),
     # The spread and the averaging without any control: what HDET costs before the controller acts.
     "autolr=false": (*HDET_NEW, "hdet.autolr=false"),
+    # No spread either: only the averaging every hdet.sync_every steps (plain averages the embedding
+    # replicas every step): the cost of the sync interval alone.
+    "alpha=0": tuple(f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in HDET_NEW), "hdet.alpha": "0",
+                                             "hdet.autolr": "false"}.items()),
 }
 FORMS["score=regression"] = tuple(f"{k}={v}" for k, v in FORMS["score=regression"])
 
