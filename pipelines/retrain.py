@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.registry import MANIFEST, Registry, RegistryBusy, RegistryError
+from pipelines.registry import Registry, RegistryBusy, RegistryError
 from recsys_hdet.components.metrics import read_json, read_jsonl
 
 EXIT_PUBLISHED = 0   # at least one day published, none failed, the newest day published
