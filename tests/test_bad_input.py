@@ -37,7 +37,7 @@ def test_invalid_config_value_is_named(tmp_path, data_cache, override, needles):
 @pytest.mark.parametrize(
     "overrides, needles",
     [
-        (["hdet.score=best"], ["hdet.score", "'softmax', 'zscore' or 'rank'"]),
+        (["hdet.score=best"], ["hdet.score", "one of 'softmax', 'zscore', 'rank', 'regression'"]),
         (["hdet.space=cubic"], ["hdet.space", "'linear' or 'log'"]),
         (["hdet.range_decades=[1.0,2.0]"], ["hdet.range_decades", "low <= 0 <= high"]),
         (["hdet.signal=probe", "hdet.probe_rows=0"], ["hdet.probe_rows", ">= 1"]),

@@ -236,7 +236,8 @@ def _planted_lr_run(tmp_path, cfg, scale):
 SCALE_FREE = dict(space="log", alpha=1.0, sync_every=10, controller_start=0, beta=0.9, travel_decades=3.0)
 
 
-@pytest.mark.parametrize("score", [pytest.param("zscore", marks=pytest.mark.slow), "rank", "regression"])
+@pytest.mark.parametrize("score", [pytest.param("zscore", marks=pytest.mark.slow), "rank",
+                                   pytest.param("regression", marks=pytest.mark.slow)])
 def test_scale_free_controller_finds_each_group_s_optimum_at_any_loss_scale(tmp_path, score):
     runs = {scale: _planted_lr_run(tmp_path, {**SCALE_FREE, "score": score}, scale) for scale in (1.0, 0.01)}
     for scale, run in runs.items():

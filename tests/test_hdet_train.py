@@ -47,6 +47,7 @@ def test_alpha_zero_reproduces_the_plain_run_exactly(tmp_path, data_cache, tiny_
     assert not os.path.exists(tmp_path / "plain" / "tensorboard")
 
 
+@pytest.mark.slow  # the probe-signal test keeps a 2 x 2 HDET run in the default suite
 def test_two_by_two_hdet_run_spreads_every_group_and_reshuffles(tmp_path, data_cache, tiny_dataset):
     run_dir = tmp_path / "hdet"
     proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
