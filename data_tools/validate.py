@@ -352,13 +352,14 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
     return st["__rows"]
 
 
-def validate_processed(root: str) -> dict:
-    """Validate a processed data set directory; return its meta dict (DataError on problems)."""
+def validate_processed(root: str, days=None) -> dict:
+    """Validate a processed data set directory; return its meta dict (DataError on problems).
+    ``days``: check only these day files (e.g. the new days a retraining job is about to train on)."""
     root = os.fspath(root)
     meta = _load_meta(root)
     for day, spec in sorted(meta["days"].items()):
-        path = os.path.join(root, spec["file"])
-        validate_day_file(path, meta, day, spec.get("rows"))
+        if days is None or day in days:
+            validate_day_file(os.path.join(root, spec["file"]), meta, day, spec.get("rows"))
     return meta
 
 

@@ -150,11 +150,12 @@ class Registry:
             os.fsync(f.fileno())
 
     def status(self) -> List[Dict[str, Any]]:
-        """Every version's lineage line: version, parent, days, decision, current or not."""
+        """Every version's lineage line, oldest first: version, parent, train_days, status (published or
+        rejected), whether it is current, and its whole manifest."""
         cur = self.current()
         out = []
         for v in self.list_versions():
             m = self.manifest(v)
-            out.append({"version": v, "parent": m.get("parent"), "days": m.get("days"),
-                        "status": m.get("status"), "current": v == cur})
+            out.append({"version": v, "parent": m.get("parent"), "train_days": m.get("train_days"),
+                        "status": m.get("status"), "current": v == cur, "manifest": m})
         return out

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import math
 import os
 import signal
@@ -49,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines.registry import Registry, RegistryBusy, RegistryError
-from recsys_hdet.components.metrics import read_json, read_jsonl
+from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_atomic
 
 EXIT_PUBLISHED = 0   # at least one day published, none failed, the newest day published
 EXIT_FAILED = 1      # a day could not be trained or evaluated (the registry is unchanged for it)
@@ -166,16 +165,6 @@ def git_commit() -> str:
         return "unknown"
 
 
-def validate_days(root: str, days: Sequence[str]) -> None:
-    """The days about to be trained on pass the data set validator (DataError names file and field)."""
-    from data_tools.validate import _load_meta, validate_day_file
-
-    meta = _load_meta(root)
-    for d in days:
-        spec = meta["days"][d]
-        validate_day_file(os.path.join(root, spec["file"]), meta, d, spec.get("rows"))
-
-
 # ----------------------------------------------------------------------------------------------
 # One day
 
@@ -252,10 +241,7 @@ def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Option
     probs = score_run(run, nproc=nproc, scratch=run_dir)
     published = {"version_dir": current_dir, "days": [day],
                  **evaluate_frame(predictions_frame(run, probs), list(run.cfg.tasks))}
-    tmp = published_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(published, f, indent=1)
-    os.replace(tmp, published_path)
+    write_json_atomic(published_path, published)
     return candidate, published
 
 
@@ -375,6 +361,7 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
 
 def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -> int:
     from data_tools.errors import DataError
+    from data_tools.validate import validate_processed
     from recsys_hdet.components.dataloader import DatasetMeta
 
     registry = Registry(str(cfg.registry))
@@ -408,8 +395,8 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
                     log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
                         f"held-out rows, publish or reject")
                 return EXIT_NOTHING
-            try:
-                validate_days(root, sorted({d for p in plans for d in p.train_days}))
+            try:  # the days about to be trained on, before anything trains
+                validate_processed(root, {d for p in plans for d in p.train_days})
             except DataError as e:
                 log(f"FAILED before training: {e}; the registry is unchanged")
                 registry.log_event({"event": "failed", "day": plans[0].day, "reason": str(e)})
@@ -439,16 +426,15 @@ def status(cfg: DictConfig) -> int:
     if not os.path.isdir(registry.root):
         print(f"{registry.root}: no registry yet (the first run creates it)")
         return EXIT_NOTHING
-    current = registry.current()
-    versions = registry.list_versions()
-    print(f"registry {registry.root}: {len(versions)} version(s), current: {current}")
-    for v in versions:
-        m = registry.manifest(v)
+    lineage = registry.status()
+    print(f"registry {registry.root}: {len(lineage)} version(s), current: {registry.current()}")
+    for line in lineage:
+        m = line["manifest"]
         ne = " ".join(f"{t}={r['candidate_ne']:.4f}" for t, r in m.get("gate", {}).get("tasks", {}).items()
                       if r.get("candidate_ne") is not None)
         bases = " ".join(f"{g}={x:.3g}" for g, x in (m.get("hdet_bases") or {}).items())
-        days = m.get("train_days", [])
-        print(f"{'*' if v == current else ' '} {v} {m.get('status', '?'):9s} parent={m.get('parent')} "
+        days = line["train_days"] or []
+        print(f"{'*' if line['current'] else ' '} {line['version']} {line['status'] or '?':9s} parent={line['parent']} "
               f"days={days[0] if days else '-'}..{days[-1] if days else '-'} NE {ne or '-'}"
               + (f" | LRs {bases}" if bases else ""))
         for r in m.get("gate", {}).get("reasons", []):

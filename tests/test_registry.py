@@ -19,10 +19,10 @@ def _candidate(tmp_path, name):
 def test_publish_point_and_roll_back(tmp_path):
     reg = Registry(str(tmp_path / "registry"))
     assert reg.current() is None and reg.list_versions() == []
-    reg.add_version("v1", _candidate(tmp_path, "v1"), {"parent": None, "days": ["20220410"],
+    reg.add_version("v1", _candidate(tmp_path, "v1"), {"parent": None, "train_days": ["20220410"],
                                                        "status": "published"})
     reg.set_current("v1")
-    reg.add_version("v2", _candidate(tmp_path, "v2"), {"parent": "v1", "days": ["20220411"],
+    reg.add_version("v2", _candidate(tmp_path, "v2"), {"parent": "v1", "train_days": ["20220411"],
                                                        "status": "published"})
     reg.set_current("v2")
     assert reg.current() == "v2" and reg.list_versions() == ["v1", "v2"]
