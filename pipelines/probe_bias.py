@@ -3,7 +3,7 @@
 In the recovery study (docs/lr_recovery.md) the scale-free controller lowered every group's base
 from every start, the 10x-too-low one included. This diagnostic asks whether the bias comes from
 what the probe scores. It runs, on the benchmark data set (format 2, today's loader), the study's
-HDET controller (``pipelines.lr_recovery.HDET_NEW``) from the study's tuned point (embedding 6,
+first scale-free HDET controller (``RANK_X2``) from the study's tuned point (embedding 6,
 dense 0.03) and from all-low (0.6, 0.003), with three forms of the probe:
 
 - ``probe_mix=1.0``: each replica scores itself (the study's form);
@@ -17,6 +17,10 @@ dense 0.03) and from all-low (0.6, 0.003), with three forms of the probe:
   the controller does anything);
 - ``alpha=0``: no spread and no controller, only the averaging every ``hdet.sync_every`` steps
   (the plain run averages the embedding replicas every step): the sync interval's cost alone;
+- ``regression,alpha=0.25`` and ``autolr=false,alpha=0.25``: the joint fit with a x1.25 spread
+  instead of x2, and that spread with the controller off (tests whether the x2 spread, not the
+  controller, is what costs NE: the probe's noise is ~1/76 of a x2 spread's effect, so a narrower
+  spread still leaves a clear signal);
 
 plus the plain runs at both points. Seed 0 only: a diagnostic, not a study. Writes
 ``docs/probe_bias.md``/``.json``: per run, held-out NE (mean over tasks) and each group's final
@@ -36,31 +40,44 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from pipelines.ablation import AblationConfig, run_dir, run_one
-from pipelines.lr_recovery import DENSE, HDET_NEW, final_bases, lr_overrides, mean_ne
+from pipelines.lr_recovery import DENSE, final_bases, lr_overrides, mean_ne
 from recsys_hdet.components.metrics import read_json
 
 STARTS: Dict[str, Tuple[float, float]] = {"tuned": (6.0, 0.03), "all_low": (0.6, 0.003)}
+# The controller every form below varies: the recovery study's first scale-free form (probe signal,
+# centred ranks, log space, x2 spread, from step 0). Frozen here, so that these runs stay resumable and
+# comparable after the study moved on to the form this diagnostic chose (regression, x1.25 spread).
+RANK_X2 = ("hdet=enabled", "hdet.space=log", "hdet.score=rank", "hdet.signal=probe", "hdet.alpha=1.0",
+           "hdet.controller_start=0", "hdet.beta=0.5", "hdet.travel_decades=3.0")
 FORMS: Dict[str, Tuple[str, ...]] = {
     "plain": (),
-    "probe_mix=1.0": (*HDET_NEW, "hdet.probe_mix=1.0"),
-    "probe_mix=replicas": (*HDET_NEW, "hdet.probe_mix=replicas"),
-    "probe_mix=0.05": (*HDET_NEW, "hdet.probe_mix=0.05"),
+    "probe_mix=1.0": (*RANK_X2, "hdet.probe_mix=1.0"),
+    "probe_mix=replicas": (*RANK_X2, "hdet.probe_mix=replicas"),
+    "probe_mix=0.05": (*RANK_X2, "hdet.probe_mix=0.05"),
     # One joint fit of the losses on every group's offset instead of one correlation per group
     # (pooled over syncs: beta 0.9 keeps ~10 syncs, enough degrees of freedom for 4 groups).
-    "score=regression": tuple({**dict(o.split("=", 1) for o in HDET_NEW), "hdet.score": "regression",
+    "score=regression": tuple({**dict(o.split("=", 1) for o in RANK_X2), "hdet.score": "regression",
                                "hdet.beta": "0.9"}.items()),
     # The spread and the averaging without any control: what HDET costs before the controller acts.
-    "autolr=false": (*HDET_NEW, "hdet.autolr=false"),
+    "autolr=false": (*RANK_X2, "hdet.autolr=false"),
     # No spread either: only the averaging every hdet.sync_every steps (plain averages the embedding
     # replicas every step): the cost of the sync interval alone.
-    "alpha=0": tuple(f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in HDET_NEW), "hdet.alpha": "0",
+    "alpha=0": tuple(f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in RANK_X2), "hdet.alpha": "0",
                                              "hdet.autolr": "false"}.items()),
 }
 FORMS["score=regression"] = tuple(f"{k}={v}" for k, v in FORMS["score=regression"])
+# The probe's noise is ~1/76 of a x2 spread's effect (docs/signal_noise.md), so a much narrower spread
+# still gives a clear signal, and the x2 spread alone costs 0.005-0.008 NE (autolr=false vs alpha=0):
+# the joint fit with a x1.25 spread, and that spread with the controller off (its cost alone).
+FORMS["regression,alpha=0.25"] = tuple(
+    f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in FORMS["score=regression"]), "hdet.alpha": "0.25"}.items())
+FORMS["autolr=false,alpha=0.25"] = tuple(
+    f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in RANK_X2), "hdet.alpha": "0.25",
+                            "hdet.autolr": "false"}.items())
 
 
 def _name(start: str, form: str) -> str:
-    return f"{start}/{form.replace('=', '_')}"
+    return f"{start}/{form.replace('=', '_').replace(',', '__')}"
 
 
 def run_all(out: str) -> List[Dict[str, Any]]:
@@ -134,6 +151,26 @@ def study_slopes(study: str) -> List[Dict[str, Any]]:
     return rows
 
 
+def costs(rows: List[Dict[str, Any]]) -> str:
+    """Each start's NE cost of the spread alone (controller off minus no spread) and of the controller
+    (controller on minus off, same spread), from the runs in the table: what HDET costs, and where."""
+    ne = {(r["start"], r["form"]): r["ne"] for r in rows if r["status"] == "completed"}
+    out = []
+    for start in STARTS:
+        parts = []
+        for spread, off, on in (("x2", "autolr=false", "score=regression"),
+                                ("x1.25", "autolr=false,alpha=0.25", "regression,alpha=0.25")):
+            base, o, c = ne.get((start, "alpha=0")), ne.get((start, off)), ne.get((start, on))
+            if None not in (base, o, c):
+                parts.append(f"{spread} spread: the spread alone {o - base:+.4f}, the controller (joint fit) "
+                             f"{c - o:+.4f}")
+        if parts:
+            out.append(f"- {start}: " + "; ".join(parts) + ".")
+    if not out:
+        return ""
+    return "NE cost (mean held-out NE, positive is worse), from the rows above:\n" + "\n".join(out)
+
+
 def write(rows: List[Dict[str, Any]], docs: str, slopes: List[Dict[str, Any]] = ()) -> None:
     fmt = lambda x, d=4: "-" if x is None else f"{x:.{d}f}"
     slope_lines = ["| start | seed | half | " + " | ".join(GROUPS) + " |", "|---|---|---|" + "---|" * len(GROUPS)]
@@ -154,13 +191,15 @@ def write(rows: List[Dict[str, Any]], docs: str, slopes: List[Dict[str, Any]] = 
 
 Produced by `python -m pipelines.probe_bias` on {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}.
 Benchmark data set (format 2), `baseline_low` preset, seed 0, the recovery study's scale-free controller
-(`pipelines.lr_recovery.HDET_NEW`: probe signal, centred ranks, log space, x2 spread, from step 0) with
-three forms of what each replica's probe scores (`hdet.probe_mix`, see the pipeline's docstring), and
-the plain runs at the same max LRs. The group columns are each group's final base over the max LR it
+(`RANK_X2`, the study's first scale-free form: probe signal, centred ranks, log space, x2 spread, from step 0) with
+the forms listed in the pipeline's docstring (what each replica's probe scores, the joint fit, the
+spread's width, the controller off), and the plain runs at the same max LRs. The group columns are each group's final base over the max LR it
 started from (geometric mean over the last quarter of the syncs): below 1, the controller lowered it.
 One seed: a diagnostic of direction, not a measurement of size.
 
 {chr(10).join(lines)}
+
+{costs(rows)}
 
 ## What the probe saw in the recovery study's runs
 
