@@ -305,3 +305,17 @@ def _log_space_warmup_worker():
 
 def test_log_space_controller_from_step_zero_follows_the_one_cycle_warm_up_without_signal():
     spawn(_log_space_warmup_worker, 2)
+
+
+@pytest.mark.parametrize("total_steps, beta, expected_horizon", [(40, 0.9, 10.0), (40, 0.5, 3), (1000, 0.9, 99)])
+def test_the_derived_log_step_never_spreads_the_travel_over_fewer_syncs_than_the_momentum_remembers(
+        total_steps, beta, expected_horizon):
+    """travel_decades over the controlled syncs, but over at least 1 / (1 - beta) of them: a 3-sync
+    run must not move a base a decade per sync (mutant: the horizon being the sync count alone)."""
+    from recsys_hdet.hdet import HDETEngine, ReplicaAxis, ScalarHParam
+
+    hp = ScalarHParam("lr", ReplicaAxis.per_rank(4), lambda step: 0.01, floor=1e-4, ceiling=1.0,
+                      apply=lambda v: None, space="log")
+    cfg = HDETConfig(space="log", alpha=0.25, sync_every=10, controller_start=0, beta=beta, travel_decades=3.0)
+    engine = HDETEngine([hp], cfg, 0, total_steps=total_steps, converge=lambda excluded: None)
+    assert engine.log_step == pytest.approx(3.0 * math.log(10.0) / expected_horizon, rel=1e-12)

@@ -40,7 +40,8 @@ Method, section by section:
    ``_joint_preferences``); the scale-free scores rank a non-finite replica worst, so a replica
    that blew up is the strongest signal, not only an exclusion. Then ``m <- beta m + (1 - beta) g``
    and ``o <- clamp(o + step * m, range)``: ``step`` is in natural-log units per sync (by default
-   ``travel_decades * ln 10 / controlled syncs``, so a short and a long run can travel as far), and
+   ``travel_decades * ln 10 / max(controlled syncs, 1 / (1 - beta))``, so a short and a long run can
+   travel as far, but a run shorter than the momentum's memory travels proportionally less), and
    ``range`` is given in decades around the schedule (``range_decades``).
 5. Beyond learning rate: any scalar is a :class:`ScalarHParam`. Scale-like ones spread
    multiplicatively (above); bounded ones additively, ``value = clamp(base + w u_pi(r))`` with
@@ -267,8 +268,13 @@ class HDETEngine:
             for h in self.hparams
         }
         self.by_name = {h.name: h for h in self.hparams}
+        # A consistent signal travels travel_decades over the controlled syncs, but never over fewer
+        # than the momentum's memory (1 / (1 - beta) syncs): a shorter run has not seen enough syncs for
+        # its momentum to say anything consistent, and would otherwise jump up to a decade per sync
+        # (measured: a 3-sync tiny run moved a base 63x in one sync and ended at NE 2.7).
+        horizon = max(self.controlled_syncs(), 1.0 / (1.0 - config.beta))  # beta in [0, 1): >= 1
         self.log_step = config.log_step if config.log_step is not None else (
-            config.travel_decades * math.log(10.0) / max(self.controlled_syncs(), 1))
+            config.travel_decades * math.log(10.0) / horizon)
         self.log_range = tuple(d * math.log(10.0) for d in config.range_decades)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step_count = 0
