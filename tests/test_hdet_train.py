@@ -22,8 +22,11 @@ def _checkpoint_tensors(path, out):
 def test_alpha_zero_reproduces_the_plain_run_exactly(tmp_path, data_cache, tiny_dataset):
     common = [*FAST, "trainer.nproc=2", "trainer.sharding_group_size=2"]
     plain = run_train(tmp_path / "plain", *common, "trainer.tensorboard=false", data_cache=data_cache)
+    # signal=train: the default probe signal reserves hdet.probe_rows rows of each day from training, so
+    # a probe run trains on other rows than the plain one; the engine's invariant (alpha = 0 changes
+    # nothing in training) is checked with the signal that leaves the data alone.
     hdet = run_train(tmp_path / "hdet", *common, "hdet=enabled", "hdet.alpha=0", "hdet.sync_every=5",
-                     "hdet.controller_start=0", data_cache=data_cache)
+                     "hdet.controller_start=0", "hdet.signal=train", data_cache=data_cache)
     assert plain.returncode == 0 and hdet.returncode == 0, hdet.stdout[-2000:] + hdet.stderr[-2000:]
     a = _checkpoint_tensors(tmp_path / "plain" / "checkpoint", tmp_path / "a.pt")
     b = _checkpoint_tensors(tmp_path / "hdet" / "checkpoint", tmp_path / "b.pt")
@@ -78,8 +81,11 @@ def _fault_run(run_dir, faults, data_cache, *overrides):
     env_faults = {"RECSYS_HDET_FAULTS": faults}
     os.environ.update(env_faults)
     try:
+        # The default controller (probe signal) with 1024 probe rows: the default 4096 would take a third
+        # of the tiny data set's training rows.
         return run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
-                         "hdet.sync_every=4", "hdet.controller_start=0", *overrides, data_cache=data_cache)
+                         "hdet.sync_every=4", "hdet.controller_start=0", "hdet.probe_rows=1024", *overrides,
+                         data_cache=data_cache)
     finally:
         del os.environ["RECSYS_HDET_FAULTS"]
 
