@@ -186,7 +186,37 @@ def collect(out: str, seeds: Sequence[int]) -> Dict[str, Any]:
             "base_vs_schedule": {g: v for g, v in decay.items() if v["n"]},
             "runs": runs,
         })
-    return {"seeds": list(seeds), "rows": rows}
+    return {"seeds": list(seeds), "rows": rows, "hdet_form": hdet_form(out, seeds)}
+
+
+HDET_FORM_KEYS = ("space", "score", "signal", "alpha", "sync_every", "controller_start", "beta", "travel_decades")
+
+
+def hdet_form(out: str, seeds: Sequence[int]) -> Optional[Dict[str, Any]]:
+    """The controller the HDET configurations ran with, read from the first finished ``hdet_full``
+    run's resolved config (not from today's conf/, which may have moved since)."""
+    import yaml
+
+    for seed in seeds:
+        path = os.path.join(run_dir(out, "hdet_full", seed), ".hydra", "config.yaml")
+        if os.path.isfile(path):
+            with open(path) as fh:
+                h = (yaml.safe_load(fh) or {}).get("hdet", {})
+            return {k: h.get(k) for k in HDET_FORM_KEYS}
+    return None
+
+
+def previous_table(path: str) -> List[str]:
+    """The main table of an earlier ablation report (its first markdown table), verbatim."""
+    with open(path) as fh:
+        lines = fh.read().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith("| configuration |")), None)
+    if start is None:
+        raise ValueError(f"{path}: no ablation table (a line starting '| configuration |') found")
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return lines[start:end]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,8 +229,10 @@ def _fmt(ms: Dict[str, Optional[float]], digits: int = 4) -> str:
     return f"{ms['mean']:.{digits}f} ± {ms['std']:.{digits}f}"
 
 
-def render_markdown(result: Dict[str, Any], command: str, machine: str, report: Optional[str]) -> str:
+def render_markdown(result: Dict[str, Any], command: str, machine: str, report: Optional[str],
+                    previous: Optional[str] = None) -> str:
     seeds = result["seeds"]
+    form = result.get("hdet_form")
     lines = [
         "# HDET ablation on the benchmark data set",
         "",
@@ -210,6 +242,8 @@ def render_markdown(result: Dict[str, Any], command: str, machine: str, report: 
         "paper's metric, per task averaged over contribution, like and long_dwell); NE is the "
         "held-out day's normalized entropy. The paper's numbers (production data, 8 H100, ~30 h a run, "
         "sum over tasks) are on another scale: compare orderings, not values.",
+        *(["", "The HDET configurations' controller (from `hdet_full`'s resolved config): "
+           + ", ".join(f"`{k}={v}`" for k, v in form.items()) + "."] if form else []),
         "",
         "| configuration | what | train loss | NE contribution | NE like | NE long_dwell | diverged | wall s | paper avg LR | paper train loss |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -251,6 +285,10 @@ def render_markdown(result: Dict[str, Any], command: str, machine: str, report: 
     if report:
         lines += ["", f"Comparison report over seed {seeds[0]}'s runs: `{report}` "
                       "(`python -m recsys_hdet.evaluate runs=[...]`)."]
+    if previous:
+        lines += ["", "## The previous ablation", "",
+                  f"Kept beside this one, verbatim from `{previous}` (its own seeds, code and controller "
+                  "are described there):", "", *previous_table(previous)]
     return "\n".join(lines) + "\n"
 
 
@@ -296,9 +334,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--configs", nargs="+", default=None, choices=[c.name for c in CONFIGS],
                     help="a subset of the configurations (default: all)")
     ap.add_argument("--no-report", action="store_true", help="skip the comparison report")
+    ap.add_argument("--previous", default=None, help="an earlier ablation.md whose table the report keeps beside "
+                    "its own (e.g. after the defaults changed)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides passed to every run, e.g. data=tiny (put them "
                     "before --seeds/--configs, whose lists would take them)")
     args = ap.parse_args(argv)
+    if args.previous:
+        try:  # refused before hours of training, not after
+            previous_table(args.previous)
+        except (OSError, ValueError) as e:
+            print(f"error: --previous {args.previous}: {e}", file=sys.stderr)
+            return 2
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     configs = [c for c in CONFIGS if args.configs is None or c.name in args.configs]
@@ -330,7 +376,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         command += " " + " ".join(sys.argv[1:])
     result["command"] = command
     result["machine"] = machine_line()
-    write_reports(out, "ablation", result, render_markdown(result, command, result["machine"], result["comparison_report"]))
+    write_reports(out, "ablation", result, render_markdown(result, command, result["machine"], result["comparison_report"],
+                                                               args.previous))
     print(f"wrote {os.path.join(out, 'ablation.md')} and ablation.json", flush=True)
     if crashed:
         print("error: crashed runs (rerun the same command to retry them):\n  " + "\n  ".join(crashed), file=sys.stderr)

@@ -69,3 +69,19 @@ def test_base_vs_schedule_is_one_when_the_controller_follows_the_schedule():
     # Syncs before the controller started (velocity 0) do not count.
     assert base_vs_schedule([{**records[0], "hparams": {"lr/embedding": {"next_base": 1.0, "velocity": 0.0}}}],
                             {"embedding": schedule}) == {}
+
+
+def test_the_report_keeps_the_previous_table_verbatim_and_names_the_controller(tmp_path):
+    from pipelines.ablation import main, previous_table, render_markdown
+
+    previous = tmp_path / "old.md"
+    previous.write_text("# old\n\ntext\n\n| configuration | what |\n|---|---|\n| hdet_full | 0.2024 |\n\n| other | table |\n")
+    assert previous_table(str(previous)) == ["| configuration | what |", "|---|---|", "| hdet_full | 0.2024 |"]
+    result = {"seeds": [0], "rows": [], "hdet_form": {"space": "log", "score": "regression", "alpha": 0.25}}
+    md = render_markdown(result, "cmd", "machine", None, str(previous))
+    assert "`space=log`, `score=regression`, `alpha=0.25`" in md
+    assert md.rstrip().endswith("| hdet_full | 0.2024 |") and "| other | table |" not in md
+    # A --previous without a table is refused before any run is trained.
+    (tmp_path / "empty.md").write_text("no table here\n")
+    assert main(["--out", str(tmp_path / "study"), "--previous", str(tmp_path / "empty.md")]) == 2
+    assert not (tmp_path / "study").exists()
