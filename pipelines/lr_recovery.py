@@ -345,9 +345,10 @@ def plot(result: Dict[str, Any], out: str, path: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.lr_recovery", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--out", default="docs/lr_recovery",
+    ap.add_argument("--out", default="docs/lr_recovery_f2",
                     help="study directory (runs/<start>/<variant>/seed<k>); the default is committed without "
-                         "checkpoints, so a later session resumes where an earlier one stopped")
+                         "checkpoints, so a later session resumes where an earlier one stopped (docs/lr_recovery "
+                         "holds the first study, on format-1 data, with its own report)")
     ap.add_argument("--grid-points", type=int, default=5, help="LRs per grid axis (default 5; at least 2)")
     ap.add_argument("--max-extensions", type=int, default=2,
                     help="how many times the grid may grow beyond an edge that holds its optimum (default 2)")

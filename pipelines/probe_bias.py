@@ -1,6 +1,6 @@
 """``python -m pipelines.probe_bias``: which way does the probe signal push, and why? (issue 10)
 
-In the recovery study (docs/lr_recovery.md) the scale-free controller lowered every group's base
+In the first recovery study (docs/lr_recovery/lr_recovery.md, format-1 data) the scale-free controller lowered every group's base
 from every start, the 10x-too-low one included. This diagnostic asks whether the bias comes from
 what the probe scores. It runs, on the benchmark data set (format 2, today's loader), the study's
 first scale-free HDET controller (``RANK_X2``) from the study's tuned point (embedding 6,
