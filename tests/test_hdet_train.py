@@ -67,9 +67,10 @@ def test_two_by_two_hdet_run_spreads_every_group_and_reshuffles(tmp_path, data_c
         for name, n in expected_replicas.items():
             h = r["hparams"][name]
             assert set(h) >= {"base", "values", "velocity"}
+            # The default spread is geometric (hdet.space=log): 1.2^u, whose geometric mean is the base.
             multipliers = sorted(v / h["base"] for v in h["values"])
-            assert multipliers == pytest.approx(spread_multipliers(n, 0.2).tolist(), rel=1e-9)
-            assert sum(multipliers) / n == pytest.approx(1.0, rel=1e-12)
+            assert multipliers == pytest.approx(spread_multipliers(n, 0.2, "log").tolist(), rel=1e-9)
+            assert math.exp(sum(math.log(m) for m in multipliers) / n) == pytest.approx(1.0, rel=1e-12)
     for name in ("lr/transformer", "lr/non_embedding", "lr/no_decay"):
         orders = [tuple(sorted(range(4), key=r["hparams"][name]["values"].__getitem__)) for r in records]
         assert len(set(orders)) > 1, f"{name} is reshuffled between syncs"
