@@ -73,17 +73,24 @@ def is_finished(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "summary.json"))
 
 
+def recorded_overrides(path: str) -> Optional[List[str]]:
+    """The overrides a finished study run was launched with (its ``ablation_run.json``); None when the
+    run has no record."""
+    recorded = os.path.join(path, "ablation_run.json")
+    if not os.path.isfile(recorded):
+        return None
+    info = read_json(recorded)
+    return list(info.get("overrides", info["command"][6:]))  # older records: the command's tail
+
+
 def run_one(out: str, cfg: AblationConfig, seed: int, extra_overrides: Sequence[str]) -> Dict[str, Any]:
     """Trains one (config, seed) unless it is finished. Returns {"status", "process_seconds", "skipped"}."""
     final = run_dir(out, cfg.name, seed)
     if is_finished(final):
-        recorded = os.path.join(final, "ablation_run.json")
-        if os.path.isfile(recorded):
-            info = read_json(recorded)
-            previous = info.get("overrides", info["command"][6:])  # older records: the command's tail
-            if list(previous) != list(extra_overrides):
-                raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
-                                    "use another --out, or delete that run to redo it")
+        previous = recorded_overrides(final)
+        if previous is not None and previous != list(extra_overrides):
+            raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
+                                "use another --out, or delete that run to redo it")
         return {"skipped": True}
     partial = final + ".partial"
     if os.path.exists(partial):
@@ -195,13 +202,12 @@ HDET_FORM_KEYS = ("space", "score", "signal", "alpha", "sync_every", "controller
 def hdet_form(out: str, seeds: Sequence[int]) -> Optional[Dict[str, Any]]:
     """The controller the HDET configurations ran with, read from the first finished ``hdet_full``
     run's resolved config (not from today's conf/, which may have moved since)."""
-    import yaml
+    from omegaconf import OmegaConf
 
     for seed in seeds:
         path = os.path.join(run_dir(out, "hdet_full", seed), ".hydra", "config.yaml")
         if os.path.isfile(path):
-            with open(path) as fh:
-                h = (yaml.safe_load(fh) or {}).get("hdet", {})
+            h = OmegaConf.load(path).hdet
             return {k: h.get(k) for k in HDET_FORM_KEYS}
     return None
 

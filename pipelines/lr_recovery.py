@@ -32,8 +32,8 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from pipelines.ablation import (AblationConfig, StudyMismatch, run_schedules, fmt as _f, machine_line, run_dir,
-                                run_one, write_reports)
+from pipelines.ablation import (AblationConfig, StudyMismatch, run_schedules, fmt as _f, machine_line,
+                                recorded_overrides, run_dir, run_one, write_reports)
 from recsys_hdet.components.metrics import read_json, read_jsonl
 
 TASKS = ("contribution", "like", "long_dwell")
@@ -241,11 +241,8 @@ def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
 
 
 def hdet_overrides(path: str) -> List[str]:
-    """The ``hdet`` overrides a finished run was launched with (its Hydra ``overrides.yaml``)."""
-    import yaml
-
-    with open(os.path.join(path, ".hydra", "overrides.yaml")) as fh:
-        return [o for o in yaml.safe_load(fh) or [] if o == "hdet=enabled" or o.startswith("hdet.")]
+    """The ``hdet`` overrides a finished run was launched with (the study's own record of it)."""
+    return [o for o in recorded_overrides(path) or [] if o == "hdet=enabled" or o.startswith("hdet.")]
 
 
 def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[str, float]) -> Dict[str, Any]:

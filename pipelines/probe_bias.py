@@ -51,6 +51,14 @@ STARTS: Dict[str, Tuple[float, float]] = {"tuned": (6.0, 0.03), "all_low": (0.6,
 # comparable after the study moved on to the form this diagnostic chose (regression, x1.25 spread).
 RANK_X2 = ("hdet=enabled", "hdet.space=log", "hdet.score=rank", "hdet.signal=probe", "hdet.alpha=1.0",
            "hdet.controller_start=0", "hdet.beta=0.5", "hdet.travel_decades=3.0")
+
+
+def replaced(base: Tuple[str, ...], changes: Dict[str, str]) -> Tuple[str, ...]:
+    """``base``'s ``key=value`` overrides with ``changes`` applied: a changed key keeps its place, a new
+    one is appended (the order is part of each finished run's record, which a rerun must match)."""
+    return tuple(f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in base), **changes}.items())
+
+
 FORMS: Dict[str, Tuple[str, ...]] = {
     "plain": (),
     "probe_mix=1.0": (*RANK_X2, "hdet.probe_mix=1.0"),
@@ -58,31 +66,23 @@ FORMS: Dict[str, Tuple[str, ...]] = {
     "probe_mix=0.05": (*RANK_X2, "hdet.probe_mix=0.05"),
     # One joint fit of the losses on every group's offset instead of one correlation per group
     # (pooled over syncs: beta 0.9 keeps ~10 syncs, enough degrees of freedom for 4 groups).
-    "score=regression": tuple({**dict(o.split("=", 1) for o in RANK_X2), "hdet.score": "regression",
-                               "hdet.beta": "0.9"}.items()),
+    "score=regression": replaced(RANK_X2, {"hdet.score": "regression", "hdet.beta": "0.9"}),
     # The spread and the averaging without any control: what HDET costs before the controller acts.
     "autolr=false": (*RANK_X2, "hdet.autolr=false"),
     # No spread either: only the averaging every hdet.sync_every steps (plain averages the embedding
     # replicas every step): the cost of the sync interval alone.
-    "alpha=0": tuple(f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in RANK_X2), "hdet.alpha": "0",
-                                             "hdet.autolr": "false"}.items()),
+    "alpha=0": replaced(RANK_X2, {"hdet.alpha": "0", "hdet.autolr": "false"}),
 }
-FORMS["score=regression"] = tuple(f"{k}={v}" for k, v in FORMS["score=regression"])
 # The probe's noise is ~1/76 of a x2 spread's effect (docs/signal_noise.md), so a much narrower spread
 # still gives a clear signal, and the x2 spread alone costs 0.005-0.008 NE (autolr=false vs alpha=0):
 # the joint fit with a x1.25 spread, and that spread with the controller off (its cost alone).
-FORMS["regression,alpha=0.25"] = tuple(
-    f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in FORMS["score=regression"]), "hdet.alpha": "0.25"}.items())
+FORMS["regression,alpha=0.25"] = replaced(FORMS["score=regression"], {"hdet.alpha": "0.25"})
 # The x1.25 joint fit with the controller from step 300 (after OneCycle's warm-up, 30% of ~976 steps)
 # instead of 0: the study's first HDET run lowered the dense groups mostly in the first half, during
 # the warm-up (docs/lr_recovery_f2 tuned/hdet seed 0: slopes +44..+55 x 1e-4 per log2 unit there, +2
 # in the second half), when a short window penalizes a higher LR most, which the warm-up exists for.
-FORMS["regression,alpha=0.25,start=300"] = tuple(
-    f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in FORMS["regression,alpha=0.25"]),
-                            "hdet.controller_start": "300"}.items())
-FORMS["autolr=false,alpha=0.25"] = tuple(
-    f"{k}={v}" for k, v in {**dict(o.split("=", 1) for o in RANK_X2), "hdet.alpha": "0.25",
-                            "hdet.autolr": "false"}.items())
+FORMS["regression,alpha=0.25,start=300"] = replaced(FORMS["regression,alpha=0.25"], {"hdet.controller_start": "300"})
+FORMS["autolr=false,alpha=0.25"] = replaced(RANK_X2, {"hdet.alpha": "0.25", "hdet.autolr": "false"})
 
 
 def _name(start: str, form: str) -> str:
