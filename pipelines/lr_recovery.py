@@ -245,18 +245,34 @@ def hdet_overrides(path: str) -> List[str]:
     return [o for o in recorded_overrides(path) or [] if o == "hdet=enabled" or o.startswith("hdet.")]
 
 
+# What a diverged run scores in the gap closed: the NE of the base-rate predictor, which is 1 by
+# NE's definition (a model that learnt nothing; a NaN model is worth no more). Without it a start
+# whose plain runs all diverge (dense 10x high does, at every embedding LR of the grid) has no gap,
+# and HDET's diverged seeds would silently drop out of its own mean. The NE columns themselves stay
+# means over the completed runs, with the diverged counted beside them.
+DIVERGED_NE = 1.0
+
+
+def ne_for_gap(runs: List[Dict[str, Any]]) -> Optional[float]:
+    """Mean NE over a variant's finished runs, a diverged run counted as ``DIVERGED_NE``."""
+    return _mean([DIVERGED_NE if r["status"] == "diverged" else r["ne"] for r in runs])
+
+
 def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[str, float]) -> Dict[str, Any]:
     plain_ne = _mean([r["ne"] for r in per_variant["plain"]])
+    plain_gap_ne = ne_for_gap(per_variant["plain"])
     out: Dict[str, Any] = {"plain_ne": plain_ne, "plain_ne_std": _std([r["ne"] for r in per_variant["plain"]]),
-                           "plain_diverged": sum(r["status"] == "diverged" for r in per_variant["plain"])}
+                           "plain_diverged": sum(r["status"] == "diverged" for r in per_variant["plain"]),
+                           "plain_ne_for_gap": plain_gap_ne}
     for variant in ("hdet", "hdet_paper"):
         runs = per_variant[variant]
         ne = _mean([r["ne"] for r in runs])
+        gap_ne = ne_for_gap(runs)
         prefix = "hdet" if variant == "hdet" else "paper"
         # Undefined when the plain run at the start is not worse than the grid optimum (no gap to
         # close: the grid's optimum is then not the optimum, e.g. censored at the grid's edge).
-        gap = None if plain_ne is None or ne is None or plain_ne <= optimum["ne"] else \
-            (plain_ne - ne) / (plain_ne - optimum["ne"])
+        gap = None if plain_gap_ne is None or gap_ne is None or plain_gap_ne <= optimum["ne"] else \
+            (plain_gap_ne - gap_ne) / (plain_gap_ne - optimum["ne"])
         ratios = {}
         finished = [r["bases"] for r in runs if r["bases"]]
         if finished:
@@ -264,6 +280,8 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[
                 logs = [math.log(b[g] / optimum[key]) for b in finished for g in groups]
                 ratios[key] = math.exp(statistics.fmean(logs))
         out.update({f"{prefix}_ne": ne, f"{prefix}_ne_std": _std([r["ne"] for r in runs]),
+                    f"{prefix}_ne_for_gap": gap_ne,
+                    f"{prefix}_ne_over_optimum": None if ne is None else ne - optimum["ne"],
                     f"{prefix}_gap_closed": gap, f"{prefix}_final_base_over_optimum": ratios,
                     f"{prefix}_diverged": sum(r["status"] == "diverged" for r in runs),
                     f"{prefix}_wall_seconds": _mean([r["wall_seconds"] for r in runs])})
@@ -290,17 +308,21 @@ def render_markdown(result: Dict[str, Any]) -> str:
                                   "the true optimum may lie beyond it)") +
              ". NE is the held-out day's normalized entropy, mean over the three tasks and the seeds.",
              "Diverged runs are left out of the NE means and counted in the diverged columns (plain, HDET, "
-             "paper form, of the seeds run).",
+             "paper form, of the seeds run). In the gap closed, `(plain - HDET) / (plain - optimum)` over the "
+             f"seeds, a diverged run counts as NE {DIVERGED_NE:g} (the base-rate predictor's), for plain and HDET "
+             "alike, so a start whose plain runs all diverge still has a gap, and HDET's own diverged seeds "
+             "count against it. `HDET - opt` is HDET's mean NE over its completed runs minus the grid optimum's.",
              *(f"{label}: `{' '.join(result['forms'][v])}`." for v, label in
                (("hdet", "HDET (the scale-free controller)"), ("hdet_paper", "Paper form"))
                if result.get("forms", {}).get(v)),
-             "", "| start | plain NE | plain diverged | HDET NE | gap closed | emb base / opt | dense base / opt | diverged | "
+             "", "| start | plain NE | plain diverged | HDET NE | HDET - opt | gap closed | emb base / opt | dense base / opt | diverged | "
              "paper-form NE | paper gap closed | paper emb / opt | paper dense / opt | paper diverged |",
-             "|---|" + "---|" * 12]
+             "|---|" + "---|" * 13]
     for name, s in result["starts"].items():
         r, p = s["final_base_over_optimum"], s["paper_final_base_over_optimum"]
         lines.append(f"| {name} | {_f(s['plain_ne'])} ± {_f(s['plain_ne_std'])} | {s.get('plain_diverged', 0)}/{s['seeds']} | "
-                     f"{_f(s['hdet_ne'])} ± {_f(s['hdet_ne_std'])} | {_f(s['gap_closed'], 2)} | {_f(r.get('embedding'), 2)} | "
+                     f"{_f(s['hdet_ne'])} ± {_f(s['hdet_ne_std'])} | {_signed(s.get('hdet_ne_over_optimum'))} | "
+                     f"{_f(s['gap_closed'], 2)} | {_f(r.get('embedding'), 2)} | "
                      f"{_f(r.get('dense'), 2)} | {s['diverged']}/{s['seeds']} | {_f(s['paper_ne'])} | "
                      f"{_f(s['paper_gap_closed'], 2)} | {_f(p.get('embedding'), 2)} | {_f(p.get('dense'), 2)} | "
                      f"{s['paper_diverged']}/{s['seeds']} |")
@@ -311,6 +333,10 @@ def render_markdown(result: Dict[str, Any]) -> str:
                       f"{w['grid25_over_one_hdet_run']:.1f}x one HDET run (2 cores, other work beside some runs)."]
     lines += [""] + _grid_table(result) + ["", "![each group's base over the pass](lr_recovery.png)", ""]
     return "\n".join(lines) + "\n"
+
+
+def _signed(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:+.4f}"
 
 
 def _grid_table(result: Dict[str, Any]) -> List[str]:

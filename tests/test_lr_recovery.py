@@ -67,3 +67,29 @@ def test_the_grid_grows_beyond_the_edge_that_holds_its_optimum():
     # The added line diverged everywhere: the optimum is interior to the explored grid again.
     grown = {**low_emb, (-1, 0): None, (-1, 1): None, (-1, 2): None}
     assert edge_extensions(_grid(grown)) == []
+
+
+def _runs(*nes):
+    """A variant's runs as the study keeps them: an NE, or None for a diverged seed."""
+    return [{"seed": k, "status": "diverged" if ne is None else "completed", "ne": ne, "wall_seconds": 1.0,
+             "bases": None, "dir": f"s{k}"} for k, ne in enumerate(nes)]
+
+
+def test_a_diverged_run_counts_as_the_base_rate_predictor_in_the_gap_closed():
+    from pipelines.lr_recovery import summarize_start
+
+    optimum = {"embedding": 1.0, "dense": 0.01, "ne": 0.78}
+    # Every plain seed diverged, HDET completed two of three: the gap is 1.0 - 0.78 = 0.22 and HDET's
+    # mean over its three seeds is (0.79 + 0.80 + 1.0) / 3, so it closed (1 - 0.8633) / 0.22.
+    s = summarize_start({"plain": _runs(None, None, None), "hdet": _runs(0.79, 0.80, None),
+                         "hdet_paper": _runs(None, None, None)}, optimum)
+    assert s["plain_ne"] is None and s["plain_diverged"] == 3 and s["plain_ne_for_gap"] == 1.0
+    assert s["hdet_ne"] == pytest.approx(0.795) and s["diverged"] == 1
+    assert s["hdet_ne_over_optimum"] == pytest.approx(0.015)
+    assert s["gap_closed"] == pytest.approx((1.0 - (0.79 + 0.80 + 1.0) / 3) / 0.22)
+    assert s["paper_gap_closed"] == pytest.approx(0.0) and s["paper_ne"] is None
+    # With nothing diverged the gap is the plain means' as before.
+    s = summarize_start({"plain": _runs(0.80, 0.82), "hdet": _runs(0.79, 0.79), "hdet_paper": _runs(0.81, 0.81)},
+                        optimum)
+    assert s["gap_closed"] == pytest.approx((0.81 - 0.79) / (0.81 - 0.78))
+    assert s["paper_gap_closed"] == pytest.approx(0.0, abs=1e-12)
