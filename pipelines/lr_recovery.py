@@ -229,10 +229,12 @@ def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
     unfinished = sum(r["status"] == "not run yet" for s in results.values() for v in s["runs"].values() for r in v)
     if unfinished:
         partial["partial"] = f"{unfinished} runs of the starts not run yet"
-    # What one HDET run replaces: a 25-point grid of plain runs (mean wall time of the grid's runs x 25)
-    # against the mean wall time of one HDET run (every start and seed finished so far).
+    # What one HDET run replaces: a 25-point grid of plain runs (mean wall time of the grid's runs x 25,
+    # diverged ones included: a grid pays for them too) against the mean wall time of one completed HDET
+    # run (every start and seed finished so far; a diverged one stops early and would flatter the ratio).
     grid_walls = [v["wall_seconds"] for v in grid.values() if v["wall_seconds"]]
-    hdet_walls = [r["wall_seconds"] for s in results.values() for r in s["runs"]["hdet"] if r["wall_seconds"]]
+    hdet_walls = [r["wall_seconds"] for s in results.values() for r in s["runs"]["hdet"]
+                  if r["wall_seconds"] and r["status"] == "completed"]
     wall = {"grid_run_mean_seconds": _mean(grid_walls), "hdet_run_mean_seconds": _mean(hdet_walls),
             "hdet_runs": len(hdet_walls)}
     wall["grid25_over_one_hdet_run"] = (25 * wall["grid_run_mean_seconds"] / wall["hdet_run_mean_seconds"]
@@ -329,7 +331,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
     w = result.get("wall_time") or {}
     if w.get("grid25_over_one_hdet_run"):
         lines += ["", f"Wall time: a plain grid run took {w['grid_run_mean_seconds']:.0f} s on average, one HDET run "
-                      f"{w['hdet_run_mean_seconds']:.0f} s (mean of {w['hdet_runs']}), so a 25-run grid costs "
+                      f"{w['hdet_run_mean_seconds']:.0f} s (mean of {w['hdet_runs']} completed), so a 25-run grid costs "
                       f"{w['grid25_over_one_hdet_run']:.1f}x one HDET run (2 cores, other work beside some runs)."]
     lines += [""] + _grid_table(result) + ["", "![each group's base over the pass](lr_recovery.png)", ""]
     return "\n".join(lines) + "\n"
