@@ -374,17 +374,23 @@ def plot(result: Dict[str, Any], out: str, path: str) -> None:
 
     o = result["grid_optimum"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
-    for ax, (key, group) in zip(axes, (("embedding", "embedding"), ("dense", "transformer"))):
-        for name, s in result["starts"].items():
-            run = next((r for r in s["runs"]["hdet"] if r["bases"]), None)
-            if run is None:
-                continue
-            trajectory = max_lr_trajectory(os.path.join(out, run["dir"]))
-            ax.plot([s for s, _ in trajectory], [v[group] for _, v in trajectory], label=name)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, key in zip(axes, ("embedding", "dense")):
+        groups = ("embedding",) if key == "embedding" else DENSE
+        for colour, (name, s) in zip(colours, result["starts"].items()):
+            # Every completed HDET run of the start, one line per seed; a diverged run has no base to end on.
+            done = [r for r in s["runs"]["hdet"] if r["bases"]]
+            for k, run in enumerate(done):
+                trajectory = max_lr_trajectory(os.path.join(out, run["dir"]))
+                # dense: the geometric mean of the dense groups' bases, as in the table and the JSON
+                values = [math.exp(statistics.fmean(math.log(v[g]) for g in groups)) for _, v in trajectory]
+                label = f"{name} ({len(done)} of {len(s['runs']['hdet'])} seeds completed)" if k == 0 else None
+                ax.plot([step for step, _ in trajectory], values, color=colour, linewidth=1.2, alpha=0.8, label=label)
         ax.axhline(o[key], color="k", linestyle="--", label="grid optimum")
         ax.set_yscale("log")
         ax.set_xlabel("step")
-        ax.set_title(f"{group}: controlled base in max-LR units (seed {result['seeds'][0]})")
+        ax.set_title(f"{key}: controlled base in max-LR units" +
+                     (" (geometric mean of the dense groups)" if key == "dense" else ""), fontsize=10)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
