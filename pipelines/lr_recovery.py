@@ -335,6 +335,11 @@ def render_markdown(result: Dict[str, Any]) -> str:
                      f"{_f(r.get('dense'), 2)} | {s['diverged']}/{s['seeds']} | {_f(s['paper_ne'])} | "
                      f"{_f(s['paper_gap_closed'], 2)} | {_f(p.get('embedding'), 2)} | {_f(p.get('dense'), 2)} | "
                      f"{s['paper_diverged']}/{s['seeds']} |")
+    for name, s in result["starts"].items():
+        if name != "tuned" and s.get("plain_ne_for_gap") is not None and s["plain_ne_for_gap"] <= o["ne"]:
+            lines += ["", f"{name}: no gap to close (gap closed \"-\"): its plain runs ({s['plain_ne_for_gap']:.4f}) are "
+                          f"not worse than the grid optimum ({o['ne']:.4f}): this start is not misset in NE, "
+                          "whatever its LRs' distance from the grid's optimum."]
     w = result.get("wall_time") or {}
     if w.get("grid25_over_one_hdet_run"):
         lines += ["", f"Wall time: a plain grid run took {w['grid_run_mean_seconds']:.0f} s on average, one HDET run "
