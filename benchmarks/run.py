@@ -262,7 +262,7 @@ def table(r: Dict[str, Any]) -> str:
         "| scaling, torchrec_ddp examples/s at 1 / 2 / 4 workers | "
         + " / ".join(f"{r['scaling'][k]:,.0f}" for k in sorted(r["scaling"], key=int)) + " | |",
         f"| converge (average_) time per replicated MB, {conv['nproc']} ranks | {conv['seconds_per_mb'] * 1e3:.2f} ms/MB "
-        f"(+{conv['intercept_seconds'] * 1e3:.2f} ms fixed, R² {conv['r2']:.4f}; sizes "
+        f"({conv['intercept_seconds'] * 1e3:+.2f} ms fixed, R² {conv['r2']:.4f}; sizes "
         + ", ".join(f"{s:g} MB: {x * 1e3:.1f} ms" for s, x in zip(conv["sizes_mb"], conv["seconds"])) + ") | linear |",
     ]
     return "\n".join(lines)
@@ -279,7 +279,7 @@ def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
     start = text.find(heading)
     if start >= 0:
         end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")  # a blank line before the next heading
     else:
         text = text.rstrip() + "\n\n" + section
     with open(path, "w") as f:
