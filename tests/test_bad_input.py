@@ -17,6 +17,27 @@ def _assert_clean_failure(proc, run_dir, *needles):
     assert not os.path.exists(run_dir), f"a failed validation leaves no run directory: {os.listdir(run_dir)}"
 
 
+def test_an_invalid_config_value_fails_the_launcher_cleanly(tmp_path, data_cache):
+    # The subprocess path once: exit status 2, the field named, no traceback, no run directory.
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=tiny", "optim.lr.transformer=-0.001", data_cache=data_cache, timeout=120)
+    _assert_clean_failure(proc, run_dir, "optim.lr.transformer", "-0.001", "> 0")
+
+
+def _config_error(*overrides):
+    """The ConfigError that validate_config (what the launcher runs first) raises for these overrides."""
+    from hydra import compose, initialize_config_dir
+
+    from conftest import REPO
+    from recsys_hdet.config import ConfigError, validate_config
+
+    with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["data=tiny", *overrides])
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg)
+    return str(e.value)
+
+
 @pytest.mark.parametrize(
     "override, needles",
     [
@@ -28,10 +49,10 @@ def _assert_clean_failure(proc, run_dir, *needles):
         ("data.eval_days=0", ["data.eval_days", ">= 1"]),
     ],
 )
-def test_invalid_config_value_is_named(tmp_path, data_cache, override, needles):
-    run_dir = tmp_path / "run"
-    proc = run_train(run_dir, "data=tiny", override, data_cache=data_cache, timeout=120)
-    _assert_clean_failure(proc, run_dir, *needles)
+def test_invalid_config_value_is_named(override, needles):
+    message = _config_error(override)
+    for needle in needles:
+        assert needle in message, message
 
 
 @pytest.mark.parametrize(
@@ -44,19 +65,9 @@ def test_invalid_config_value_is_named(tmp_path, data_cache, override, needles):
     ],
 )
 def test_invalid_hdet_value_is_named(overrides, needles):
-    # Checked in-process (validate_config is what the launcher runs first; the subprocess path and
-    # its exit status 2 are covered above).
-    from hydra import compose, initialize_config_dir
-
-    from conftest import REPO
-    from recsys_hdet.config import ConfigError, validate_config
-
-    with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["data=tiny", "hdet=enabled", *overrides])
-    with pytest.raises(ConfigError) as e:
-        validate_config(cfg)
+    message = _config_error("hdet=enabled", *overrides)
     for needle in needles:
-        assert needle in str(e.value), str(e.value)
+        assert needle in message, message
 
 
 def test_a_probe_larger_than_a_day_allows_is_named(tmp_path, data_cache, tiny_dataset):
