@@ -38,6 +38,8 @@ from recsys_hdet.components.metrics import read_json, read_jsonl
 
 TASKS = ("contribution", "like", "long_dwell")
 DENSE = ("transformer", "non_embedding", "no_decay")
+# The two LRs the study reports per start: the embedding group's, and the dense groups' geometric mean.
+REPORTED = {"embedding": ("embedding",), "dense": DENSE}
 PRESET = "baseline_low"  # plain, 2 x 2 layout, benchmark data, cold start
 # Centres of the grid, between Baseline-Low's and Baseline-High's LRs; each axis spans 100x.
 GRID_CENTRE = {"embedding": 0.06, "dense": 0.003}
@@ -117,7 +119,11 @@ def final_bases(path: str) -> Dict[str, float]:
     over the last quarter of the syncs."""
     trajectory = max_lr_trajectory(path)
     tail = trajectory[len(trajectory) - max(1, len(trajectory) // 4):]
-    return {g: math.exp(statistics.fmean(math.log(v[g]) for _, v in tail)) for g in ("embedding", *DENSE)}
+    return {g: _geomean([v[g] for _, v in tail]) for g in ("embedding", *DENSE)}
+
+
+def _geomean(xs) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
 
 
 def _mean(xs: List[Optional[float]]) -> Optional[float]:
@@ -233,12 +239,12 @@ def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
     # diverged ones included: a grid pays for them too) against the mean wall time of one completed HDET
     # run (every start and seed finished so far; a diverged one stops early and would flatter the ratio).
     grid_walls = [v["wall_seconds"] for v in grid.values() if v["wall_seconds"]]
-    hdet_walls = [r["wall_seconds"] for s in results.values() for r in s["runs"]["hdet"]
-                  if r["wall_seconds"] and r["status"] == "completed"]
+    completed_walls = lambda variant: [r["wall_seconds"] for s in results.values() for r in s["runs"][variant]
+                                       if r["wall_seconds"] and r["status"] == "completed"]
+    hdet_walls = completed_walls("hdet")
     # The grid ran in earlier sessions, some of its runs beside other work; the completed plain runs of
     # the starts ran beside the HDET runs, so their ratio is the like-for-like per-run cost.
-    plain_walls = [r["wall_seconds"] for s in results.values() for r in s["runs"]["plain"]
-                   if r["wall_seconds"] and r["status"] == "completed"]
+    plain_walls = completed_walls("plain")
     wall = {"grid_run_mean_seconds": _mean(grid_walls), "hdet_run_mean_seconds": _mean(hdet_walls),
             "hdet_runs": len(hdet_walls), "start_plain_run_mean_seconds": _mean(plain_walls),
             "start_plain_runs": len(plain_walls)}
@@ -272,22 +278,20 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[
     plain_gap_ne = ne_for_gap(per_variant["plain"])
     out: Dict[str, Any] = {"plain_ne": plain_ne, "plain_ne_std": _std([r["ne"] for r in per_variant["plain"]]),
                            "plain_diverged": sum(r["status"] == "diverged" for r in per_variant["plain"]),
-                           "plain_ne_for_gap": plain_gap_ne}
+                           "plain_ne_for_gap": plain_gap_ne,
+                           # No gap to close when the plain runs at the start are not worse than the grid
+                           # optimum (the grid's optimum is then not the optimum, e.g. censored at its edge).
+                           "no_gap": plain_gap_ne is not None and plain_gap_ne <= optimum["ne"]}
     for variant in ("hdet", "hdet_paper"):
         runs = per_variant[variant]
         ne = _mean([r["ne"] for r in runs])
         gap_ne = ne_for_gap(runs)
         prefix = "hdet" if variant == "hdet" else "paper"
-        # Undefined when the plain run at the start is not worse than the grid optimum (no gap to
-        # close: the grid's optimum is then not the optimum, e.g. censored at the grid's edge).
-        gap = None if plain_gap_ne is None or gap_ne is None or plain_gap_ne <= optimum["ne"] else \
+        gap = None if plain_gap_ne is None or out["no_gap"] or gap_ne is None else \
             (plain_gap_ne - gap_ne) / (plain_gap_ne - optimum["ne"])
-        ratios = {}
         finished = [r["bases"] for r in runs if r["bases"]]
-        if finished:
-            for key, groups in (("embedding", ("embedding",)), ("dense", DENSE)):
-                logs = [math.log(b[g] / optimum[key]) for b in finished for g in groups]
-                ratios[key] = math.exp(statistics.fmean(logs))
+        ratios = {key: _geomean([b[g] / optimum[key] for b in finished for g in groups])
+                  for key, groups in REPORTED.items()} if finished else {}
         out.update({f"{prefix}_ne": ne, f"{prefix}_ne_std": _std([r["ne"] for r in runs]),
                     f"{prefix}_ne_for_gap": gap_ne,
                     f"{prefix}_ne_over_optimum": None if ne is None else ne - optimum["ne"],
@@ -336,7 +340,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
                      f"{_f(s['paper_gap_closed'], 2)} | {_f(p.get('embedding'), 2)} | {_f(p.get('dense'), 2)} | "
                      f"{s['paper_diverged']}/{s['seeds']} |")
     for name, s in result["starts"].items():
-        if name != "tuned" and s.get("plain_ne_for_gap") is not None and s["plain_ne_for_gap"] <= o["ne"]:
+        if name != "tuned" and s["no_gap"]:
             lines += ["", f"{name}: no gap to close (gap closed \"-\"): its plain runs ({s['plain_ne_for_gap']:.4f}) are "
                           f"not worse than the grid optimum ({o['ne']:.4f}): this start is not misset in NE, "
                           "whatever its LRs' distance from the grid's optimum."]
@@ -381,14 +385,13 @@ def plot(result: Dict[str, Any], out: str, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key in zip(axes, ("embedding", "dense")):
-        groups = ("embedding",) if key == "embedding" else DENSE
         for colour, (name, s) in zip(colours, result["starts"].items()):
             # Every completed HDET run of the start, one line per seed; a diverged run has no base to end on.
             done = [r for r in s["runs"]["hdet"] if r["bases"]]
             for k, run in enumerate(done):
                 trajectory = max_lr_trajectory(os.path.join(out, run["dir"]))
                 # dense: the geometric mean of the dense groups' bases, as in the table and the JSON
-                values = [math.exp(statistics.fmean(math.log(v[g]) for g in groups)) for _, v in trajectory]
+                values = [_geomean([v[g] for g in REPORTED[key]]) for _, v in trajectory]
                 label = f"{name} ({len(done)} of {len(s['runs']['hdet'])} seeds completed)" if k == 0 else None
                 ax.plot([step for step, _ in trajectory], values, color=colour, linewidth=1.2, alpha=0.8, label=label)
         ax.axhline(o[key], color="k", linestyle="--", label="grid optimum")

@@ -83,7 +83,7 @@ def test_a_diverged_run_counts_as_the_base_rate_predictor_in_the_gap_closed():
     # mean over its three seeds is (0.79 + 0.80 + 1.0) / 3, so it closed (1 - 0.8633) / 0.22.
     s = summarize_start({"plain": _runs(None, None, None), "hdet": _runs(0.79, 0.80, None),
                          "hdet_paper": _runs(None, None, None)}, optimum)
-    assert s["plain_ne"] is None and s["plain_diverged"] == 3 and s["plain_ne_for_gap"] == 1.0
+    assert s["plain_ne"] is None and s["plain_diverged"] == 3 and s["plain_ne_for_gap"] == 1.0 and not s["no_gap"]
     assert s["hdet_ne"] == pytest.approx(0.795) and s["diverged"] == 1
     assert s["hdet_ne_over_optimum"] == pytest.approx(0.015)
     assert s["gap_closed"] == pytest.approx((1.0 - (0.79 + 0.80 + 1.0) / 3) / 0.22)
@@ -93,3 +93,7 @@ def test_a_diverged_run_counts_as_the_base_rate_predictor_in_the_gap_closed():
                         optimum)
     assert s["gap_closed"] == pytest.approx((0.81 - 0.79) / (0.81 - 0.78))
     assert s["paper_gap_closed"] == pytest.approx(0.0, abs=1e-12)
+    # Plain runs no worse than the grid optimum: no gap, so no share of it closed.
+    s = summarize_start({"plain": _runs(0.77, 0.78), "hdet": _runs(0.79, 0.79), "hdet_paper": _runs(0.81, 0.81)},
+                        optimum)
+    assert s["no_gap"] and s["gap_closed"] is None and s["paper_gap_closed"] is None
