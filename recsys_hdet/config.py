@@ -95,6 +95,8 @@ def validate_config(cfg: DictConfig) -> None:
             HDETConfig.from_mapping(h)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if h.get("embedding_sync_every") is not None:
+            _positive_int(cfg, "hdet.embedding_sync_every")
         _require(float(h.ceiling_multiple) >= 1.0, "hdet.ceiling_multiple", h.ceiling_multiple, "must be >= 1")
         _require(float(h.warm_init.nu) >= 0.0, "hdet.warm_init.nu", h.warm_init.nu, "must be >= 0")
         _require(h.get("signal", "train") in ("train", "serving", "probe"), "hdet.signal", h.get("signal"),

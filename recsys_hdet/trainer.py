@@ -146,16 +146,33 @@ class Trainer:
         averager = ReplicaAverager(model, self.pgs.replica, self.pgs.world)
         self.hdet = bool(cfg.hdet.enabled)
         self.serving_signal = self.hdet and str(cfg.hdet.get("signal", "train")) == "serving"
+        # Each sharding group trains its own copy of the tables on its own data (no gradient
+        # all-reduce across groups): averaging them keeps one model, as TorchRec's DMPCollection.sync().
+        # The loop averages them every trainer.embedding_sync_every steps; under HDET with the
+        # embedding LR spread, HDET's converge averages them at every sync instead (0 here), so each
+        # replica follows its own LR for a window. With no spread (alpha = 0) the plain cadence stays:
+        # alpha = 0 is the plain run in every layout.
+        self.embedding_sync_every = int(cfg.trainer.embedding_sync_every)
         if self.hdet:
             if cfg.trainer.get("warm_start") and float(cfg.hdet.warm_init.nu) > 0:
                 self._warm_noise(averager)
             scheduler = self._build_hdet_scheduler(model, optimizer, averager, total_steps, train_stream)
+            override = cfg.hdet.get("embedding_sync_every")
+            if override is not None:
+                self.embedding_sync_every = int(override)
+            elif scheduler.is_spread("embedding"):
+                self.embedding_sync_every = 0
         else:
             scheduler = GroupLRScheduler(optimizer.groups, schedules, bool(cfg.optim.schedule.cycle_momentum))
             optimizer.apply_hparams()
-            if averager.has_embedding_replicas:
-                self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
-                         f"{cfg.trainer.embedding_sync_every} steps")
+        if not averager.has_embedding_replicas:
+            self.embedding_sync_every = 0
+        elif self.embedding_sync_every:
+            self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
+                     f"{self.embedding_sync_every} steps")
+        else:
+            self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), each with its own LR, "
+                     f"averaged at every HDET sync ({cfg.hdet.sync_every} steps)")
 
         loop = LoopState(len(self.tasks))
         checkpoints = self._build_checkpoints(model, optimizer, scheduler, train_stream, loop)
@@ -258,7 +275,9 @@ class Trainer:
         def converge(excluded_ranks):
             bad_groups = {r // layout.sharding_group_size for r in excluded_ranks}
             averager.average_dense(include=layout.rank not in excluded_ranks)
-            if averager.has_embedding_replicas:
+            # Embedding replicas averaged by the loop at the plain cadence are averaged here only to
+            # restore an excluded one.
+            if averager.has_embedding_replicas and (self.embedding_sync_every == 0 or bad_groups):
                 averager.average_embeddings(include=layout.sharding_group not in bad_groups)
 
         return HDETOneCycleLR(
@@ -328,10 +347,7 @@ class Trainer:
         Returns (status, mean train loss per task and avg, steps, train seconds)."""
         cfg = self.cfg.trainer
         log_every = int(cfg.log_every)
-        # Each sharding group trains its own copy of the tables on its own data (no gradient
-        # all-reduce across groups): averaging them keeps one model, as TorchRec's DMPCollection.sync().
-        # Under HDET the replicas diverge on purpose and converge every hdet.sync_every steps instead.
-        sync_every = int(cfg.embedding_sync_every) if averager.has_embedding_replicas and not self.hdet else 0
+        sync_every = self.embedding_sync_every  # the loop's embedding averaging (see run())
         rank0 = self.rank == 0
         logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps, start_step=loop.step) \
             if rank0 else None

@@ -34,7 +34,7 @@ class Mutant:
 
 MUTANTS = (
     Mutant("A", "plain runs never average their embedding replicas", "recsys_hdet/trainer.py",
-           "sync_every = int(cfg.embedding_sync_every) if averager.has_embedding_replicas and not self.hdet else 0",
+           "sync_every = self.embedding_sync_every  # the loop's embedding averaging (see run())",
            "sync_every = 0",
            ["tests/test_train.py::test_two_process_run_writes_the_artifact_contract"]),
     Mutant("B", "HDET silently off at alpha = 0", "recsys_hdet/trainer.py",
@@ -89,6 +89,10 @@ MUTANTS = (
     Mutant("N", "the hdet.jsonl records never reach TensorBoard", "recsys_hdet/trainer.py",
            "tensorboard.log_hdet(record)",
            "pass",
+           ["tests/test_hdet_train.py::test_alpha_zero_reproduces_the_plain_run_exactly"]),
+    Mutant("P", "HDET averages the embedding replicas only at syncs even with no spread", "recsys_hdet/trainer.py",
+           "elif scheduler.is_spread(\"embedding\"):",
+           "else:",
            ["tests/test_hdet_train.py::test_alpha_zero_reproduces_the_plain_run_exactly"]),
     Mutant("O", "a resumed TensorBoard writer purges nothing (duplicated steps)", "recsys_hdet/components/tensorboard.py",
            "purge_step=int(start_step) + 1)",

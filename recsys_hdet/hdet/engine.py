@@ -295,8 +295,12 @@ class HDETEngine:
         return sum(1 for t in range(T, self.total_steps, T) if t >= start)
 
     # -- what each replica trains with -----------------------------------------------------------
+    def is_spread(self, name: str) -> bool:
+        """Whether ``name``'s replicas train with different values (a spread over several replicas)."""
+        return self.widths[name] > 0 and self.by_name[name].axis.num_replicas > 1
+
     def signal_possible(self, h: ScalarHParam) -> bool:
-        return self.config.autolr and self.widths[h.name] > 0 and h.axis.num_replicas > 1
+        return self.config.autolr and self.is_spread(h.name)
 
     def values(self, name: str) -> List[float]:
         """The value of every replica of ``name`` now (replica order)."""

@@ -64,6 +64,7 @@ class HDETOneCycleLR:
     ) -> None:
         self.optimizer = optimizer
         self.on_change = on_change
+        self.log_prefix = log_prefix
         self.cycle_momentum = cycle_momentum
         self.groups: Dict[str, List[Dict[str, Any]]] = {}
         for i, g in enumerate(optimizer.param_groups):
@@ -128,6 +129,10 @@ class HDETOneCycleLR:
         record = self.engine.step(loss)
         self.on_change()
         return record
+
+    def is_spread(self, group: str) -> bool:
+        """Whether param group ``group``'s learning rate differs between its replicas."""
+        return self.engine.is_spread(self.log_prefix + group)
 
     def get_last_lr(self) -> List[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
