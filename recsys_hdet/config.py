@@ -58,6 +58,18 @@ def validate_config(cfg: DictConfig) -> None:
         _require(group in cfg.optim.lr, f"optim.lr.{group}", None, "missing: every parameter group needs a max LR")
         _positive_number(cfg, f"optim.lr.{group}")
     _positive_number(cfg, "trainer.diverge_loss")
+    rollbacks = OmegaConf.select(cfg, "trainer.rollback.max_rollbacks")
+    _require(isinstance(rollbacks, int) and not isinstance(rollbacks, bool) and rollbacks >= 0,
+             "trainer.rollback.max_rollbacks", rollbacks, "must be an integer >= 0 (0: off)")
+    factor = OmegaConf.select(cfg, "trainer.rollback.lr_factor")
+    _require(isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor <= 1,
+             "trainer.rollback.lr_factor", factor, "must be a number in (0, 1]")
+    every, log_every = cfg.trainer.periodic_checkpoint.every_steps, cfg.trainer.log_every
+    if rollbacks and isinstance(every, int) and every > 0:
+        # A checkpoint is then written where a divergence check has just passed, so a resumed run
+        # starts from the state the uninterrupted one would roll back to (components/rollback.py).
+        _require(every % log_every == 0, "trainer.periodic_checkpoint.every_steps", every,
+                 f"must be a multiple of trainer.log_every={log_every} while trainer.rollback.max_rollbacks > 0")
     _positive_int(cfg, "trainer.periodic_checkpoint.keep_last")
     _positive_number(cfg, "trainer.collective_timeout_s")
     for key in ("trainer.periodic_checkpoint.every_steps", "trainer.max_restarts"):

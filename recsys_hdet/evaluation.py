@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.dataloader import (LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, RowHoldout,
                                               split_for)
-from recsys_hdet.components.metrics import oracle_metrics, read_json, read_jsonl, task_metrics
+from recsys_hdet.components.metrics import oracle_metrics, read_json, sync_records, task_metrics
 
 PRED_PREFIX = "pred_"
 # Segments: name -> column of predictions.parquet.
@@ -104,7 +104,7 @@ def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Opti
 def final_temperature(run_dir: str, default: float) -> float:
     """The attention temperature the run ended with: HDET's last base when it explored it (the
     value lives in the module, not in the checkpoint), else the configured one."""
-    records = read_jsonl(os.path.join(run_dir, "hdet.jsonl"))
+    records = sync_records(os.path.join(run_dir, "hdet.jsonl"))
     last = records[-1] if records else None
     if last and "temperature" in last.get("hparams", {}):
         return float(last["hparams"]["temperature"]["next_base"])

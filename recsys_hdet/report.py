@@ -23,7 +23,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from recsys_hdet.components.metrics import read_json, read_jsonl, write_text_atomic  # noqa: E402
+from recsys_hdet.components.metrics import read_json, read_jsonl, sync_records, write_text_atomic  # noqa: E402
 
 TASK_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
 SEGMENT_TITLES = {"user_activity": "user activity level", "item_popularity": "item popularity bucket", "tab": "tab"}
@@ -39,7 +39,7 @@ class RunArtifacts:
         self.summary = read_json(os.path.join(run_dir, "summary.json")) or {}
         self.evaluation = read_json(os.path.join(run_dir, "eval.json")) or {}
         self.metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-        self.hdet = read_jsonl(os.path.join(run_dir, "hdet.jsonl"))
+        self.hdet = sync_records(os.path.join(run_dir, "hdet.jsonl"))
         self.label = label or self.summary.get("experiment") or os.path.basename(run_dir.rstrip("/"))
 
     @property

@@ -29,6 +29,7 @@ from recsys_hdet.components.metrics import (MetricLogger, oracle_metrics, peak_r
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
 from recsys_hdet.components.replicas import ReplicaAverager, mixed_replica_loss
+from recsys_hdet.components.rollback import Rollback, build_rollback
 from recsys_hdet.components.tensorboard import build_tensorboard
 from recsys_hdet.config import probe_rows
 from recsys_hdet.distributed import ProcessGroups, shard_model
@@ -175,7 +176,9 @@ class Trainer:
                      f"averaged at every HDET sync ({cfg.hdet.sync_every} steps)")
 
         loop = LoopState(len(self.tasks))
-        checkpoints = self._build_checkpoints(model, optimizer, scheduler, train_stream, loop)
+        model_state = ModelState(model, optimizer.dense)
+        rollback = build_rollback(cfg.trainer.rollback, model_state, averager, scheduler)
+        checkpoints = self._build_checkpoints(model_state, scheduler, train_stream, loop, rollback)
         resume_from = cfg.trainer.get("resume_from")
         if resume_from:
             checkpoints.load(str(resume_from))
@@ -192,8 +195,9 @@ class Trainer:
             f"{train_days[0]}..{train_days[-1]}; layout {self.world} ranks = "
             f"{self.pgs.layout.sharding_group_size} per sharding group x {self.pgs.layout.replicas} replicas"
         )
+        rollback.snapshot(loop.step)  # the state to come back to before the first check
         status, train_loss, steps, train_seconds = self._train(model, optimizer, scheduler, averager, train_stream,
-                                                               total_steps, loop, checkpoints)
+                                                               total_steps, loop, checkpoints, rollback)
         if status == "completed":
             self._check_replicas_identical(averager)
         examples = steps * train_stream.examples_per_step
@@ -206,6 +210,8 @@ class Trainer:
             "examples_per_sec": examples / max(train_seconds, 1e-9),
             "train_seconds": train_seconds,
         }
+        if rollback.enabled:
+            summary["rollback"] = rollback.summary()
         if self.hdet_cost is not None:
             # Rank 0's time in HDET's hooks (gather, converge, controller, value updates).
             summary["hdet"] = {**self.hdet_cost, "fraction_of_train": self.hdet_cost["seconds"] / max(train_seconds, 1e-9)}
@@ -235,18 +241,19 @@ class Trainer:
         checkpoints.remove_all()
         return 0 if status == "completed" else EXIT_DIVERGED
 
-    def _build_checkpoints(self, model, optimizer: GroupedOptimizer, scheduler, stream: ParquetBatchStream,
-                           loop: LoopState) -> CheckpointManager:
+    def _build_checkpoints(self, model_state: ModelState, scheduler, stream: ParquetBatchStream,
+                           loop: LoopState, rollback: Rollback) -> CheckpointManager:
         """Every stateful piece of the job, registered for periodic checkpoints and resume."""
         spec = self.cfg.trainer.periodic_checkpoint
         manager = CheckpointManager(os.path.join(self.run_dir, "checkpoint"), self.run_dir, int(spec.every_steps),
                                     int(spec.keep_last), self.rank, self.world, say=self.log,
                                     async_save=bool(spec.get("async_save", False)))
-        manager.register("model", ModelState(model, optimizer.dense))
+        manager.register("model", model_state)
         manager.register("schedule", scheduler)  # the LR schedules' position, or the HDET engine's state
         manager.register("loader", stream)
         manager.register("rng", RNGState())
         manager.register("loop", loop)
+        manager.register("rollback", rollback)
         return manager
 
     # ------------------------------------------------------------------------------------------
@@ -342,7 +349,7 @@ class Trainer:
         self.log(f"HDET warm init: every replica perturbed with nu={nu} per tensor")
 
     def _train(self, model, optimizer, scheduler, averager, stream, total_steps: int, loop: LoopState,
-               checkpoints: CheckpointManager):
+               checkpoints: CheckpointManager, rollback: Rollback):
         """One pass, from ``loop.step`` (0, or the step of the checkpoint a resumed run loaded).
         Returns (status, mean train loss per task and avg, steps, train seconds)."""
         cfg = self.cfg.trainer
@@ -365,6 +372,7 @@ class Trainer:
         for batch in stream:
             if profiler is not None:
                 profiler.before_step(loop.step)
+            faults.before_step(loop.step + 1, optimizer)
             per_task, record = self._train_step(model, optimizer, scheduler, averager, batch, loop.step, total_steps,
                                                 faults, loop)
             loop.step += 1
@@ -378,11 +386,24 @@ class Trainer:
             loop.add_step_losses(per_task.detach().double())
             if loop.step % log_every == 0 or loop.step == total_steps or nothing_to_restore:
                 now = time.monotonic()
-                reason = self._end_interval(loop, optimizer, stream.examples_per_step, now - window_start,
-                                            nothing_to_restore, logger, tensorboard)
+                reason, metrics_record = self._end_interval(loop, optimizer, stream.examples_per_step,
+                                                            now - window_start, nothing_to_restore)
+                # A failed check is rolled back while rollbacks are left (same decision on every rank).
+                event = rollback.undo(loop.step, reason) if reason else None
+                loop.end_interval(rolled_back=event is not None)
+                if event is not None:
+                    optimizer.apply_hparams()  # the cut LRs reach the fused kernels before the next step
+                    metrics_record["rollback"] = event
+                    self._log_rollback(event, hdet_log)
+                elif not reason:
+                    rollback.snapshot(loop.step)
+                if logger is not None:
+                    logger.log(metrics_record)
+                    tensorboard.log_metrics(metrics_record)
                 window_start = now
-                if reason:
-                    self.log(f"DIVERGED at step {loop.step}: {reason}. Stopping; no evaluation or checkpoint.")
+                if reason and event is None:
+                    self.log(f"DIVERGED at step {loop.step}: {reason}" + (f" after {len(rollback.events)} rollback(s)"
+                             if rollback.enabled else "") + ". Stopping; no evaluation or checkpoint.")
                     status = "diverged"
                     break
             if checkpoints.due(loop.step, total_steps):
@@ -397,7 +418,7 @@ class Trainer:
         for closing in (profiler, logger, hdet_log, tensorboard):
             if closing is not None:
                 closing.close()
-        mean_total = loop.total / max(loop.step * self.world, 1)
+        mean_total = loop.total / max(loop.step * self.world - loop.rolled_back_steps, 1)
         train_loss = {t: float(mean_total[i]) for i, t in enumerate(self.tasks)}
         train_loss["avg"] = self._weighted_mean(mean_total)
         self.hdet_cost = {"syncs": loop.hdet_syncs, "seconds": loop.hdet_seconds} if self.hdet else None
@@ -449,27 +470,32 @@ class Trainer:
         excluded = f"  excluded ranks {record['excluded']}" if record["excluded"] else ""
         print(f"HDET sync at step {record['step']}: base lr {bases}{excluded}", flush=True)
 
+    def _log_rollback(self, event: Dict[str, Any], hdet_log) -> None:
+        if hdet_log is not None:  # an event line: readers of sync records skip it (metrics.sync_records)
+            hdet_log.write(json.dumps({**event, "event": "rollback"}) + "\n")
+            hdet_log.flush()
+        self.log(f"ROLLBACK {event['rollback']}/{event['max_rollbacks']} at step {event['step']}: {event['reason']}; "
+                 f"restored the state of step {event['restored_step']}, learning rates now x{event['lr_scale']:g}")
+
     def _end_interval(self, loop: LoopState, optimizer, examples_per_step: int, seconds: float,
-                      nothing_to_restore: bool, logger, tensorboard) -> str:
+                      nothing_to_restore: bool):
         """The logging interval's record and divergence check, from one small all-reduce, so every
-        rank takes the same decision. Returns why the run diverged, or ''."""
+        rank takes the same decision. Returns (why the interval diverged or '', the metrics.jsonl
+        record: rank 0 writes it)."""
         num_tasks = len(self.tasks)
         stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps)], dtype=torch.float64)])
         dist.all_reduce(stats)
         good_steps = stats[-1] - stats[num_tasks]
         mean = stats[:num_tasks] / good_steps.clamp(min=1)
-        loop.total += stats[:num_tasks]
+        loop.interval = stats  # the caller adds it to the pass's totals unless it is rolled back
         avg = self._weighted_mean(mean)
-        if logger is not None:
-            metrics_record = {
-                "step": loop.step,
-                "examples": loop.step * examples_per_step,
-                "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
-                "lr": optimizer.group_lrs(),
-                "examples_per_sec": loop.window_steps * examples_per_step / max(seconds, 1e-9),
-            }
-            logger.log(metrics_record)
-            tensorboard.log_metrics(metrics_record)
+        metrics_record = {
+            "step": loop.step,
+            "examples": loop.step * examples_per_step,
+            "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
+            "lr": optimizer.group_lrs(),
+            "examples_per_sec": loop.window_steps * examples_per_step / max(seconds, 1e-9),
+        }
         loop.window.zero_()
         loop.window_steps = 0
         # Under HDET a non-finite replica is excluded and restored at the next sync; the run
@@ -477,12 +503,12 @@ class Trainer:
         non_finite = (good_steps == 0) if self.hdet else (stats[num_tasks] > 0)
         diverge_loss = float(self.cfg.trainer.diverge_loss)
         if nothing_to_restore:
-            return "every replica non-finite at the sync, none to restore the others from"
+            return "every replica non-finite at the sync, none to restore the others from", metrics_record
         if non_finite or not math.isfinite(avg):
-            return "a non-finite loss"
+            return "a non-finite loss", metrics_record
         if avg > diverge_loss:
-            return f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}"
-        return ""
+            return f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}", metrics_record
+        return "", metrics_record
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -74,6 +74,8 @@ def expected_tensorboard_scalars(run_dir):
         add("throughput/examples_per_s", r["step"], r["examples_per_sec"])
     if (run_dir / "hdet.jsonl").exists():
         for r in read_jsonl(run_dir / "hdet.jsonl"):
+            if "event" in r:  # a rollback's line, not a sync: no scalars
+                continue
             for name, entry in r["hparams"].items():
                 add(f"hdet/{name}/base", r["step"], entry["base"])
                 for k, v in enumerate(entry["values"]):

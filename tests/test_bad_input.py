@@ -47,6 +47,10 @@ def _config_error(*overrides):
         ("model.dropout=1.5", ["model.dropout", "1.5"]),
         ("tasks.like.weight=-1", ["tasks.like.weight", "-1"]),
         ("data.eval_days=0", ["data.eval_days", ">= 1"]),
+        ("trainer.rollback.lr_factor=2", ["trainer.rollback.lr_factor", "(0, 1]"]),
+        ("trainer.rollback.max_rollbacks=-1", ["trainer.rollback.max_rollbacks", ">= 0"]),
+        ("trainer.periodic_checkpoint.every_steps=30",
+         ["trainer.periodic_checkpoint.every_steps", "multiple of trainer.log_every=25"]),
     ],
 )
 def test_invalid_config_value_is_named(override, needles):

@@ -119,7 +119,7 @@ def test_a_non_finite_replica_in_a_real_run_is_excluded_restored_and_training_go
 @pytest.mark.slow  # a real 4-rank fault run; the one-replica fault run stays in the default suite
 def test_the_run_diverges_only_when_no_replica_is_finite(tmp_path, data_cache, tiny_dataset):
     run_dir = tmp_path / "all_nan"
-    proc = _fault_run(run_dir, "nan_state@step=6", data_cache)  # every rank
+    proc = _fault_run(run_dir, "nan_state@step=6", data_cache, "trainer.rollback.max_rollbacks=0")  # every rank
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "DIVERGED at step 8: every replica non-finite at the sync" in proc.stdout
     assert "Traceback" not in proc.stderr
@@ -131,6 +131,24 @@ def test_the_run_diverges_only_when_no_replica_is_finite(tmp_path, data_cache, t
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "diverged" and s["steps"] == 8 and "eval" not in s
     assert not os.path.exists(run_dir / "checkpoint")
+
+
+@pytest.mark.slow  # a real 4-rank fault run
+def test_every_replica_non_finite_is_rolled_back_and_the_hdet_run_completes(tmp_path, data_cache, tiny_dataset):
+    run_dir = tmp_path / "all_nan_rollback"
+    proc = _fault_run(run_dir, "nan_state@step=6", data_cache)  # every rank; rollback on (the default)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ROLLBACK 1/3 at step 8: every replica non-finite at the sync" in proc.stdout
+    lines = read_jsonl(run_dir / "hdet.jsonl")
+    events = [r for r in lines if r.get("event") == "rollback"]
+    assert len(events) == 1 and events[0]["step"] == 8 and events[0]["restored_step"] == 0
+    later = [r for r in lines if "event" not in r and r["step"] > 8]
+    assert later and all(r["excluded"] == [] and None not in r["losses"] for r in later)
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "completed" and s["rollback"]["count"] == 1
+    assert all(math.isfinite(s["eval"][t]["ne"]) for t in s["eval"])
+    assert "final model bit-identical on every replica" in proc.stdout
+    assert_tensorboard_matches_records(run_dir)  # the event line adds no scalars
 
 
 @pytest.mark.slow  # more multi-process runs than the default suite has time for; `make test-all` runs it

@@ -226,3 +226,23 @@ def test_a_second_job_on_the_same_run_directory_refuses(tmp_path, data_cache, ti
         held.flush()
         proc = _train(run_dir, data_cache=data_cache)
     assert proc.returncode == 2 and "in use by another training job (pid 12345)" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_a_rollback_resumes_bit_for_bit(tmp_path, data_cache, tiny_dataset, monkeypatch):
+    # Steps 17-19 train with every LR x1000: the check at 20 is rolled back to the state of step 15,
+    # the LRs are halved, and step 20's checkpoint holds the result; the kill at step 22 comes before
+    # the next one. The resumed run must carry the cut LRs, the rollback record and the pass's loss sums.
+    spike = "lr_spike@step=17:steps=3"
+    ref, run_dir = tmp_path / "ref", tmp_path / "killed"
+    monkeypatch.setenv("RECSYS_HDET_FAULTS", spike)
+    assert run_train(ref, *FAST, *LAYOUTS["plain"], data_cache=data_cache).returncode == 0
+    monkeypatch.setenv("RECSYS_HDET_FAULTS", f"{spike},kill@step=22:rank=1")
+    first = run_train(run_dir, *FAST, *LAYOUTS["plain"], data_cache=data_cache)
+    assert first.returncode != 0 and "ROLLBACK 1/3 at step 20" in first.stdout, first.stdout[-2000:]
+    second = run_train(run_dir, *FAST, *LAYOUTS["plain"], data_cache=data_cache)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "at step 20 of" in second.stdout and "ROLLBACK" not in second.stdout
+    _assert_same_run(ref, run_dir)
+    a, b = read_json(ref / "summary.json"), read_json(run_dir / "summary.json")
+    assert a["rollback"]["events"] == b["rollback"]["events"] and len(a["rollback"]["events"]) == 1

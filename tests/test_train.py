@@ -94,4 +94,6 @@ def test_exploding_loss_ends_as_diverged(tmp_path, data_cache, tiny_dataset):
     assert "DIVERGED" in proc.stdout and "Traceback" not in proc.stderr
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "diverged" and "eval" not in s
+    # Every rollback was tried first (the LRs halved three times are still ~60x too high).
+    assert s["rollback"]["count"] == 3 and "after 3 rollback(s)" in proc.stdout
     assert not os.path.exists(run_dir / "checkpoint")

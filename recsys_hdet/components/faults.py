@@ -1,7 +1,7 @@
 """Fault injection, for tests of what the job does when a worker goes wrong.
 
 Not a user knob: set the environment variable ``RECSYS_HDET_FAULTS`` to a comma-separated list of
-``KIND@step=S[:rank=R]`` (every rank when ``rank`` is left out). After the optimizer step of
+``KIND@step=S[:rank=R][:steps=N]`` (every rank when ``rank`` is left out). After the optimizer step of
 training step ``S`` (1-based) on rank ``R``:
 
 - ``nan_state``: writes NaN into the rank's first replicated dense parameter, as an update that
@@ -10,6 +10,12 @@ training step ``S`` (1-based) on rank ``R``:
   directory: a marker file there keeps a restarted job that passes step S again from dying again.
 - ``checkpoint_fails``: the periodic checkpoint written at step S fails on that rank with "No
   space left on device" (a full disk), before it is published.
+
+And before training step S (its forward, so the fused embedding update in backward sees it too):
+
+- ``lr_spike``: every parameter group's learning rate times 1000 for steps S .. S + N - 1
+  (``steps``, default 1), as a misset schedule would do: what the trainer's rollback must undo.
+  The schedule writes its own rates back after each step.
 
 Unset (the normal case), :func:`faults_from_env` returns an empty plan and the trainer's check is
 one dictionary lookup per step.
@@ -25,7 +31,8 @@ from typing import Dict, List, Optional
 import torch
 
 ENV = "RECSYS_HDET_FAULTS"
-KINDS = ("nan_state", "kill", "checkpoint_fails")
+KINDS = ("nan_state", "kill", "checkpoint_fails", "lr_spike")
+LR_SPIKE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,7 @@ class Fault:
     kind: str
     step: int
     rank: Optional[int]  # None: every rank
+    steps: int = 1  # how many consecutive steps it lasts (lr_spike)
 
 
 def parse_faults(spec: str) -> List[Fault]:
@@ -40,9 +48,11 @@ def parse_faults(spec: str) -> List[Fault]:
     for item in filter(None, (s.strip() for s in spec.split(","))):
         kind, _, where = item.partition("@")
         fields = dict(part.split("=", 1) for part in where.split(":") if "=" in part)
-        if kind not in KINDS or "step" not in fields or set(fields) - {"step", "rank"}:
-            raise ValueError(f"{ENV}={spec!r}: cannot read {item!r}; expected KIND@step=S[:rank=R], KIND in {KINDS}")
-        faults.append(Fault(kind, int(fields["step"]), int(fields["rank"]) if "rank" in fields else None))
+        if kind not in KINDS or "step" not in fields or set(fields) - {"step", "rank", "steps"}:
+            raise ValueError(f"{ENV}={spec!r}: cannot read {item!r}; expected KIND@step=S[:rank=R][:steps=N], "
+                             f"KIND in {KINDS}")
+        faults.append(Fault(kind, int(fields["step"]), int(fields["rank"]) if "rank" in fields else None,
+                            int(fields.get("steps", 1))))
     return faults
 
 
@@ -54,7 +64,15 @@ class FaultPlan:
         self.by_step: Dict[int, List[str]] = {}
         for f in faults:
             if f.rank is None or f.rank == rank:
-                self.by_step.setdefault(f.step, []).append(f.kind)
+                for step in range(f.step, f.step + f.steps):
+                    self.by_step.setdefault(step, []).append(f.kind)
+
+    def before_step(self, step: int, optimizer) -> None:
+        """Before training step ``step`` (1-based): ``lr_spike`` multiplies every group's LR and pushes it."""
+        if "lr_spike" in self.by_step.get(step, ()):
+            for pg in optimizer.param_groups:
+                pg["lr"] *= LR_SPIKE
+            optimizer.apply_hparams()
 
     def after_optimizer_step(self, step: int, dense_tensors: List[torch.Tensor]) -> None:
         for kind in self.by_step.get(step, ()):

@@ -116,13 +116,14 @@ class GroupLRScheduler:
         self.schedules = dict(schedules)
         self.cycle_momentum = cycle_momentum
         self.last_step = 0
+        self.scale = {name: 1.0 for name in self.schedules}  # each schedule's multiplier after rollbacks
         self._apply()
 
     def _apply(self) -> None:
         for name, schedule in self.schedules.items():
             lr, momentum = schedule(self.last_step)
             for pg in self.groups.get(name, []):
-                pg["lr"] = lr
+                pg["lr"] = lr * self.scale[name]
                 if self.cycle_momentum and "betas" in pg:
                     pg["betas"] = (momentum, *pg["betas"][1:])
 
@@ -131,12 +132,18 @@ class GroupLRScheduler:
         self._apply()
 
     def current_lrs(self) -> Dict[str, float]:
-        return {name: schedule(self.last_step)[0] for name, schedule in self.schedules.items()}
+        return {name: schedule(self.last_step)[0] * self.scale[name] for name, schedule in self.schedules.items()}
+
+    def cut_learning_rates(self, factor: float) -> None:
+        """A rollback: every group's learning rate times ``factor`` from now on."""
+        self.scale = {name: s * factor for name, s in self.scale.items()}
+        self._apply()
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"last_step": self.last_step}
+        return {"last_step": self.last_step, "scale": dict(self.scale)}
 
     def load_state_dict(self, state: Mapping[str, Any], *, apply: Optional[bool] = True) -> None:
         self.last_step = int(state["last_step"])
+        self.scale.update({name: float(v) for name, v in (state.get("scale") or {}).items()})
         if apply:
             self._apply()

@@ -139,6 +139,11 @@ def read_jsonl(path: str) -> List[Dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def sync_records(path: str) -> List[Dict[str, Any]]:
+    """``hdet.jsonl``'s sync records, without its event lines (a rollback: ``"event": "rollback"``)."""
+    return [r for r in read_jsonl(path) if "event" not in r]
+
+
 def peak_rss_mb() -> float:
     import resource
 

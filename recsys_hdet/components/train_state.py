@@ -86,6 +86,8 @@ class LoopState:
     window: torch.Tensor = field(default=None)  # per-task loss sums since the last log, + non-finite count
     window_steps: int = 0
     total: torch.Tensor = field(default=None)  # per-task loss sums over the pass (all-reduced)
+    rolled_back_steps: int = 0  # rank-steps of rolled-back intervals: not in ``total``
+    interval: torch.Tensor = field(default=None)  # the last interval's all-reduced sums (+ non-finite, steps)
     hdet_seconds: float = 0.0
     hdet_syncs: int = 0
     train_seconds: float = 0.0  # before this attempt (a resumed job adds its own)
@@ -96,6 +98,14 @@ class LoopState:
         if self.total is None:
             self.total = torch.zeros(self.num_tasks, dtype=torch.float64)
 
+    def end_interval(self, rolled_back: bool) -> None:
+        """The interval just checked counts in the pass's training loss, unless it was rolled back."""
+        n = self.num_tasks
+        if rolled_back:
+            self.rolled_back_steps += int(self.interval[n + 1])
+        else:
+            self.total += self.interval[:n]
+
     def add_step_losses(self, per_task: torch.Tensor) -> None:
         """One step's per-task losses into the interval's sums (a non-finite step is counted apart)."""
         finite = bool(torch.isfinite(per_task).all())
@@ -104,7 +114,8 @@ class LoopState:
 
     def state_dict(self) -> Dict[str, Any]:
         return {"step": self.step, "window": self.window, "window_steps": self.window_steps, "total": self.total,
-                "hdet_seconds": self.hdet_seconds, "hdet_syncs": self.hdet_syncs, "train_seconds": self.train_seconds}
+                "hdet_seconds": self.hdet_seconds, "hdet_syncs": self.hdet_syncs, "train_seconds": self.train_seconds,
+                "rolled_back_steps": self.rolled_back_steps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.step = int(state["step"])
@@ -114,3 +125,4 @@ class LoopState:
         self.hdet_seconds = float(state["hdet_seconds"])
         self.hdet_syncs = int(state["hdet_syncs"])
         self.train_seconds = float(state["train_seconds"])
+        self.rolled_back_steps = int(state["rolled_back_steps"])

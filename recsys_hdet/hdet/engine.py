@@ -227,6 +227,7 @@ class _HParamState:
     permutation: List[int] = field(default_factory=list)
     controlled: bool = False  # True once the controller owns the base
     log_offset: float = 0.0  # log space: ln(base / schedule)
+    scale: float = 1.0  # the schedule's multiplier after rollbacks (see HDETEngine.scale)
 
 
 class HDETEngine:
@@ -319,7 +320,24 @@ class HDETEngine:
             self.state[h.name].permutation = torch.randperm(h.axis.num_replicas, generator=self.generator).tolist()
 
     def _schedule_now(self, h: ScalarHParam) -> float:
-        return h.schedule(min(self.step_count, self.total_steps - 1))
+        return h.schedule(min(self.step_count, self.total_steps - 1)) * self.state[h.name].scale
+
+    def scale(self, names: Sequence[str], factor: float) -> None:
+        """Multiplies the named hparams' values by ``factor`` from now on (the trainer's rollback cuts
+        the learning rates so): the schedule they follow, and a controlled linear base. Multiplicative
+        and log-space hparams only."""
+        for name in names:
+            h, s = self.by_name[name], self.state[name]
+            if h.space == "additive":
+                raise ValueError(f"hparam {name}: an additive hparam cannot be scaled")
+            s.scale *= factor
+            if s.controlled and h.space != "log":
+                s.base = min(max(s.base * factor, h.floor), h.ceiling)
+        self._apply()
+
+    def discard_window(self) -> None:
+        """Forgets the current window's training losses (a rolled-back window's are not the replicas')."""
+        self.window_loss_sum, self.window_steps = 0.0, 0
 
     def _apply(self) -> None:
         for h in self.hparams:
@@ -512,7 +530,7 @@ class HDETEngine:
                     "dof": self.fit["dof"]},
             "hparams": {
                 n: {"base": s.base, "velocity": s.velocity, "permutation": list(s.permutation),
-                    "controlled": s.controlled, "log_offset": s.log_offset}
+                    "controlled": s.controlled, "log_offset": s.log_offset, "scale": s.scale}
                 for n, s in self.state.items()
             },
         }
@@ -529,5 +547,6 @@ class HDETEngine:
                         "dof": float(fit["dof"])}
         for n, s in state["hparams"].items():
             self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]),
-                                         bool(s["controlled"]), float(s.get("log_offset", 0.0)))
+                                         bool(s["controlled"]), float(s.get("log_offset", 0.0)),
+                                         float(s.get("scale", 1.0)))
         self._apply()

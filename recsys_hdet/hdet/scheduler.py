@@ -130,6 +130,13 @@ class HDETOneCycleLR:
         self.on_change()
         return record
 
+    def cut_learning_rates(self, factor: float) -> None:
+        """A rollback: every group's learning rate times ``factor`` from now on (the base schedule and
+        the controller's base alike), and the rolled-back window's losses forgotten."""
+        self.engine.discard_window()
+        self.engine.scale([self.log_prefix + n for n in self.schedules], factor)
+        self.on_change()
+
     def is_spread(self, group: str) -> bool:
         """Whether param group ``group``'s learning rate differs between its replicas."""
         return self.engine.is_spread(self.log_prefix + group)
