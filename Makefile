@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # fbgemm-gpu-cpu on machines without a CUDA GPU, fbgemm-gpu with one.
 FBGEMM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 
-.PHONY: setup demo test test-all clean-data
+.PHONY: setup demo test test-recovery test-all clean-data
 
 setup: $(STAMP)
 
@@ -26,6 +26,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The crash-recovery end-to-end runs (kill -9 and resume, rollback, the retraining job's kills):
+# slow-marked, and run by CI beside `make test` (about 20 minutes on 2 cores).
+test-recovery: $(STAMP)
+	$(PY) -m pytest -q -m slow tests/test_resume.py \
+		tests/test_retrain.py::test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills
 
 # Includes the slow end-to-end runs.
 test-all: $(STAMP)
