@@ -36,8 +36,12 @@ def _positive_int(cfg: DictConfig, key: str) -> None:
 
 
 def probe_rows(cfg: DictConfig) -> int:
-    """Rows reserved from each training day for HDET's probe signal (0 unless HDET is on with
-    ``signal: probe``: every other run, alpha = 0 with the default signal included, trains on every row)."""
+    """Rows reserved from each training day (never trained on): ``data.reserve_rows`` when set (so that
+    plain and HDET runs train on the same rows), else HDET's probe rows when the probe signal is on,
+    else 0 (every other run, alpha = 0 with the default signal included, trains on every row)."""
+    reserved = cfg.data.get("reserve_rows")
+    if reserved is not None:
+        return int(reserved)
     h = cfg.hdet
     return int(h.probe_rows) if h.enabled and h.get("signal") == "probe" else 0
 
@@ -115,6 +119,8 @@ def validate_config(cfg: DictConfig) -> None:
                  "'train', 'serving' or 'probe'")
         if h.get("signal") == "probe":
             _positive_int(cfg, "hdet.probe_rows")
+            _require(cfg.data.get("reserve_rows") != 0, "data.reserve_rows", 0,
+                     "hdet.signal=probe scores rows reserved from training: null (hdet.probe_rows) or > 0")
             mix = h.get("probe_mix", 1.0)
             _require(mix == "replicas" or (isinstance(mix, (int, float)) and 0.0 < float(mix) <= 1.0),
                      "hdet.probe_mix", mix, "'replicas' or a number in (0, 1]")
@@ -134,6 +140,15 @@ def validate_config(cfg: DictConfig) -> None:
                      "exploring weight decay needs decoupled weight decay: set optim.dense.type=adamw")
             _require(float(cfg.optim.dense.weight_decay) > 0, "optim.dense.weight_decay", cfg.optim.dense.weight_decay,
                      "exploring weight decay (multiplicatively) needs a starting value > 0")
+    reserved = cfg.data.get("reserve_rows")
+    _require(reserved is None or (isinstance(reserved, int) and not isinstance(reserved, bool) and reserved >= 0),
+             "data.reserve_rows", reserved, "must be null or an integer >= 0")
+    stop = cfg.trainer.get("stop_at_step")
+    _require(stop is None or (isinstance(stop, int) and not isinstance(stop, bool) and stop >= 1),
+             "trainer.stop_at_step", stop, "must be null or an integer >= 1")
+    keep_at = list(cfg.trainer.periodic_checkpoint.get("keep_at") or [])
+    _require(all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < 1 for f in keep_at),
+             "trainer.periodic_checkpoint.keep_at", keep_at, "must be a list of fractions of the pass in (0, 1)")
     skip = cfg.data.get("skip_days", 0)
     _require(isinstance(skip, int) and not isinstance(skip, bool) and skip >= 0, "data.skip_days", skip,
              "must be an integer >= 0")

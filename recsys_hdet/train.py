@@ -200,7 +200,7 @@ FINISHED = "finished"
 # Config keys a resumed run may change: how it logs, evaluates and checkpoints, not what it trains.
 RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.eval_batch_size", "trainer.profile", "trainer.checkpoint",
                     "trainer.periodic_checkpoint", "trainer.resume", "trainer.resume_from", "trainer.max_restarts",
-                    "trainer.tensorboard", "trainer.threads_per_worker")
+                    "trainer.tensorboard", "trainer.threads_per_worker", "trainer.branch_from", "trainer.stop_at_step")
 
 
 def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
@@ -263,6 +263,33 @@ def resolve_resume(cfg_dict: Dict[str, Any], run_dir: str) -> Optional[str]:
     return path
 
 
+# What a branch (trainer.branch_from) must share with the run it branches from: the rest (LRs, HDET,
+# logging, checkpoints) is what a study varies from a point of a pass.
+BRANCH_FIXED_KEYS = ("data.", "model.", "tasks.", "loss.", "seed", "optim.dense.", "optim.embedding.",
+                     "optim.schedule.", "trainer.nproc", "trainer.sharding_group_size", "trainer.embedding_sync_every")
+
+
+def resolve_branch(cfg_dict: Dict[str, Any]) -> str:
+    """``trainer.branch_from`` -> the checkpoint's absolute path; ConfigError naming what is wrong (not
+    a complete checkpoint, or a key that must match the run it was written by)."""
+    from recsys_hdet.components.checkpoint import CheckpointError, check_step_checkpoint
+
+    given = str(cfg_dict["trainer"]["branch_from"])
+    path = _abs_path(given)
+    try:
+        manifest = check_step_checkpoint(path)
+    except CheckpointError as e:
+        raise ConfigError(f"config trainer.branch_from={given}: {e}") from None
+    saved, now = _flatten(manifest.get("config", {})), _flatten(cfg_dict)
+    differ = sorted(k for k in set(saved) | set(now) if k.startswith(BRANCH_FIXED_KEYS)
+                    and saved.get(k, "<absent>") != now.get(k, "<absent>"))
+    if differ:
+        raise ConfigError(f"config trainer.branch_from={given}: the branch must train what that run trained; these "
+                          "keys differ: " + ", ".join(f"{k} ({saved.get(k, '<absent>')!r} -> {now.get(k, '<absent>')!r})"
+                                                      for k in differ))
+    return path
+
+
 def _remove_hydra_leftovers(run_dir: str) -> None:
     """A run that fails validation trains and writes nothing: Hydra has already written ``.hydra/``
     and an empty job log into the run directory, so those go, and the directory too if that leaves
@@ -303,6 +330,13 @@ def main(cfg: DictConfig) -> None:
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["data"]["root"] = root
     cfg_dict["trainer"]["warm_start"] = warm_start
+    if cfg_dict["trainer"].get("branch_from"):
+        try:
+            cfg_dict["trainer"]["branch_from"] = resolve_branch(cfg_dict)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            _remove_hydra_leftovers(run_dir)
+            sys.exit(EXIT_BAD_INPUT)
     print(f"run directory: {run_dir}", flush=True)
     lock = _run_dir_lock(run_dir)  # a second job on the same run directory refuses to start
     max_restarts = 0 if under_torchrun() else int(cfg.trainer.max_restarts)  # torchrun restarts on its own

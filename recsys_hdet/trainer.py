@@ -178,8 +178,15 @@ class Trainer:
         loop = LoopState(len(self.tasks))
         model_state = ModelState(model, optimizer.dense)
         rollback = build_rollback(cfg.trainer.rollback, model_state, averager, scheduler)
-        checkpoints = self._build_checkpoints(model_state, scheduler, train_stream, loop, rollback)
+        checkpoints = self._build_checkpoints(model_state, scheduler, train_stream, loop, rollback, total_steps)
         resume_from = cfg.trainer.get("resume_from")
+        branch_from = cfg.trainer.get("branch_from")
+        if branch_from and not resume_from:
+            # Another run's state at its step; this run's LR control takes over from that step.
+            checkpoints.load(str(branch_from), pieces=("model", "loader", "rng", "loop"))
+            scheduler.start_at(loop.step)
+            optimizer.apply_hparams()
+            self.log(f"branched from {branch_from} at step {loop.step} of {total_steps}")
         if resume_from:
             checkpoints.load(str(resume_from))
             # The fused embedding kernels take an LR only when it is pushed (the restored schedule
@@ -239,15 +246,19 @@ class Trainer:
             self._print_summary(summary)
         # Only now: a job killed before summary.json was written resumes from them.
         checkpoints.remove_all()
-        return 0 if status == "completed" else EXIT_DIVERGED
+        return EXIT_DIVERGED if status == "diverged" else 0
 
     def _build_checkpoints(self, model_state: ModelState, scheduler, stream: ParquetBatchStream,
-                           loop: LoopState, rollback: Rollback) -> CheckpointManager:
+                           loop: LoopState, rollback: Rollback, total_steps: int) -> CheckpointManager:
         """Every stateful piece of the job, registered for periodic checkpoints and resume."""
         spec = self.cfg.trainer.periodic_checkpoint
+        log_every = int(self.cfg.trainer.log_every)
+        # keep_at: on a divergence check (a multiple of log_every), where rollback's copy is taken too.
+        keep_steps = [round(float(f) * total_steps / log_every) * log_every for f in spec.get("keep_at") or []]
         manager = CheckpointManager(os.path.join(self.run_dir, "checkpoint"), self.run_dir, int(spec.every_steps),
                                     int(spec.keep_last), self.rank, self.world, say=self.log,
-                                    async_save=bool(spec.get("async_save", False)))
+                                    async_save=bool(spec.get("async_save", False)),
+                                    keep_steps=tuple(s for s in keep_steps if 0 < s < total_steps))
         manager.register("model", model_state)
         manager.register("schedule", scheduler)  # the LR schedules' position, or the HDET engine's state
         manager.register("loader", stream)
@@ -354,6 +365,7 @@ class Trainer:
         Returns (status, mean train loss per task and avg, steps, train seconds)."""
         cfg = self.cfg.trainer
         log_every = int(cfg.log_every)
+        stop_at = cfg.get("stop_at_step")  # studies: end the pass early
         sync_every = self.embedding_sync_every  # the loop's embedding averaging (see run())
         rank0 = self.rank == 0
         logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps, start_step=loop.step) \
@@ -384,7 +396,7 @@ class Trainer:
             if sync_every and (loop.step % sync_every == 0 or loop.step == total_steps):
                 averager.average_embeddings()
             loop.add_step_losses(per_task.detach().double())
-            if loop.step % log_every == 0 or loop.step == total_steps or nothing_to_restore:
+            if loop.step % log_every == 0 or loop.step in (total_steps, stop_at) or nothing_to_restore:
                 now = time.monotonic()
                 reason, metrics_record = self._end_interval(loop, optimizer, stream.examples_per_step,
                                                             now - window_start, nothing_to_restore)
@@ -413,6 +425,10 @@ class Trainer:
                                              "config": self.cfg_container}, fail_write=faults.checkpoint_fails)
                 checkpoint_seconds += time.monotonic() - tick
                 window_start += time.monotonic() - tick  # the stall is not the interval's throughput
+            if loop.step == stop_at:
+                self.log(f"stopped at step {loop.step} (trainer.stop_at_step): no evaluation or final checkpoint")
+                status = "stopped"
+                break
         checkpoints.finish()  # an async checkpoint still being written is published
         seconds = seconds_before + time.monotonic() - start - checkpoint_seconds
         for closing in (profiler, logger, hdet_log, tensorboard):

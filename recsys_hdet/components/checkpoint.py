@@ -305,9 +305,12 @@ class CheckpointManager:
     """
 
     def __init__(self, directory: str, run_dir: str, every_steps: int, keep_last: int, rank: int, world: int,
-                 say=print, async_save: bool = False) -> None:
+                 say=print, async_save: bool = False, keep_steps: Tuple[int, ...] = ()) -> None:
         self.directory, self.run_dir = directory, run_dir
         self.every_steps, self.keep_last = int(every_steps), max(1, int(keep_last))
+        # Checkpoints written at these steps too, never rotated out nor removed after the pass (a
+        # study branches other runs from them: trainer.branch_from).
+        self.keep_steps = frozenset(int(s) for s in keep_steps)
         self.rank, self.world = rank, world
         self.say = say
         self.pieces: Dict[str, Stateful] = {}
@@ -327,7 +330,8 @@ class CheckpointManager:
     def due(self, step: int, total_steps: int) -> bool:
         """A periodic checkpoint after ``step``: every ``every_steps``, never at the pass's end (the
         final model is saved then)."""
-        return self.every_steps > 0 and step % self.every_steps == 0 and step < total_steps
+        periodic = self.every_steps > 0 and step % self.every_steps == 0
+        return (periodic or step in self.keep_steps) and step < total_steps
 
     def _local_state(self) -> Dict[str, Any]:
         return {f"rank{self.rank}": {name: piece.state_dict() for name, piece in self.pieces.items()}}
@@ -406,23 +410,26 @@ class CheckpointManager:
                 shutil.rmtree(final, ignore_errors=True)
                 os.replace(tmp, final)
                 self.last_bytes = sum(body["sizes"].values())
-                for _, old in step_checkpoints(self.directory)[:-self.keep_last]:
+                rotated = [(s, p) for s, p in step_checkpoints(self.directory) if s not in self.keep_steps]
+                for _, old in rotated[:-self.keep_last]:
                     shutil.rmtree(old, ignore_errors=True)
         dist.barrier()
         self.saved += not failed
 
-    def load(self, path: str) -> None:
-        """Restores every registered piece from ``path`` (collective)."""
-        state = self._local_state()
+    def load(self, path: str, pieces: Optional[Tuple[str, ...]] = None) -> None:
+        """Restores every registered piece (or the named ``pieces``) from ``path`` (collective)."""
+        names = list(self.pieces) if pieces is None else list(pieces)
+        state = {f"rank{self.rank}": {name: self.pieces[name].state_dict() for name in names}}
         dcp.load(state, checkpoint_id=path)
-        for name, piece in self.pieces.items():
-            piece.load_state_dict(state[f"rank{self.rank}"][name])
+        for name in names:
+            self.pieces[name].load_state_dict(state[f"rank{self.rank}"][name])
 
     def remove_all(self) -> None:
         """After the pass: periodic checkpoints are for resuming an unfinished run only."""
         if self.rank == 0:
-            for _, path in step_checkpoints(self.directory):
-                shutil.rmtree(path, ignore_errors=True)
+            for step, path in step_checkpoints(self.directory):
+                if step not in self.keep_steps:
+                    shutil.rmtree(path, ignore_errors=True)
             for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
                 if name.startswith(f".{STEP_PREFIX}"):
                     shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)

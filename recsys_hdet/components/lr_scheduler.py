@@ -134,6 +134,11 @@ class GroupLRScheduler:
     def current_lrs(self) -> Dict[str, float]:
         return {name: schedule(self.last_step)[0] * self.scale[name] for name, schedule in self.schedules.items()}
 
+    def start_at(self, step: int) -> None:
+        """Continues another run's pass from ``step`` (trainer.branch_from)."""
+        self.last_step = int(step)
+        self._apply()
+
     def cut_learning_rates(self, factor: float) -> None:
         """A rollback: every group's learning rate times ``factor`` from now on."""
         self.scale = {name: s * factor for name, s in self.scale.items()}

@@ -335,6 +335,12 @@ class HDETEngine:
                 s.base = min(max(s.base * factor, h.floor), h.ceiling)
         self._apply()
 
+    def start_at(self, step: int) -> None:
+        """Takes over a pass at ``step`` (after ``step`` steps trained elsewhere): values from there on."""
+        self.step_count = int(step)
+        self.discard_window()
+        self._apply()
+
     def discard_window(self) -> None:
         """Forgets the current window's training losses (a rolled-back window's are not the replicas')."""
         self.window_loss_sum, self.window_steps = 0.0, 0

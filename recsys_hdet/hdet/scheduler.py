@@ -130,6 +130,14 @@ class HDETOneCycleLR:
         self.on_change()
         return record
 
+    def start_at(self, step: int) -> None:
+        """Continues another run's pass from ``step`` (trainer.branch_from): the schedules' position
+        and the engine's step; the first window runs from there to the next multiple of T."""
+        self.last_step = int(step)
+        self._write_momentum()
+        self.engine.start_at(step)
+        self.on_change()
+
     def cut_learning_rates(self, factor: float) -> None:
         """A rollback: every group's learning rate times ``factor`` from now on (the base schedule and
         the controller's base alike), and the rolled-back window's losses forgotten."""
