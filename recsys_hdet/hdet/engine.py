@@ -117,6 +117,52 @@ def preference(losses: torch.Tensor, ok: torch.Tensor, u: torch.Tensor, score: s
     return float((fc * uc).sum()) / denominator if denominator > 0 else 0.0
 
 
+def new_joint_fit(num_hparams: int) -> Dict[str, Any]:
+    """The pooled normal equations of :func:`joint_preferences`, empty."""
+    return {"xx": torch.zeros(num_hparams, num_hparams, dtype=torch.float64),
+            "xy": torch.zeros(num_hparams, dtype=torch.float64), "yy": 0.0, "dof": 0.0}
+
+
+def joint_preferences(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Tensor, rank_ok: torch.Tensor,
+                      usable: Sequence[int], beta: float) -> Dict[int, float]:
+    """score="regression": adds one sync to ``fit`` (in place) and returns, for every hparam index in
+    ``usable``, the partial correlation of -loss with its offset from ONE least-squares fit of the
+    ranks' losses on all hparams' offsets at once (``X``: rank x hparam offsets).
+
+    Why: the hparams' permutations are independent, so a per-hparam correlation (zscore, rank)
+    counts the other hparams' effects as noise; with two embedding replicas and three dense
+    groups spread over four ranks that noise decides the sign of the embedding group's signal.
+    The fit is pooled over syncs (normal equations decayed by ``beta`` per sync, each sync's losses
+    and offsets centred over the ranks), so the pooling is the momentum; the partial correlation
+    ``t / sqrt(t^2 + dof)`` is in [-1, 1] and unchanged when the losses are scaled or shifted. A
+    non-finite rank scores one spread above the worst finite one (the strongest signal). No
+    signal (0) until the pooled fit has more degrees of freedom than hparams.
+    """
+    finite = torch.isfinite(rank_loss) & rank_ok
+    if not usable or int(finite.sum()) < 2:
+        return {}
+    y = rank_loss.clone()
+    good = y[finite]
+    y[~finite] = good.max() + (good.std() if len(good) > 1 else 0.0) + 1e-12
+    Xc, yc = X - X.mean(0), y - y.mean()
+    fit["xx"] = beta * fit["xx"] + Xc.T @ Xc
+    fit["xy"] = beta * fit["xy"] + Xc.T @ yc
+    fit["yy"] = beta * fit["yy"] + float(yc @ yc)
+    fit["dof"] = beta * fit["dof"] + (len(y) - 1)
+    idx = torch.tensor(list(usable))
+    A, b = fit["xx"][idx][:, idx], fit["xy"][idx]
+    dof = fit["dof"] - len(usable)
+    if dof <= 0:
+        return {i: 0.0 for i in usable}
+    A = A + torch.eye(len(usable), dtype=torch.float64) * 1e-9 * float(A.diagonal().mean())
+    coef = torch.linalg.solve(A, b)
+    rss = max(fit["yy"] - float(coef @ b), 1e-30 * max(fit["yy"], 1e-300))
+    se = torch.sqrt(rss / dof * torch.linalg.inv(A).diagonal())
+    t = coef / se
+    rho = t / torch.sqrt(t * t + dof)
+    return {i: float(-r) for i, r in zip(usable, rho)}
+
+
 SCORES = ("softmax", "zscore", "rank", "regression")
 
 
@@ -283,9 +329,7 @@ class HDETEngine:
         self.window_steps = 0
         self.state: Dict[str, _HParamState] = {h.name: _HParamState(base=h.schedule(0)) for h in self.hparams}
         # score="regression": the pooled normal equations of the joint fit (see _joint_preferences).
-        k = len(self.hparams)
-        self.fit = {"xx": torch.zeros(k, k, dtype=torch.float64), "xy": torch.zeros(k, dtype=torch.float64),
-                    "yy": 0.0, "dof": 0.0}
+        self.fit = new_joint_fit(len(self.hparams))
         self._draw_permutations()
         self._apply()
 
@@ -430,46 +474,15 @@ class HDETEngine:
 
     def _joint_preferences(self, rank_loss: torch.Tensor, rank_ok: torch.Tensor) -> Dict[str, float]:
         """score="regression": for every hparam with a signal, the partial correlation of -loss with its
-        offset, from ONE least-squares fit of the ranks' losses on all hparams' offsets at once.
-
-        Why: the hparams' permutations are independent, so a per-hparam correlation (zscore, rank)
-        counts the other hparams' effects as noise; with two embedding replicas and three dense
-        groups spread over four ranks that noise decides the sign of the embedding group's signal.
-        The fit is pooled over syncs (normal equations decayed by ``beta`` per sync, each sync's losses
-        and offsets centred over the ranks), so the pooling is the momentum; the partial correlation
-        ``t / sqrt(t^2 + dof)`` is in [-1, 1] and unchanged when the losses are scaled or shifted. A
-        non-finite rank scores one spread above the worst finite one (the strongest signal). No
-        signal (0) until the pooled fit has more degrees of freedom than hparams.
-        """
+        offset, from ONE least-squares fit of the ranks' losses on all hparams' offsets at once
+        (:func:`joint_preferences`), pooled over syncs in ``self.fit``."""
         names = [h.name for h in self.hparams]
         usable = [i for i, h in enumerate(self.hparams) if self.signal_possible(h)]
-        finite = torch.isfinite(rank_loss) & rank_ok
-        if not usable or int(finite.sum()) < 2:
-            return {}
-        y = rank_loss.clone()
-        good = y[finite]
-        y[~finite] = good.max() + (good.std() if len(good) > 1 else 0.0) + 1e-12
         # Each rank's offset for each hparam: the offset of the replica it belongs to this window.
         X = torch.stack([self.offsets[h.name][torch.tensor(self.state[h.name].permutation)]
                          [torch.tensor(h.axis.replica_of_rank)] for h in self.hparams], dim=1)
-        Xc, yc = X - X.mean(0), y - y.mean()
-        beta, f = self.config.beta, self.fit
-        f["xx"] = beta * f["xx"] + Xc.T @ Xc
-        f["xy"] = beta * f["xy"] + Xc.T @ yc
-        f["yy"] = beta * f["yy"] + float(yc @ yc)
-        f["dof"] = beta * f["dof"] + (len(y) - 1)
-        idx = torch.tensor(usable)
-        A, b = f["xx"][idx][:, idx], f["xy"][idx]
-        dof = f["dof"] - len(usable)
-        if dof <= 0:
-            return {names[i]: 0.0 for i in usable}
-        A = A + torch.eye(len(usable), dtype=torch.float64) * 1e-9 * float(A.diagonal().mean())
-        coef = torch.linalg.solve(A, b)
-        rss = max(f["yy"] - float(coef @ b), 1e-30 * max(f["yy"], 1e-300))
-        se = torch.sqrt(rss / dof * torch.linalg.inv(A).diagonal())
-        t = coef / se
-        rho = t / torch.sqrt(t * t + dof)
-        return {names[i]: float(-r) for i, r in zip(usable, rho)}
+        prefs = joint_preferences(self.fit, X, rank_loss, rank_ok, usable, self.config.beta)
+        return {names[i]: g for i, g in prefs.items()}
 
     def _control(self, h, s: _HParamState, losses, ok, values, syncs_left: int,
                  joint: Optional[float] = None) -> None:
