@@ -1,0 +1,467 @@
+"""Ground truth for learning-rate direction, and a scorecard of the controller's signals against it.
+
+The question a controller answers at a sync is: from this point of the pass, would a higher or a
+lower learning rate for this group end the pass better? That can be measured directly:
+
+- **trunk**: a plain run from a start (every group's peak LR), keeping checkpoints at 25%, 50%
+  and 75% of the pass (``trainer.periodic_checkpoint.keep_at``);
+- **branch**: from each kept checkpoint, the rest of the same pass with one group's LR multiplied
+  by x0.5 or x2 (``trainer.branch_from``): the embedding group, and the three dense groups
+  together. x1 is the trunk itself: a branch at the trunk's LRs reproduces it bit for bit
+  (tests/test_branch.py). Seeds are paired: a seed's branches start from that seed's trunk;
+- **truth** per (start, checkpoint, group): the multiplier with the best mean held-out NE (mean over
+  the three tasks), or ``none`` where the 95% paired t-interval of (best - runner-up) over seeds
+  covers zero. A run that diverges counts as NE 1.0 (the base-rate predictor), as in the recovery
+  study; rollback is off in every run here, so a too-high LR shows as what it is;
+- **signals**: from each kept checkpoint, HDET with the product's spread (log space, alpha 0.25,
+  every group spread, controller from that step) for ``windows`` syncs of T steps, then stopped
+  (``trainer.stop_at_step``): one run with ``signal=probe`` (its sync records carry every rank's
+  probe loss and window training loss) and one with ``signal=serving``. Every score the engine
+  offers is computed from those records with the engine's own functions
+  (:func:`recsys_hdet.hdet.engine.preference`, :func:`~recsys_hdet.hdet.engine.joint_preferences`):
+  ``{probe,train,serving}/{zscore,rank,regression}`` and ``paper`` (softmax, sigma 0.1, on the
+  training losses: the paper's score; on the log spread, not its linear one). A signal's value per
+  group is its mean over the windows (regression: the fit pooled over them with beta 0.9, as the
+  engine pools it), the dense groups' is the mean of the three;
+- **scorecard**: a signal agrees with a case when the sign of its value (mean over seeds) points
+  to the truth's side (x2: +, x0.5: -). Cases whose truth is ``none`` or ``x1`` are listed, not
+  scored: a sign cannot say "stay".
+
+Every run is one line of ``results.jsonl`` (overrides, seed, status, NE per task, steps, wall time,
+and a signal run's sync records): the report is rebuilt from it alone (``--report-only``), and a
+run with a line is never trained again (resume). Run directories live under ``--work`` (git-ignored
+``outputs/`` by default), never in docs.
+
+Modes: ``record`` (benchmark data, 2 x 2 layout, 3 seeds, T = 50: the record, docs/lr_truth.*) and
+``fast`` (demo data cut to its last two training days, same layout, T = 25: for developing a
+signal). ``--start NAME:EMB:DENSE`` replaces the starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASKS = ("contribution", "like", "long_dwell")
+DENSE = ("transformer", "non_embedding", "no_decay")
+GROUPS = {"embedding": ("embedding",), "dense": DENSE}  # what a branch multiplies
+MULTIPLIERS = (0.5, 1.0, 2.0)
+FRACTIONS = (0.25, 0.5, 0.75)
+DIVERGED_NE = 1.0  # a diverged run scores as the base-rate predictor (docs/lr_recovery.md's rule)
+ALPHA = 0.25  # the product's spread (conf/hdet/enabled.yaml)
+SCORES = ("zscore", "rank", "regression")
+LOSSES = ("probe", "train", "serving")
+
+
+class StudyError(RuntimeError):
+    """A study that cannot go on (named: which start, which run, why)."""
+
+
+@dataclass
+class Mode:
+    overrides: Tuple[str, ...]  # every run's
+    starts: Dict[str, Tuple[float, float]]  # name -> (embedding, dense) peak LRs
+    seeds: Tuple[int, ...]
+    sync_every: int  # T: the signal runs' window, and every run's log interval
+    windows: int  # syncs a signal run measures
+    layout: Tuple[int, int] = (4, 2)  # nproc, sharding_group_size
+    reserve_rows: int = 4096
+    fractions: Tuple[float, ...] = FRACTIONS  # where the trunk keeps checkpoints
+    groups: Tuple[str, ...] = tuple(GROUPS)  # which groups' LRs are branched
+
+
+# The record's plateau start is the recovery grid's best cell (docs/lr_recovery.md: embedding 6,
+# dense 0.0095); "low" is every group 10x below it.
+MODES = {
+    "record": Mode(("+experiment=baseline_low",), {"plateau": (6.0, 0.0095), "low": (0.6, 0.00095)}, (0, 1, 2), 50, 4),
+    # Demo data, its last two training days: a pass of ~146 steps. The demo preset's LRs stand for the
+    # plateau here (not measured), "low" 10x below.
+    "fast": Mode(("+experiment=baseline_low", "data=demo", "data.train_days=2"),
+                 {"preset": (0.05, 0.002), "low": (0.005, 0.0002)}, (0, 1, 2), 25, 4),
+    # For the harness's own end-to-end test: tiny data, two ranks.
+    "tiny": Mode(("data=tiny",), {"preset": (0.05, 0.002)}, (0, 1), 5, 1, layout=(2, 1), reserve_rows=1024,
+                 fractions=(0.5,), groups=("dense",)),
+}
+
+
+def lr_overrides(embedding: float, dense: float) -> List[str]:
+    return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE)]
+
+
+def pct(fraction: float) -> str:
+    return f"c{round(fraction * 100)}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Results file: one JSON line per finished run.
+
+def load_results(path: str) -> Dict[str, Dict[str, Any]]:
+    """{run name: its line}; a last line cut off by a crash is left out (that run trains again)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    if not os.path.isfile(path):
+        return out
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                print(f"{path}:{number}: unreadable line (cut off by a crash?): left out, that run trains again",
+                      file=sys.stderr)
+                continue
+            out[record["name"]] = record
+    return out
+
+
+def append_result(path: str, record: Dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ----------------------------------------------------------------------------------------------
+# Running one training job.
+
+def _read_json(path: str) -> Optional[Any]:
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _read_jsonl(path: str) -> List[Dict[str, Any]]:
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train(run_dir: str, overrides: Sequence[str], data_cache: Optional[str] = None) -> Dict[str, Any]:
+    """Runs ``python -m recsys_hdet.train`` into ``run_dir`` (its output in ``run_dir/train.out``);
+    returns the summary, or raises StudyError when the job failed without one."""
+    os.makedirs(run_dir, exist_ok=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if data_cache:
+        env["RECSYS_HDET_DATA"] = data_cache
+    start = time.time()
+    with open(os.path.join(run_dir, "train.out"), "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", *overrides],
+                              cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    summary = _read_json(os.path.join(run_dir, "summary.json"))
+    if summary is None:
+        raise StudyError(f"{run_dir}: the job failed (exit status {proc.returncode}) without a summary; "
+                         f"see {os.path.join(run_dir, 'train.out')}")
+    summary["process_seconds"] = time.time() - start
+    return summary
+
+
+def mean_ne(summary: Dict[str, Any]) -> Optional[float]:
+    if summary.get("status") != "completed":
+        return None
+    return statistics.fmean(summary["eval"][t]["ne"] for t in TASKS)
+
+
+def result_line(name: str, kind: str, overrides: Sequence[str], summary: Dict[str, Any], **keys: Any) -> Dict[str, Any]:
+    return {"name": name, "kind": kind, "overrides": list(overrides), "status": summary["status"],
+            "steps": summary["steps"], "wall_seconds": round(summary["process_seconds"], 1),
+            "ne": {t: summary["eval"][t]["ne"] for t in TASKS} if summary["status"] == "completed" else None,
+            "mean_ne": mean_ne(summary), **keys}
+
+
+def compact_syncs(records: List[Dict[str, Any]], windows: int) -> List[Dict[str, Any]]:
+    """What the scores need of a signal run's first ``windows`` sync records."""
+    syncs = [r for r in records if "event" not in r][:windows]
+    return [{"step": r["step"], "losses": r["losses"], "train_losses": r.get("train_losses"),
+             "base": {k: v["base"] for k, v in r["hparams"].items()},
+             "values": {k: v["values"] for k, v in r["hparams"].items()}} for r in syncs]
+
+
+# ----------------------------------------------------------------------------------------------
+# The study.
+
+@dataclass
+class Study:
+    mode: Mode
+    results_path: str
+    work: str
+    data_cache: Optional[str] = None
+    results: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+    def run(self, name: str, kind: str, overrides: Sequence[str], **keys: Any) -> Dict[str, Any]:
+        """The run's results line: from the file when it finished earlier, else trained now."""
+        if name in self.results:
+            return self.results[name]
+        summary = train(os.path.join(self.work, name), overrides, self.data_cache)
+        extra = {}
+        if kind == "signal":
+            extra["syncs"] = compact_syncs(_read_jsonl(os.path.join(self.work, name, "hdet.jsonl")), self.mode.windows)
+        line = result_line(name, kind, overrides, summary, **keys, **extra)
+        append_result(self.results_path, line)
+        self.results[name] = line
+        print(f"{name}: {line['status']}, mean NE {line['mean_ne']}, {line['wall_seconds']:.0f} s", flush=True)
+        return line
+
+    def common(self, embedding: float, dense: float, seed: int) -> List[str]:
+        m = self.mode
+        return [*m.overrides, *lr_overrides(embedding, dense), f"seed={seed}", f"trainer.nproc={m.layout[0]}",
+                f"trainer.sharding_group_size={m.layout[1]}", f"trainer.log_every={m.sync_every}",
+                f"data.reserve_rows={m.reserve_rows}", "trainer.rollback.max_rollbacks=0",
+                "trainer.periodic_checkpoint.every_steps=0", "trainer.checkpoint=false", "trainer.tensorboard=false"]
+
+    def start(self, start: str, seed: int) -> None:
+        embedding, dense = self.mode.starts[start]
+        base = self.common(embedding, dense, seed)
+        prefix = f"{start}/seed{seed}"
+        keep_at = ",".join(map(str, self.mode.fractions))
+        trunk = self.run(f"{prefix}/trunk", "trunk", [*base, f"trainer.periodic_checkpoint.keep_at=[{keep_at}]"],
+                         start=start, seed=seed, multiplier=1.0)
+        if trunk["status"] != "completed":
+            raise StudyError(f"start {start!r} (embedding {embedding:g}, dense {dense:g}), seed {seed}: the plain run "
+                             f"{trunk['status']} at step {trunk['steps']}: no ground truth from a pass that does not "
+                             "train; choose a start whose plain run completes")
+        steps, T = trunk["steps"], self.mode.sync_every
+        for fraction in self.mode.fractions:
+            at = round(fraction * steps / T) * T  # where the trunk kept it (trainer.py: keep_at)
+            ckpt = os.path.join(self.work, prefix, "trunk", "checkpoint", f"step-{at}")
+            keys = dict(start=start, seed=seed, checkpoint=fraction, checkpoint_step=at)
+            pending = [g for g in self.mode.groups for m in (0.5, 2.0) if f"{prefix}/{pct(fraction)}/{g}_x{m:g}" not in self.results]
+            pending_signals = [s for s in ("probe", "serving") if f"{prefix}/{pct(fraction)}/signal_{s}" not in self.results]
+            if (pending or pending_signals) and not os.path.isdir(ckpt):
+                raise StudyError(f"{ckpt}: the trunk's kept checkpoint is missing (its run directory was removed?); "
+                                 f"remove the trunk's line {prefix}/trunk from {self.results_path} to train it again")
+            for group in self.mode.groups:
+                for m in (0.5, 2.0):
+                    lrs = {"embedding": embedding, "dense": dense}
+                    lrs[group] *= m
+                    self.run(f"{prefix}/{pct(fraction)}/{group}_x{m:g}", "branch",
+                             [*self.common(lrs["embedding"], lrs["dense"], seed), f"trainer.branch_from={ckpt}"],
+                             group=group, multiplier=m, **keys)
+            for signal in ("probe", "serving"):
+                self.run(f"{prefix}/{pct(fraction)}/signal_{signal}", "signal",
+                         [*base, f"trainer.branch_from={ckpt}", "hdet=enabled", f"hdet.signal={signal}",
+                          "hdet.space=log", f"hdet.alpha={ALPHA}", f"hdet.sync_every={T}", f"hdet.controller_start={at}",
+                          f"trainer.stop_at_step={at + self.mode.windows * T}"],
+                         signal=signal, **keys)
+
+
+# ----------------------------------------------------------------------------------------------
+# Truth and scores (from the results lines alone).
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def paired_ci95(diffs: Sequence[float]) -> Optional[Tuple[float, float, float]]:
+    """(mean, low, high) of the 95% t-interval of paired differences; None with fewer than 2."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean = statistics.fmean(diffs)
+    half = T95.get(n - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def branch_ne(line: Optional[Dict[str, Any]]) -> Optional[float]:
+    if line is None:
+        return None
+    return line["mean_ne"] if line["status"] == "completed" else DIVERGED_NE
+
+
+def truth(ne: Dict[float, Dict[int, float]]) -> Dict[str, Any]:
+    """``ne``: multiplier -> seed -> NE. The best multiplier by mean over the seeds every multiplier
+    has, and the paired interval of (best - runner-up); ``none`` where it covers zero."""
+    seeds = sorted(set.intersection(*(set(v) for v in ne.values()))) if ne else []
+    if len(ne) < len(MULTIPLIERS) or len(seeds) < 2:
+        return {"best": None, "seeds": seeds}
+    means = {m: statistics.fmean(ne[m][s] for s in seeds) for m in MULTIPLIERS}
+    order = sorted(MULTIPLIERS, key=means.get)
+    best, runner_up = order[0], order[1]
+    mean, low, high = paired_ci95([ne[best][s] - ne[runner_up][s] for s in seeds])
+    decided = high < 0
+    return {"best": f"x{best:g}" if decided else "none", "leader": f"x{best:g}", "runner_up": f"x{runner_up:g}",
+            "diff": mean, "ci95": [low, high], "means": {f"x{m:g}": means[m] for m in MULTIPLIERS}, "seeds": seeds}
+
+
+def _offsets(sync: Dict[str, Any], name: str) -> List[float]:
+    """Each replica's spread offset u from the recorded values: value = base (1 + alpha)^u."""
+    base = sync["base"][name]
+    return [math.log(v / base) / math.log(1 + ALPHA) for v in sync["values"][name]]
+
+
+def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, sharding_group_size: int) -> Dict[str, float]:
+    """One signal's value per reported group from a signal run's sync records (see the module)."""
+    import torch
+
+    from recsys_hdet.hdet.engine import ReplicaAxis, joint_preferences, new_joint_fit, preference
+
+    names = list(syncs[0]["values"])
+    world = len(syncs[0]["losses"])
+    axes = {n: ReplicaAxis.per_block(world, sharding_group_size) if n == "lr/embedding" else ReplicaAxis.per_rank(world)
+            for n in names}
+    per_sync: Dict[str, List[float]] = {n: [] for n in names}
+    fit = new_joint_fit(len(names))
+    for sync in syncs:
+        raw = sync[loss_key]
+        if raw is None:
+            raise StudyError(f"sync at step {sync['step']}: no {loss_key!r} losses recorded")
+        rank_loss = torch.tensor([float("nan") if x is None else x for x in raw], dtype=torch.float64)
+        rank_ok = torch.isfinite(rank_loss)
+        offsets = {n: torch.tensor(_offsets(sync, n), dtype=torch.float64) for n in names}
+        if score == "regression":
+            X = torch.stack([offsets[n][torch.tensor(axes[n].replica_of_rank)] for n in names], dim=1)
+            prefs = joint_preferences(fit, X, rank_loss, rank_ok, list(range(len(names))), 0.9)
+            for i, n in enumerate(names):
+                per_sync[n].append(prefs.get(i, 0.0))
+            continue
+        for n in names:
+            owner = torch.tensor(axes[n].replica_of_rank)
+            replicas = len(offsets[n])
+            losses = torch.stack([rank_loss[owner == r].mean() for r in range(replicas)])
+            ok = torch.isfinite(losses)
+            per_sync[n].append(preference(losses, ok, offsets[n], score, 0.1))
+    value = {n: (v[-1] if score == "regression" else statistics.fmean(v)) for n, v in per_sync.items()}
+    return {"embedding": value["lr/embedding"], "dense": statistics.fmean(value[f"lr/{g}"] for g in DENSE)}
+
+
+def signals_of(probe: Dict[str, Any], serving: Dict[str, Any], sharding_group_size: int) -> Dict[str, Dict[str, float]]:
+    """Every scored signal's value per group at one (start, seed, checkpoint)."""
+    out = {}
+    for loss in LOSSES:
+        line, key = (serving, "losses") if loss == "serving" else (probe, "losses" if loss == "probe" else "train_losses")
+        for score in SCORES:
+            out[f"{loss}/{score}"] = signal_values(line["syncs"], key, score, sharding_group_size)
+    out["paper"] = signal_values(probe["syncs"], "train_losses", "softmax", sharding_group_size)
+    return out
+
+
+def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
+    cases, signal_table = [], {}
+    for start in mode.starts:
+        trunks = {s: results.get(f"{start}/seed{s}/trunk") for s in mode.seeds}
+        for fraction in mode.fractions:
+            for group in mode.groups:
+                ne: Dict[float, Dict[int, float]] = {m: {} for m in MULTIPLIERS}
+                for s in mode.seeds:
+                    prefix = f"{start}/seed{s}/{pct(fraction)}"
+                    for m in MULTIPLIERS:
+                        line = trunks[s] if m == 1.0 else results.get(f"{prefix}/{group}_x{m:g}")
+                        value = branch_ne(line)
+                        if value is not None:
+                            ne[m][s] = value
+                values: Dict[str, List[float]] = {}
+                for s in mode.seeds:
+                    probe = results.get(f"{start}/seed{s}/{pct(fraction)}/signal_probe")
+                    serving = results.get(f"{start}/seed{s}/{pct(fraction)}/signal_serving")
+                    if probe and serving and probe["syncs"] and serving["syncs"]:
+                        for name, by_group in signals_of(probe, serving, mode.layout[1]).items():
+                            values.setdefault(name, []).append(by_group[group])
+                case = {"start": start, "checkpoint": fraction, "group": group, **truth(ne),
+                        "signals": {k: statistics.fmean(v) for k, v in values.items()},
+                        "signal_seeds": {k: len(v) for k, v in values.items()}}
+                cases.append(case)
+    for case in cases:
+        direction = {"x2": 1, "x0.5": -1}.get(case.get("best") or "")
+        for name, value in case["signals"].items():
+            entry = signal_table.setdefault(name, {"agree": 0, "cases": 0})
+            if direction:
+                entry["cases"] += 1
+                entry["agree"] += int(value * direction > 0)
+    return {"cases": cases, "scorecard": signal_table}
+
+
+def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> str:
+    lines = [f"# Learning-rate ground truth and the signal scorecard ({mode_name} mode)", "",
+             "Generated by `python -m pipelines.lr_truth --mode " + mode_name + "` from `results.jsonl` "
+             "(see the module docstring for the method). NE is the mean held-out NE over the three tasks; "
+             "a diverged run counts as NE 1.0.", "",
+             f"Starts (embedding, dense peak LR): " + ", ".join(f"{k} ({e:g}, {d:g})" for k, (e, d) in mode.starts.items())
+             + f". Seeds {list(mode.seeds)}, layout {mode.layout[0]} ranks in sharding groups of {mode.layout[1]}, "
+             f"signals over {mode.windows} windows of T = {mode.sync_every} steps. Run time of the finished runs: "
+             f"{wall / 60:.0f} min.", "", "## Truth", "",
+             "| start | checkpoint | group | NE x0.5 | NE x1 | NE x2 | best | best - runner-up (95% CI) | seeds |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in result["cases"]:
+        if c.get("best") is None:
+            lines.append(f"| {c['start']} | {c['checkpoint']:.0%} | {c['group']} | - | - | - | not run yet | - | "
+                         f"{len(c['seeds'])} |")
+            continue
+        means = c["means"]
+        lines.append(f"| {c['start']} | {c['checkpoint']:.0%} | {c['group']} | {means['x0.5']:.4f} | {means['x1']:.4f} | "
+                     f"{means['x2']:.4f} | {c['best']} (leader {c['leader']}) | {c['diff']:+.4f} "
+                     f"[{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {len(c['seeds'])} |")
+    lines += ["", "## Scorecard", "",
+              "Agreement of each signal's sign (mean over seeds) with the truth's side, over the cases whose truth is "
+              "x0.5 or x2; cases with truth `none` or `x1` are not scored.", "",
+              "| signal | agree / cases |", "|---|---|"]
+    for name, entry in sorted(result["scorecard"].items()):
+        lines.append(f"| {name} | {entry['agree']} / {entry['cases']} |")
+    lines += ["", "## Signal values per case", "",
+              "Positive: the higher LRs did better in the windows after the checkpoint.", "",
+              "| start | checkpoint | group | truth | " + " | ".join(sorted(result["scorecard"])) + " |",
+              "|---|---|---|---|" + "---|" * len(result["scorecard"])]
+    for c in result["cases"]:
+        lines.append(f"| {c['start']} | {c['checkpoint']:.0%} | {c['group']} | {c.get('best') or '-'} | "
+                     + " | ".join(f"{c['signals'][k]:+.2f}" if k in c["signals"] else "-"
+                                  for k in sorted(result["scorecard"])) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.lr_truth", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=sorted(MODES), default="record")
+    parser.add_argument("--out", help="where results.jsonl and the report go (default: docs/ for record, "
+                                      "outputs/lr_truth_fast/ for fast)")
+    parser.add_argument("--work", help="run directories (default: outputs/studies/lr_truth_<mode>)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the mode's)")
+    parser.add_argument("--start", action="append", metavar="NAME:EMB:DENSE", help="a start (repeatable)")
+    parser.add_argument("--report-only", action="store_true", help="rebuild the report from results.jsonl")
+    parser.add_argument("--data-cache", help="data directory (RECSYS_HDET_DATA)")
+    args = parser.parse_args(argv)
+    mode = MODES[args.mode]
+    if args.seeds:
+        mode.seeds = tuple(args.seeds)
+    if args.start:
+        try:
+            mode.starts = {n: (float(e), float(d)) for n, e, d in (s.split(":") for s in args.start)}
+        except ValueError:
+            parser.error(f"--start {args.start}: expected NAME:EMB:DENSE, e.g. low:0.6:0.00095")
+    out = args.out or (os.path.join(REPO, "docs") if args.mode == "record" else os.path.join(REPO, "outputs", "lr_truth_fast"))
+    stem = "lr_truth" if args.mode == "record" else f"lr_truth_{args.mode}"
+    results_path = os.path.join(out, stem, "results.jsonl")
+    study = Study(mode, results_path, args.work or os.path.join(REPO, "outputs", "studies", stem), args.data_cache,
+                  load_results(results_path))
+    status = 0
+    if not args.report_only:
+        try:
+            for seed in mode.seeds:  # seed-major: an interrupted study has whole seeds for every start
+                for start in mode.starts:
+                    study.start(start, seed)
+        except StudyError as e:
+            print(f"error: {e}", file=sys.stderr)
+            status = 2
+    result = collect(study.results, mode)
+    wall = sum(r["wall_seconds"] for r in study.results.values())
+    result.update({"mode": args.mode, "starts": {k: list(v) for k, v in mode.starts.items()}, "seeds": list(mode.seeds),
+                   "run_minutes": wall / 60})
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
+        f.write(render(result, args.mode, mode, wall))
+    print(f"wrote {os.path.join(out, stem + '.md')} and .json ({len(study.results)} runs in {results_path})")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The learning-rate ground-truth harness (pipelines/lr_truth.py): its truth rule and signal scores
+on records with known answers, and the harness end to end on tiny data (slow)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from pipelines import lr_truth as L
+
+
+def test_the_truth_is_the_best_multiplier_only_where_its_paired_interval_excludes_zero():
+    # x2 better than x1 by 0.010 on every seed, with little paired noise: decided.
+    ne = {0.5: {0: 0.80, 1: 0.81, 2: 0.79}, 1.0: {0: 0.78, 1: 0.79, 2: 0.77},
+          2.0: {0: 0.770, 1: 0.781, 2: 0.759}}
+    t = L.truth(ne)
+    assert t["best"] == "x2" and t["runner_up"] == "x1" and t["seeds"] == [0, 1, 2]
+    assert t["diff"] == pytest.approx(-0.01, abs=1e-9) and t["ci95"][1] < 0
+    # The same means with the sign of the difference flipping between seeds: no difference.
+    ne[2.0] = {0: 0.760, 1: 0.800, 2: 0.750}
+    t = L.truth(ne)
+    assert t["best"] == "none" and t["leader"] == "x2" and t["ci95"][0] < 0 < t["ci95"][1]
+    # A seed missing one multiplier is left out of the pairing; one seed is not enough.
+    assert L.truth({0.5: {0: 0.8}, 1.0: {0: 0.7, 1: 0.7}, 2.0: {0: 0.9, 1: 0.9}})["best"] is None
+
+
+def test_paired_interval_uses_the_t_quantile():
+    mean, low, high = L.paired_ci95([1.0, 2.0, 3.0])
+    assert mean == 2.0 and high - mean == pytest.approx(4.303 * 1.0 / 3 ** 0.5, rel=1e-4)
+
+
+def _sync(step, rank_losses, dense_u, emb_u, base=0.01):
+    """A 2 x 2 sync record: ranks 0-1 in sharding group 0 (embedding replica 0), 2-3 in group 1."""
+    grow = lambda us: [base * (1 + L.ALPHA) ** u for u in us]  # noqa: E731
+    names = ["lr/embedding", *(f"lr/{g}" for g in L.DENSE)]
+    values = {n: grow(emb_u if n == "lr/embedding" else dense_u) for n in names}
+    return {"step": step, "losses": rank_losses, "train_losses": rank_losses, "base": {n: base for n in names},
+            "values": values}
+
+
+def test_every_score_reads_the_planted_direction():
+    # Dense: the higher a rank's LR, the lower its loss (+); embedding: the replica with the higher LR
+    # scores worse (-). Offsets are permuted between syncs, each sharding group holding dense offsets
+    # that sum to zero, so neither effect leaks into the other's per-group score.
+    syncs = []
+    for k, dense_u in enumerate(([-1, 1, -1 / 3, 1 / 3], [1 / 3, -1 / 3, 1, -1], [1, -1, 1 / 3, -1 / 3])):
+        emb_u = [-1, 1] if k % 2 == 0 else [1, -1]
+        emb_of_rank = [emb_u[0], emb_u[0], emb_u[1], emb_u[1]]
+        losses = [0.5 - 0.01 * d + 0.03 * e for d, e in zip(dense_u, emb_of_rank)]
+        syncs.append(_sync(25 * (k + 1), losses, dense_u, emb_u))
+    for score in ("zscore", "rank", "softmax", "regression"):
+        v = L.signal_values(syncs, "losses", score, sharding_group_size=2)
+        assert v["dense"] > 0 and v["embedding"] < 0, (score, v)
+
+
+def test_the_scorecard_scores_only_decided_cases():
+    mode = L.Mode(("data=tiny",), {"s": (0.05, 0.002)}, (0, 1), 5, 1, layout=(4, 2), fractions=(0.5,),
+                  groups=("dense",))
+    results = {}
+    for seed, (x05, x1, x2) in enumerate(((0.80, 0.79, 0.780), (0.81, 0.80, 0.791))):
+        results[f"s/seed{seed}/trunk"] = {"status": "completed", "mean_ne": x1, "wall_seconds": 1}
+        results[f"s/seed{seed}/c50/dense_x0.5"] = {"status": "completed", "mean_ne": x05, "wall_seconds": 1}
+        results[f"s/seed{seed}/c50/dense_x2"] = {"status": "diverged" if seed == 5 else "completed", "mean_ne": x2,
+                                                 "wall_seconds": 1}
+        good = _sync(30, [0.50, 0.49, 0.48, 0.47], [-1, -1 / 3, 1 / 3, 1], [-1, 1])
+        results[f"s/seed{seed}/c50/signal_probe"] = {"syncs": [good]}
+        results[f"s/seed{seed}/c50/signal_serving"] = {"syncs": [good]}
+    out = L.collect(results, mode)
+    (case,) = out["cases"]
+    assert case["best"] == "x2"
+    assert out["scorecard"]["probe/zscore"] == {"agree": 1, "cases": 1}
+    assert out["scorecard"]["paper"]["cases"] == 1
+
+
+@pytest.mark.slow  # ~11 tiny 2-rank runs: about 2 min on 2 cores
+def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_path, data_cache, tiny_dataset):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "pipelines.lr_truth", "--mode", "tiny", "--out", str(tmp_path / "out"),
+           "--work", str(tmp_path / "work"), "--data-cache", data_cache]
+    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    results = tmp_path / "out" / "lr_truth_tiny" / "results.jsonl"
+    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    # per seed: the trunk, two dense branches, two signal runs
+    assert sorted(x["kind"] for x in lines) == sorted(["trunk", "branch", "branch", "signal", "signal"] * 2)
+    assert all(x["status"] == "stopped" and len(x["syncs"]) == 1 for x in lines if x["kind"] == "signal")
+    report = json.loads((tmp_path / "out" / "lr_truth_tiny.json").read_text())
+    (case,) = report["cases"]
+    assert case["best"] in ("x0.5", "x1", "x2", "none") and len(case["seeds"]) == 2
+    assert set(report["scorecard"]) >= {"paper", "probe/regression", "train/zscore", "serving/rank"}
+    # Resume: every run has its line, none trains again; report-only rebuilds the same report.
+    md = (tmp_path / "out" / "lr_truth_tiny.md").read_text()
+    second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and "completed" not in second.stdout, second.stdout
+    assert results.read_text().count("\n") == len(lines)
+    import shutil
+
+    shutil.rmtree(tmp_path / "work")
+    third = subprocess.run([*cmd, "--report-only"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0 and (tmp_path / "out" / "lr_truth_tiny.md").read_text() == md
+    # A start whose plain run diverges is refused, named.
+    bad = subprocess.run([*cmd, "--start", "wild:500:5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "start 'wild'" in bad.stderr and "diverged" in bad.stderr, bad.stderr[-2000:]
