@@ -1,0 +1,151 @@
+"""Small paired studies on the benchmark data: named sets of configurations, each trained on the
+same seeds, compared by paired differences of held-out NE (mean over the three tasks).
+
+Sets (``--set``):
+- ``recovery_rollback``: the recovery study's two starts with the dense LRs 10x high (all_high,
+  emb_low_dense_high), plain and HDET (the study's form, ``lr_recovery.HDET_NEW``), with the
+  trainer's rollback at its defaults (3 rollbacks, each halving every LR). In docs/lr_recovery.md,
+  without rollback, every plain run from these starts diverged (6 of 6) and 4 of 6 HDET runs, each
+  within one window of the OneCycle warm-up. Same overrides as the study's runs (preset, seeds,
+  LRs): each rerun pairs with the study's run of the same start, variant and seed.
+- ``embedding_window``: what averaging the embedding replicas only every T steps costs when the
+  embedding LR is spread. HDET at the recovery grid's best cell with the spread fixed (the
+  study's HDET form with ``hdet.autolr=false``, so the controller moves nothing), the embedding
+  replicas averaged at every sync (T = 50, the default when spread) against every step
+  (``hdet.embedding_sync_every=1``); the dense replicas are averaged every T in both.
+
+One line per run in ``docs/<set>/results.jsonl`` (resumable; ``--report-only`` rebuilds
+``docs/<set>.md`` and ``.json`` from it); run directories under ``outputs/studies/<set>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from pipelines.lr_recovery import HDET_NEW, PRESET, STARTS, lr_overrides
+from pipelines.lr_truth import REPO, StudyError, append_result, load_results, paired_ci95, result_line, train
+
+# The recovery grid's best cell (docs/lr_recovery.md), which the study's starts are factors of.
+OPTIMUM = (6.0, 0.00948683)
+COMMON = (f"+experiment={PRESET}", "trainer.checkpoint=false", "trainer.tensorboard=false")
+
+
+def at(start: str) -> List[str]:
+    emb, dense = STARTS[start]
+    return lr_overrides(OPTIMUM[0] * emb, OPTIMUM[1] * dense)
+
+
+@dataclass(frozen=True)
+class PairedSet:
+    title: str
+    configs: Dict[str, Tuple[str, ...]]  # name -> overrides (besides COMMON and the seed)
+    pairs: Tuple[Tuple[str, str], ...]  # (a, b): report a - b paired by seed
+    seeds: Tuple[int, ...] = (0, 1, 2)
+
+
+SETS = {
+    "recovery_rollback": PairedSet(
+        "Rollback reruns: the recovery study's dense-10x-high starts, rollback on",
+        {f"{s}/{v}": (*at(s), *hdet) for s in ("all_high", "emb_low_dense_high")
+         for v, hdet in (("plain", ()), ("hdet", HDET_NEW))},
+        (("all_high/hdet", "all_high/plain"), ("emb_low_dense_high/hdet", "emb_low_dense_high/plain"))),
+    "embedding_window": PairedSet(
+        "The embedding window's cost: spread embedding replicas averaged every T vs every step",
+        {"window": (*at("tuned"), *HDET_NEW, "hdet.autolr=false"),
+         "every_step": (*at("tuned"), *HDET_NEW, "hdet.autolr=false", "hdet.embedding_sync_every=1")},
+        (("window", "every_step"),)),
+}
+
+
+def run_set(pset: PairedSet, results: Dict[str, Dict[str, Any]], path: str, work: str) -> int:
+    status = 0
+    for seed in pset.seeds:  # seed-major: an interrupted set has whole pairs
+        for config, extra in pset.configs.items():
+            name = f"{config}/seed{seed}"
+            if name in results:
+                continue
+            overrides = [*COMMON, f"seed={seed}", *extra]
+            try:
+                summary = train(os.path.join(work, name), overrides)
+            except StudyError as e:
+                print(f"error: {e}", file=sys.stderr)
+                status = 2
+                continue
+            rollback = summary.get("rollback") or {}
+            line = result_line(name, "run", overrides, summary, config=config, seed=seed,
+                               rollbacks=rollback.get("count", 0), rollback_events=rollback.get("events", []))
+            append_result(path, line)
+            results[name] = line
+            print(f"{name}: {line['status']}, mean NE {line['mean_ne']}, {line['rollbacks']} rollback(s), "
+                  f"{line['wall_seconds']:.0f} s", flush=True)
+    return status
+
+
+def summarize(pset: PairedSet, results: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    configs = {}
+    for config in pset.configs:
+        runs = {s: results.get(f"{config}/seed{s}") for s in pset.seeds}
+        ok = {s: r["mean_ne"] for s, r in runs.items() if r and r["status"] == "completed"}
+        configs[config] = {"runs": sum(r is not None for r in runs.values()), "completed": len(ok),
+                           "mean_ne": statistics.fmean(ok.values()) if ok else None, "ne_per_seed": ok,
+                           "rollbacks_per_seed": {s: r["rollbacks"] for s, r in runs.items() if r},
+                           "statuses": {s: r["status"] for s, r in runs.items() if r}}
+    pairs = []
+    for a, b in pset.pairs:
+        seeds = sorted(set(configs[a]["ne_per_seed"]) & set(configs[b]["ne_per_seed"]))
+        ci = paired_ci95([configs[a]["ne_per_seed"][s] - configs[b]["ne_per_seed"][s] for s in seeds])
+        pairs.append({"a": a, "b": b, "seeds": seeds, "mean": ci[0] if ci else None, "ci95": list(ci[1:]) if ci else None})
+    return {"configs": configs, "pairs": pairs, "runs": sum(c["runs"] for c in configs.values()),
+            "completed": sum(c["completed"] for c in configs.values())}
+
+
+def render(name: str, pset: PairedSet, summary: Dict[str, Any]) -> str:
+    fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+    lines = [f"# {pset.title}", "", f"Generated by `python -m pipelines.paired_runs --set {name}` (the method is in its "
+             "docstring). NE: held-out NE, mean over the three tasks.", "",
+             f"{summary['completed']} of {summary['runs']} runs completed ({len(pset.configs) * len(pset.seeds)} "
+             "planned).", "", "| configuration | completed | mean NE (completed) | NE per seed | rollbacks per seed |",
+             "|---|---|---|---|---|"]
+    for config, c in summary["configs"].items():
+        per_seed = ", ".join(f"{s}: {fmt(c['ne_per_seed'].get(s)) if c['statuses'].get(s) == 'completed' else c['statuses'].get(s, 'not run')}"
+                             for s in pset.seeds)
+        rollbacks = ", ".join(f"{s}: {n}" for s, n in c["rollbacks_per_seed"].items()) or "-"
+        lines.append(f"| {config} | {c['completed']} / {c['runs']} | {fmt(c['mean_ne'])} | {per_seed} | {rollbacks} |")
+    lines += ["", "| paired difference | seeds | mean | 95% CI |", "|---|---|---|---|"]
+    for p in summary["pairs"]:
+        ci = "-" if p["ci95"] is None else f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]"
+        mean = "-" if p["mean"] is None else f"{p['mean']:+.4f}"
+        lines.append(f"| {p['a']} - {p['b']} | {len(p['seeds'])} | {mean} | {ci} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.paired_runs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", choices=sorted(SETS), required=True)
+    parser.add_argument("--out", default=os.path.join(REPO, "docs"))
+    parser.add_argument("--work", help="run directories (default: outputs/studies/<set>)")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    pset = SETS[args.set]
+    path = os.path.join(args.out, args.set, "results.jsonl")
+    results = load_results(path)
+    status = 0 if args.report_only else run_set(pset, results, path,
+                                                args.work or os.path.join(REPO, "outputs", "studies", args.set))
+    summary = summarize(pset, results)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{args.set}.json"), "w") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+    with open(os.path.join(args.out, f"{args.set}.md"), "w") as f:
+        f.write(render(args.set, pset, summary))
+    print(render(args.set, pset, summary))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
