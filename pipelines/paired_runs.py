@@ -79,7 +79,9 @@ def run_set(pset: PairedSet, results: Dict[str, Dict[str, Any]], path: str, work
                 continue
             rollback = summary.get("rollback") or {}
             line = result_line(name, "run", overrides, summary, config=config, seed=seed,
-                               rollbacks=rollback.get("count", 0), rollback_events=rollback.get("events", []))
+                               rollbacks=rollback.get("count", 0), rollback_events=rollback.get("events", []),
+                               rollback_snapshot={k: rollback.get(k) for k in ("snapshot_seconds", "snapshot_bytes")},
+                               train_seconds=summary.get("train_seconds"))
             append_result(path, line)
             results[name] = line
             print(f"{name}: {line['status']}, mean NE {line['mean_ne']}, {line['rollbacks']} rollback(s), "
