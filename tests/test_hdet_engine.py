@@ -319,3 +319,37 @@ def test_the_derived_log_step_never_spreads_the_travel_over_fewer_syncs_than_the
     cfg = HDETConfig(space="log", alpha=0.25, sync_every=10, controller_start=0, beta=beta, travel_decades=3.0)
     engine = HDETEngine([hp], cfg, 0, total_steps=total_steps, converge=lambda excluded: None)
     assert engine.log_step == pytest.approx(3.0 * math.log(10.0) / expected_horizon, rel=1e-12)
+
+
+# -- rollback's cut and a branch's start (single process: no signal) ------------------------------------
+@pytest.mark.parametrize("space", ["linear", "log"])
+def test_cut_learning_rates_scales_every_group_from_then_on_and_survives_a_checkpoint(space):
+    total = 100
+    cut = _scheduler(_optimizer(), total, alpha=0.0, sync_every=10, controller_start=0, space=space)
+    ref = _scheduler(_optimizer(), total, alpha=0.0, sync_every=10, controller_start=0, space=space)
+    for step in range(total):
+        if step in (40, 70):
+            cut.cut_learning_rates(0.5)
+        if step == 55:  # a resumed scheduler carries the cut
+            state = cut.state_dict()
+            cut = _scheduler(_optimizer(), total, alpha=0.0, sync_every=10, controller_start=0, space=space)
+            cut.load_state_dict(state)
+        factor = 1.0 if step < 40 else 0.5 if step < 70 else 0.25
+        for a, b in zip(cut.optimizer.param_groups, ref.optimizer.param_groups):
+            assert a["lr"] == pytest.approx(b["lr"] * factor, rel=1e-12), (step, a["lr"], b["lr"])
+        cut.step(1.0)
+        ref.step(1.0)
+
+
+def test_start_at_takes_over_a_pass_where_another_left_it():
+    total = 60
+    stepped = _scheduler(_optimizer(), total, alpha=0.0, sync_every=10, controller_start=0)
+    for _ in range(30):
+        stepped.step(1.0)
+    branched = _scheduler(_optimizer(), total, alpha=0.0, sync_every=10, controller_start=0)
+    branched.start_at(30)
+    for _ in range(30):
+        assert [g["lr"] for g in branched.optimizer.param_groups] == [g["lr"] for g in stepped.optimizer.param_groups]
+        assert [g["betas"] for g in branched.optimizer.param_groups] == [g["betas"] for g in stepped.optimizer.param_groups]
+        stepped.step(1.0)
+        branched.step(1.0)

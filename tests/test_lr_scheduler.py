@@ -48,3 +48,18 @@ def test_group_scheduler_writes_lr_and_beta1_per_named_group():
 def test_one_cycle_rejects_empty_schedule():
     with pytest.raises(ValueError, match="total_steps"):
         OneCycle(0.1, 0)
+
+
+def test_cut_learning_rates_and_start_at_of_the_plain_schedule():
+    groups = {"a": [{"lr": 0.0, "betas": (0.9, 0.999)}], "b": [{"lr": 0.0, "betas": (0.9, 0.999)}]}
+    schedules = {"a": OneCycle(0.01, 100), "b": OneCycle(0.2, 100)}
+    sched = GroupLRScheduler(groups, schedules)
+    sched.start_at(40)  # a branch takes over at step 40
+    assert groups["a"][0]["lr"] == schedules["a"](40)[0] and groups["b"][0]["lr"] == schedules["b"](40)[0]
+    sched.cut_learning_rates(0.5)
+    sched.step()
+    assert groups["a"][0]["lr"] == pytest.approx(0.5 * schedules["a"](41)[0], rel=1e-15)
+    resumed = GroupLRScheduler(groups, schedules)
+    resumed.load_state_dict(sched.state_dict())
+    assert groups["b"][0]["lr"] == pytest.approx(0.5 * schedules["b"](41)[0], rel=1e-15)
+    assert resumed.current_lrs()["b"] == groups["b"][0]["lr"]
