@@ -414,8 +414,8 @@ class Trainer:
                     tensorboard.log_metrics(metrics_record)
                 window_start = now
                 if reason and event is None:
-                    self.log(f"DIVERGED at step {loop.step}: {reason}" + (f" after {len(rollback.events)} rollback(s)"
-                             if rollback.enabled else "") + ". Stopping; no evaluation or checkpoint.")
+                    self.log(f"DIVERGED at step {loop.step}: {reason}; not rolled back: {rollback.why_not}. "
+                             "Stopping; no evaluation or checkpoint.")
                     status = "diverged"
                     break
             if checkpoints.due(loop.step, total_steps):

@@ -59,6 +59,7 @@ def test_rollbacks_exhausted_end_the_run_as_diverged_with_the_record(tmp_path, d
     assert s["status"] == "diverged" and s["steps"] == 25 and "eval" not in s
     assert [e["step"] for e in s["rollback"]["events"]] == [15, 20]
     assert [e["lr_scale"] for e in s["rollback"]["events"]] == [0.5, 0.25]
+    assert s["rollback"]["not_rolled_back"].startswith("after 2 rollback(s)")
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "rollback" in m] == [15, 20]
     assert not os.path.exists(run_dir / "checkpoint")
 
@@ -67,5 +68,6 @@ def test_without_rollback_the_first_failed_check_ends_the_run(tmp_path, data_cac
     run_dir = tmp_path / "off"
     proc = _run(run_dir, "lr_spike@step=12:steps=3", data_cache, "trainer.rollback.max_rollbacks=0")
     assert proc.returncode == 3 and "DIVERGED at step 15" in proc.stdout, proc.stdout[-3000:]
+    assert "not rolled back: rollback is off (trainer.rollback.max_rollbacks=0)" in proc.stdout
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "diverged" and "rollback" not in s

@@ -51,6 +51,7 @@ class Rollback:
         self.good_step = -1
         self.snapshot_seconds = 0.0
         self.snapshot_bytes = 0
+        self.why_not = ""  # why the last failed check could not be rolled back
 
     @property
     def enabled(self) -> bool:
@@ -73,18 +74,29 @@ class Rollback:
 
     def undo(self, step: int, reason: str) -> Optional[Dict[str, Any]]:
         """After a failed check at ``step``: restores the last good state, cuts the learning rates and
-        returns the event to log; None when the run must stop as diverged (rollbacks exhausted or
-        off). Collective (every rank calls it with the same decision)."""
-        if not self.enabled or len(self.events) >= self.max_rollbacks:
+        returns the event to log; None when the run must stop as diverged, with :attr:`why_not` saying
+        why. Collective (every rank calls it with the same decision)."""
+        if not self.enabled:
+            self.why_not = "rollback is off (trainer.rollback.max_rollbacks=0)"
             return None
-        if self.good is None:  # cannot happen after a start or a resume, which both copy the state
-            raise RuntimeError(f"rollback at step {step}: no good state to restore ({reason})")
+        if len(self.events) >= self.max_rollbacks:
+            self.why_not = f"after {len(self.events)} rollback(s), all that trainer.rollback.max_rollbacks allows"
+            return None
+        if self.good is None:  # every start and resume copies the state: a wiring error, said plainly
+            self.why_not = "no state has passed a check yet: nothing to roll back to"
+            return None
         self.model_state.load_state_dict(self.good)
         # One model again: each rank's copy was taken where the check passed, possibly mid-window
-        # under HDET, when the replicas differ.
-        self.averager.average_dense()
-        if self.averager.has_embedding_replicas:
-            self.averager.average_embeddings()
+        # under HDET, when the replicas differ, or with one replica already non-finite (a check
+        # passes while another replica is finite): that one is restored from the others.
+        finite = self.averager.local_state_is_finite()
+        try:
+            self.averager.average_dense(include=finite)
+            if self.averager.has_embedding_replicas:
+                self.averager.average_embeddings(include=finite)
+        except FloatingPointError:
+            self.why_not = f"the state of step {self.good_step} is not finite on any replica: nothing to restore"
+            return None
         self.lr_control.cut_learning_rates(self.lr_factor)
         event = {"step": step, "restored_step": self.good_step, "reason": reason, "lr_factor": self.lr_factor,
                  "lr_scale": self.lr_factor ** (len(self.events) + 1), "rollback": len(self.events) + 1,
@@ -95,7 +107,7 @@ class Rollback:
     def summary(self) -> Dict[str, Any]:
         return {"count": len(self.events), "max_rollbacks": self.max_rollbacks, "lr_factor": self.lr_factor,
                 "events": list(self.events), "snapshot_seconds": self.snapshot_seconds,
-                "snapshot_bytes": self.snapshot_bytes}
+                "snapshot_bytes": self.snapshot_bytes, **({"not_rolled_back": self.why_not} if self.why_not else {})}
 
     def state_dict(self) -> Dict[str, Any]:
         return {"events": json.dumps(self.events)}
