@@ -6,10 +6,14 @@ a max_lr 10x too low and 10x too high) for several seeds, then writes ``ablation
 diverged count and wall time, with the paper's numbers beside) and a comparison ``report.html``
 over one seed's runs (``recsys_hdet.evaluate runs=[...]``).
 
-Resumable: a run trains into ``<out>/runs/<config>/seed<k>.partial`` and is renamed to
-``seed<k>`` once its ``summary.json`` exists (completed or diverged: both are results). A rerun
-skips finished runs and starts crashed ones (a leftover ``.partial``) from scratch. A crashed
-run does not stop the study; the pipeline exits 1 at the end, naming it.
+Resumable: a run trains into ``<work>/runs/<config>/seed<k>.partial`` and is renamed to
+``seed<k>`` once its ``summary.json`` exists (completed or diverged: both are results); its line
+then goes to ``<out>/results.jsonl`` (:mod:`pipelines.study_results`), from which the tables are
+built (``--report-only``: from that file alone). A rerun skips runs with a line and starts crashed
+ones (a leftover ``.partial``) from scratch. A crashed run does not stop the study; the pipeline
+exits 1 at the end, naming it. The working directory is ``<out>`` itself, except for a study under
+docs/, whose run directories go to the git-ignored ``outputs/studies/<study>`` (only the results
+file and the reports are committed).
 
 Every run is an ordinary ``python -m recsys_hdet.train +experiment=NAME seed=K``
 job (``hdet.seed`` follows ``seed``): the warm-start checkpoint is trained on first use (one pre-training run shared by all
@@ -30,7 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_atomic, write_text_atomic
+from pipelines import study_results as SR
+from pipelines.study_results import StudyFiles
+from recsys_hdet.components.metrics import read_json, write_json_atomic, write_text_atomic
 
 TASKS = ("contribution", "like", "long_dwell")
 GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
@@ -83,15 +89,28 @@ def recorded_overrides(path: str) -> Optional[List[str]]:
     return list(info.get("overrides", info["command"][6:]))  # older records: the command's tail
 
 
-def run_one(out: str, cfg: AblationConfig, seed: int, extra_overrides: Sequence[str]) -> Dict[str, Any]:
-    """Trains one (config, seed) unless it is finished. Returns {"status", "process_seconds", "skipped"}."""
-    final = run_dir(out, cfg.name, seed)
-    if is_finished(final):
+def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: Sequence[str],
+            report_only: bool = False) -> Dict[str, Any]:
+    """Trains one (config, seed) unless its line is in the study's results file, and appends its line.
+    Returns {"skipped", "record"} (record None: not run yet, with ``report_only``, or crashed) and,
+    for a run trained now, "exit_status", "process_seconds" and, if it crashed, "crashed" and "log"."""
+    name = SR.run_name(cfg.name, seed)
+    if SR.is_finished(study.results, name):
+        record = study.results[name]
+        previous = SR.study_overrides(record)
+        if previous != list(extra_overrides) and not report_only:  # a report reads what the line records
+            raise StudyMismatch(f"{name}: finished with overrides {previous}, not {list(extra_overrides)} "
+                                f"({study.results_path}); use another --out, or delete its line to redo it")
+        return {"skipped": True, "record": record}
+    if report_only:
+        return {"skipped": True, "record": None}
+    final = run_dir(study.work, cfg.name, seed)
+    if is_finished(final):  # trained, but its line was not appended (a crash in between): record it now
         previous = recorded_overrides(final)
         if previous is not None and previous != list(extra_overrides):
             raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
                                 "use another --out, or delete that run to redo it")
-        return {"skipped": True}
+        return {"skipped": True, "record": study.add(SR.record_from_run_dir(final, name))}
     partial = final + ".partial"
     if os.path.exists(partial):
         shutil.rmtree(partial)  # a crashed attempt: start over
@@ -109,8 +128,9 @@ def run_one(out: str, cfg: AblationConfig, seed: int, extra_overrides: Sequence[
             json.dump({"command": cmd, "overrides": list(extra_overrides), "exit_status": code,
                        "process_seconds": seconds}, f, indent=2)
         os.replace(partial, final)
-        return {"skipped": False, "exit_status": code, "process_seconds": seconds}
-    return {"skipped": False, "exit_status": code, "process_seconds": seconds, "crashed": True,
+        record = study.add(SR.record_from_run_dir(final, name))
+        return {"skipped": False, "exit_status": code, "process_seconds": seconds, "record": record}
+    return {"skipped": False, "exit_status": code, "process_seconds": seconds, "crashed": True, "record": None,
             "log": os.path.join(partial, "train.log")}
 
 
@@ -138,6 +158,7 @@ def base_vs_schedule(hdet_records: List[Dict[str, Any]], schedules: Dict[str, An
 
 
 def run_schedules(path: str, steps: int) -> Dict[str, Any]:
+    """A run directory's OneCycle per group (its resolved config) over ``steps`` steps."""
     from omegaconf import OmegaConf
 
     from recsys_hdet.components.lr_scheduler import build_one_cycle
@@ -153,29 +174,27 @@ def _mean_std(values: List[float]) -> Dict[str, Optional[float]]:
     return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
 
 
-def collect(out: str, seeds: Sequence[int]) -> Dict[str, Any]:
-    """ablation.json's content from the finished runs under ``out``."""
+def collect(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> Dict[str, Any]:
+    """ablation.json's content from the study's results lines."""
     rows = []
     for cfg in CONFIGS:
         runs = []
         for seed in seeds:
-            path = run_dir(out, cfg.name, seed)
-            if not is_finished(path):
+            name = SR.run_name(cfg.name, seed)
+            if not SR.is_finished(results, name):
                 continue
-            s = read_json(os.path.join(path, "summary.json"))
-            extra = os.path.join(path, "ablation_run.json")
+            r = results[name]
             runs.append({
                 "seed": seed,
-                "dir": os.path.relpath(path, out),
-                "status": s["status"],
-                "steps": s["steps"],
-                "train_loss": s["train_loss"]["avg"],
-                "eval_ne": {t: s.get("eval", {}).get(t, {}).get("ne") for t in TASKS},
-                "wall_seconds": s["wall_seconds"],
-                "process_seconds": read_json(extra)["process_seconds"] if os.path.isfile(extra) else None,
-                "base_vs_schedule": base_vs_schedule(read_jsonl(os.path.join(path, "hdet.jsonl")),
-                                                     run_schedules(path, s["steps"]))
-                if s["status"] == "completed" else {},
+                "run": name,
+                "status": r["status"],
+                "steps": r["steps"],
+                "train_loss": r["train_loss"]["avg"],
+                "eval_ne": {t: r.get("eval", {}).get(t, {}).get("ne") for t in TASKS},
+                "wall_seconds": r["wall_seconds"],
+                "process_seconds": r.get("process_seconds"),
+                "base_vs_schedule": base_vs_schedule(SR.sync_records(r), SR.schedules(r, r["steps"]))
+                if r["status"] == "completed" else {},
             })
         completed = [r for r in runs if r["status"] == "completed"]
         decay = {g: _mean_std([r["base_vs_schedule"].get(g) for r in completed]) for g in GROUPS}
@@ -193,21 +212,19 @@ def collect(out: str, seeds: Sequence[int]) -> Dict[str, Any]:
             "base_vs_schedule": {g: v for g, v in decay.items() if v["n"]},
             "runs": runs,
         })
-    return {"seeds": list(seeds), "rows": rows, "hdet_form": hdet_form(out, seeds)}
+    return {"seeds": list(seeds), "rows": rows, "hdet_form": hdet_form(results, seeds)}
 
 
 HDET_FORM_KEYS = ("space", "score", "signal", "alpha", "sync_every", "controller_start", "beta", "travel_decades")
 
 
-def hdet_form(out: str, seeds: Sequence[int]) -> Optional[Dict[str, Any]]:
+def hdet_form(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> Optional[Dict[str, Any]]:
     """The controller the HDET configurations ran with, read from the first finished ``hdet_full``
-    run's resolved config (not from today's conf/, which may have moved since)."""
-    from omegaconf import OmegaConf
-
+    run's resolved config as its line records it (not from today's conf/, which may have moved since)."""
     for seed in seeds:
-        path = os.path.join(run_dir(out, "hdet_full", seed), ".hydra", "config.yaml")
-        if os.path.isfile(path):
-            h = OmegaConf.load(path).hdet
+        r = results.get(SR.run_name("hdet_full", seed))
+        if r and r.get("hdet"):
+            h = r["hdet"]["config"]
             return {k: h.get(k) for k in HDET_FORM_KEYS}
     return None
 
@@ -282,12 +299,12 @@ def render_markdown(result: Dict[str, Any], command: str, machine: str, report: 
             order = " → ".join(sorted(means, key=means.get))
             cells = " | ".join(_fmt(r["base_vs_schedule"][g], 3) if g in r["base_vs_schedule"] else "-" for g in GROUPS)
             lines.append(f"| {r['config']} | {cells} | {order} |")
-    lines += ["", "## Runs", "", "| configuration | seed | status | steps | train loss | wall s | run directory |",
+    lines += ["", "## Runs", "", "| configuration | seed | status | steps | train loss | wall s | run (results.jsonl) |",
               "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         for run in r["runs"]:
             lines.append(f"| {r['config']} | {run['seed']} | {run['status']} | {run['steps']} | "
-                         f"{run['train_loss']:.4f} | {run['wall_seconds']:.0f} | `{run['dir']}` |")
+                         f"{run['train_loss']:.4f} | {run['wall_seconds']:.0f} | `{run['run']}` |")
     if report:
         lines += ["", f"Comparison report over seed {seeds[0]}'s runs: `{report}` "
                       "(`python -m recsys_hdet.evaluate runs=[...]`)."]
@@ -298,14 +315,23 @@ def render_markdown(result: Dict[str, Any], command: str, machine: str, report: 
     return "\n".join(lines) + "\n"
 
 
-def comparison_report(out: str, seed: int) -> Optional[str]:
-    """Runs ``recsys_hdet.evaluate`` in comparison mode over one seed's completed runs."""
-    dirs = [run_dir(out, c.name, seed) for c in CONFIGS]
-    done = [d for d in dirs if is_finished(d) and read_json(os.path.join(d, "summary.json"))["status"] == "completed"]
-    if not done:
+def comparison_report(study: StudyFiles, seed: int) -> Optional[str]:
+    """Runs ``recsys_hdet.evaluate`` in comparison mode over one seed's completed runs, into
+    ``<out>/comparison/report.html``. It needs the run directories: where they are not in the working
+    directory (a report rebuilt from the results file alone), an earlier report is kept as it is."""
+    report_dir = os.path.join(study.out, "comparison")
+    completed = [c.name for c in CONFIGS if study.results.get(SR.run_name(c.name, seed), {}).get("status") == "completed"]
+    dirs = [run_dir(study.work, c, seed) for c in completed]
+    if not completed:
         return None
-    report_dir = os.path.join(out, "comparison")
-    cmd = [sys.executable, "-m", "recsys_hdet.evaluate", f"runs=[{','.join(os.path.abspath(d) for d in done)}]",
+    if not all(is_finished(d) for d in dirs):
+        kept = os.path.join(report_dir, "report.html")
+        if os.path.isfile(kept):
+            print(f"comparison report: the run directories are not in {study.work}; {kept} kept as it is", flush=True)
+            return kept
+        print(f"comparison report: skipped (the run directories are not in {study.work})", flush=True)
+        return None
+    cmd = [sys.executable, "-m", "recsys_hdet.evaluate", f"runs=[{','.join(os.path.abspath(d) for d in dirs)}]",
            f"out={os.path.abspath(report_dir)}"]
     print("comparison report: " + " ".join(cmd), flush=True)
     code = subprocess.call(cmd)
@@ -336,7 +362,12 @@ def machine_line() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.ablation", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per configuration (default 0 1 2)")
-    ap.add_argument("--out", default="outputs/ablation", help="study directory (runs/, ablation.json, ablation.md)")
+    ap.add_argument("--out", default="outputs/ablation",
+                    help="study directory (results.jsonl, ablation.json, ablation.md, comparison/)")
+    ap.add_argument("--work", default=None, help="where the run directories go (default: --out, or "
+                    "outputs/studies/<study> for a study under docs/)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: write the tables from the results file alone")
     ap.add_argument("--configs", nargs="+", default=None, choices=[c.name for c in CONFIGS],
                     help="a subset of the configurations (default: all)")
     ap.add_argument("--no-report", action="store_true", help="skip the comparison report")
@@ -351,32 +382,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (OSError, ValueError) as e:
             print(f"error: --previous {args.previous}: {e}", file=sys.stderr)
             return 2
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
     configs = [c for c in CONFIGS if args.configs is None or c.name in args.configs]
+    try:
+        study = StudyFiles.open(args.out, args.work)
+    except SR.ResultsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(study.out, exist_ok=True)
     todo = [(c, s) for s in args.seeds for c in configs]  # seed-major: one seed's table fills first
     crashed = []
     for i, (cfg, seed) in enumerate(todo, 1):
         try:
-            res = run_one(out, cfg, seed, args.overrides)
+            res = run_one(study, cfg, seed, args.overrides, args.report_only)
         except StudyMismatch as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         if res["skipped"]:
-            print(f"[{i}/{len(todo)}] {cfg.name} seed {seed}: finished earlier, skipped", flush=True)
+            state = "not run yet" if res["record"] is None else "finished earlier, skipped"
+            print(f"[{i}/{len(todo)}] {cfg.name} seed {seed}: {state}", flush=True)
             continue
         if res.get("crashed"):
             crashed.append(f"{cfg.name} seed {seed} (exit status {res['exit_status']}, log {res['log']})")
             print(f"[{i}/{len(todo)}] {cfg.name} seed {seed}: CRASHED, exit status {res['exit_status']}; "
                   f"see {res['log']}", flush=True)
             continue
-        s = read_json(os.path.join(run_dir(out, cfg.name, seed), "summary.json"))
-        print(f"[{i}/{len(todo)}] {cfg.name} seed {seed}: {s['status']}, train loss {s['train_loss']['avg']:.4f}, "
+        r = res["record"]
+        print(f"[{i}/{len(todo)}] {cfg.name} seed {seed}: {r['status']}, train loss {r['train_loss']['avg']:.4f}, "
               f"{res['process_seconds']:.0f} s", flush=True)
-    result = collect(out, args.seeds)
+    result = collect(study.results, args.seeds)
     result["configs"] = [c.name for c in configs]
-    report = None if args.no_report else comparison_report(out, args.seeds[0])
-    result["comparison_report"] = os.path.relpath(report, out) if report else None
+    report = None if args.no_report else comparison_report(study, args.seeds[0])
+    result["comparison_report"] = os.path.relpath(report, study.out) if report else None
+    out = study.out
     command = "python -m pipelines.ablation" + ("" if argv is None else " " + " ".join(argv))
     if argv is None and len(sys.argv) > 1:
         command += " " + " ".join(sys.argv[1:])

@@ -18,9 +18,12 @@ A study with a known answer, on the benchmark data set, cold start (no warm-star
    time; and ``lr_recovery.png``: each group's base over the pass with the grid optimum drawn.
 
 Every run is an ordinary ``python -m recsys_hdet.train +experiment=baseline_low ...`` job trained
-by :func:`pipelines.ablation.run_one`, so the study is resumable exactly as the ablation is
-(finished runs are skipped, a crashed one is redone). Phase 2 needs phase 1's optimum, so a rerun
-after an interrupted grid continues the grid first.
+by :func:`pipelines.ablation.run_one`, so the study is resumable exactly as the ablation is: each
+finished run appends its line to ``<out>/results.jsonl`` (:mod:`pipelines.study_results`), a run
+with a line is skipped, a crashed one is redone, and the reports are rebuilt from that file alone
+(``--report-only``). Run directories go to ``--work`` (for a study under docs/, the git-ignored
+``outputs/studies/<study>``). Phase 2 needs phase 1's optimum, so a rerun after an interrupted grid
+continues the grid first.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from pipelines import study_results as SR
 from pipelines.ablation import (AblationConfig, StudyMismatch, run_schedules, fmt as _f, machine_line,
-                                recorded_overrides, run_dir, run_one, write_reports)
+                                run_one, write_reports)
+from pipelines.study_results import StudyFiles
 from recsys_hdet.components.metrics import read_json, read_jsonl
 
 TASKS = ("contribution", "like", "long_dwell")
@@ -72,27 +77,28 @@ def lr_overrides(embedding: float, dense: float) -> List[str]:
     return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE)]
 
 
-def _run(out: str, name: str, seed: int, overrides: Sequence[str], extra: Sequence[str],
+def _run(study: StudyFiles, name: str, seed: int, overrides: Sequence[str], extra: Sequence[str],
          report_only: bool = False) -> Optional[Dict[str, Any]]:
-    """Trains one run (unless finished) and returns its summary, or None if it crashed (or, with
-    ``report_only``, has not run yet: nothing is trained then)."""
-    path = run_dir(out, name, seed)
-    if report_only:
-        return read_json(os.path.join(path, "summary.json"))  # None when the run has not finished
-    res = run_one(out, AblationConfig(name, PRESET, name, None, None), seed, [*overrides, *extra])
+    """Trains one run (unless its line is in the results file) and returns its line, or None if it
+    crashed (or, with ``report_only``, has not run yet: nothing is trained then)."""
+    res = run_one(study, AblationConfig(name, PRESET, name, None, None), seed, [*overrides, *extra], report_only)
     if res.get("crashed"):
         print(f"{name} seed {seed}: CRASHED (exit status {res['exit_status']}), see {res['log']}", flush=True)
         return None
-    s = read_json(os.path.join(path, "summary.json"))
-    state = "skipped (finished earlier)" if res["skipped"] else f"{res['process_seconds']:.0f} s"
-    print(f"{name} seed {seed}: {s['status']}, mean NE {mean_ne(s)}, {state}", flush=True)
-    return s
+    r = res["record"]
+    if r is not None and not report_only:
+        state = "skipped (finished earlier)" if res["skipped"] else f"{res['process_seconds']:.0f} s"
+        print(f"{name} seed {seed}: {r['status']}, mean NE {mean_ne(r)}, {state}", flush=True)
+    return r
 
 
-def mean_ne(summary: Dict[str, Any]) -> Optional[float]:
-    if summary.get("status") != "completed":
+def mean_ne(run: Dict[str, Any]) -> Optional[float]:
+    """Mean held-out NE over the tasks of a results line (or of a summary.json); None unless completed."""
+    if run.get("status") != "completed":
         return None
-    return statistics.fmean(summary["eval"][t]["ne"] for t in TASKS)
+    if "mean_ne" in run:
+        return run["mean_ne"]
+    return statistics.fmean(run["eval"][t]["ne"] for t in TASKS)
 
 
 def grid_name(i: int, j: int) -> str:
@@ -102,22 +108,31 @@ def grid_name(i: int, j: int) -> str:
 def max_lr_trajectory(path: str) -> List[Tuple[int, Dict[str, float]]]:
     """Per sync, each LR group's controlled base in max-LR units: the run's max LR times the base
     over the OneCycle schedule it replaces (at that step), so that it compares with the grid's
-    max LRs whatever the schedule's phase (the annealed end is ~1e-5 of the peak)."""
+    max LRs whatever the schedule's phase (the annealed end is ~1e-5 of the peak). ``path``: a run
+    directory (see :func:`record_trajectory` for a results line)."""
     steps = read_json(os.path.join(path, "summary.json"))["steps"]
-    schedules = run_schedules(path, steps)
+    return _trajectory(read_jsonl(os.path.join(path, "hdet.jsonl")), run_schedules(path, steps), steps)
+
+
+def record_trajectory(record: Dict[str, Any]) -> List[Tuple[int, Dict[str, float]]]:
+    """:func:`max_lr_trajectory` of a results line (its syncs' bases, 6 significant digits)."""
+    return _trajectory(SR.sync_records(record), SR.schedules(record, record["steps"]), record["steps"])
+
+
+def _trajectory(records, schedules, steps: int) -> List[Tuple[int, Dict[str, float]]]:
     out = []
-    for r in read_jsonl(os.path.join(path, "hdet.jsonl")):
-        if r.get("hparams"):
+    for r in records:
+        if r.get("hparams") and "event" not in r:
             at = min(r["step"], steps - 1)
             out.append((r["step"], {g: schedules[g].max_lr * r["hparams"][f"lr/{g}"]["next_base"] / schedules[g](at)[0]
                                     for g in ("embedding", *DENSE)}))
     return out
 
 
-def final_bases(path: str) -> Dict[str, float]:
-    """Each LR group's controlled base in max-LR units (:func:`max_lr_trajectory`), geometric mean
-    over the last quarter of the syncs."""
-    trajectory = max_lr_trajectory(path)
+def final_bases(record: Dict[str, Any]) -> Dict[str, float]:
+    """Each LR group's controlled base in max-LR units (:func:`record_trajectory`) of a results line,
+    geometric mean over the last quarter of the syncs."""
+    trajectory = record_trajectory(record)
     tail = trajectory[len(trajectory) - max(1, len(trajectory) // 4):]
     return {g: _geomean([v[g] for _, v in tail]) for g in ("embedding", *DENSE)}
 
@@ -171,7 +186,7 @@ def edge_extensions(grid: Dict[Tuple[int, int], Dict[str, Any]]) -> List[Tuple[i
     return [k for k in new if k not in grid]
 
 
-def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
+def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
           starts: Sequence[str] = tuple(STARTS), report_only: bool = False, max_extensions: int = 2,
           variants: Sequence[str] = tuple(VARIANTS)) -> Dict[str, Any]:
     # Phase 1: the grid, one seed; extended beyond an edge while the optimum lies on it.
@@ -221,16 +236,15 @@ def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
                 name = f"{start}/{variant}"
                 # A variant not asked for is only read (e.g. while its controller is being changed).
                 s = _run(out, name, seed, [*lrs, *overrides], extra, report_only or variant not in variants)
-                path = run_dir(out, name, seed)
                 missing = "not run yet" if report_only or variant not in variants else "crashed"
                 runs.append({"seed": seed, "status": s["status"] if s else missing, "ne": mean_ne(s) if s else None,
                              "wall_seconds": s["wall_seconds"] if s else None,
-                             "bases": final_bases(path) if s and variant != "plain" and s["status"] == "completed" else None,
-                             "dir": os.path.relpath(path, out)})
+                             "bases": final_bases(s) if s and variant != "plain" and s["status"] == "completed" else None,
+                             "run": SR.run_name(name, seed)})
+                if s and variant != "plain" and variant not in forms:
+                    # the form a variant's runs were trained with, read from a run, not assumed
+                    forms[variant] = hdet_overrides(s)
             per_variant[variant] = runs
-            for r in runs:  # the form a variant's runs were trained with, read from a run, not assumed
-                if variant != "plain" and r["status"] != "not run yet" and variant not in forms:
-                    forms[variant] = hdet_overrides(os.path.join(out, r["dir"]))
         results[start] = summarize_start(per_variant, optimum)
     unfinished = sum(r["status"] == "not run yet" for s in results.values() for v in s["runs"].values() for r in v)
     if unfinished:
@@ -255,9 +269,9 @@ def study(out: str, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
     return {**partial, "grid_optimum": optimum, "starts": results, "forms": forms, "wall_time": wall}
 
 
-def hdet_overrides(path: str) -> List[str]:
-    """The ``hdet`` overrides a finished run was launched with (the study's own record of it)."""
-    return [o for o in recorded_overrides(path) or [] if o == "hdet=enabled" or o.startswith("hdet.")]
+def hdet_overrides(record: Dict[str, Any]) -> List[str]:
+    """The ``hdet`` overrides a finished run was launched with (its results line's record of it)."""
+    return [o for o in record["overrides"] if o == "hdet=enabled" or o.startswith("hdet.")]
 
 
 # What a diverged run scores in the gap closed: the NE of the base-rate predictor, which is 1 by
@@ -375,7 +389,7 @@ def _grid_table(result: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def plot(result: Dict[str, Any], out: str, path: str) -> None:
+def plot(result: Dict[str, Any], records: Dict[str, Dict[str, Any]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -389,7 +403,7 @@ def plot(result: Dict[str, Any], out: str, path: str) -> None:
             # Every completed HDET run of the start, one line per seed; a diverged run has no base to end on.
             done = [r for r in s["runs"]["hdet"] if r["bases"]]
             for k, run in enumerate(done):
-                trajectory = max_lr_trajectory(os.path.join(out, run["dir"]))
+                trajectory = record_trajectory(records[run["run"]])
                 # dense: the geometric mean of the dense groups' bases, as in the table and the JSON
                 values = [_geomean([v[g] for g in REPORTED[key]]) for _, v in trajectory]
                 label = f"{name} ({len(done)} of {len(s['runs']['hdet'])} seeds completed)" if k == 0 else None
@@ -409,9 +423,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.lr_recovery", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="docs/lr_recovery_f2",
-                    help="study directory (runs/<start>/<variant>/seed<k>); the default is committed without "
-                         "checkpoints, so a later session resumes where an earlier one stopped (docs/lr_recovery "
-                         "holds the first study, on format-1 data, with its own report)")
+                    help="study directory: its results.jsonl (one line per finished run, committed, so a later "
+                         "session resumes where an earlier one stopped; docs/lr_recovery holds the first study, on "
+                         "format-1 data, with its own report)")
+    ap.add_argument("--work", default=None,
+                    help="where the run directories go (runs/<start>/<variant>/seed<k>; default: --out, or "
+                         "outputs/studies/<study> for a study under docs/)")
     ap.add_argument("--grid-points", type=int, default=5, help="LRs per grid axis (default 5; at least 2)")
     ap.add_argument("--max-extensions", type=int, default=2,
                     help="how many times the grid may grow beyond an edge that holds its optimum (default 2)")
@@ -420,17 +437,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="train only these variants of the starts (the others' finished runs are still reported)")
     ap.add_argument("--docs", default="docs", help="where lr_recovery.{md,json,png} go (default docs)")
     ap.add_argument("--report-only", action="store_true",
-                    help="train nothing: write the reports from the runs finished so far (marked partial)")
+                    help="train nothing: write the reports from the results file alone (marked partial until "
+                         "every run has its line)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
     args = ap.parse_args(argv)
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
     try:
         if args.grid_points < 2:
             raise StudyMismatch(f"--grid-points {args.grid_points}: at least 2")
-        result = study(out, args.seeds, args.overrides, args.grid_points, args.starts, args.report_only,
+        files = StudyFiles.open(args.out, args.work)
+        if not args.report_only:
+            os.makedirs(files.out, exist_ok=True)
+        result = study(files, args.seeds, args.overrides, args.grid_points, args.starts, args.report_only,
                        args.max_extensions, args.variants)
-    except StudyMismatch as e:
+    except (StudyMismatch, SR.ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result["command"] = "python -m pipelines.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -438,7 +457,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     docs = os.path.abspath(args.docs)
     write_reports(docs, "lr_recovery", result, render_markdown(result))
     if result["grid_optimum"] is not None:
-        plot(result, out, os.path.join(docs, "lr_recovery.png"))
+        plot(result, files.results, os.path.join(docs, "lr_recovery.png"))
     print(f"wrote lr_recovery.md/.json{'/.png' if result['grid_optimum'] is not None else ''} into {docs}"
           + (f" (partial: {result['partial']})" if result.get("partial") else ""), flush=True)
     crashed = [f"{n} {r['seed']}" for n, s in result["starts"].items() for v in s["runs"].values() for r in v

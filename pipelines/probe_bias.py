@@ -27,7 +27,9 @@ dense 0.03) and from all-low (0.6, 0.003), with three forms of the probe:
 plus the plain runs at both points. Seed 0 only: a diagnostic, not a study. Writes
 ``docs/probe_bias.md``/``.json``: per run, held-out NE (mean over tasks) and each group's final
 base over its start (geometric mean over the last quarter of the syncs, as the study reports it).
-Resumable like the ablation (finished runs are skipped).
+Resumable like the ablation: each finished run's line goes to ``<out>/results.jsonl``, a run with a
+line is skipped, and ``--report-only`` rebuilds the report from that file (and the recovery study's,
+``--study``) alone. Run directories go to ``--work`` (default ``outputs/studies/probe_bias``).
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ import sys
 import time
 from typing import Any, Dict, List, Tuple
 
-from pipelines.ablation import AblationConfig, run_dir, run_one
+from pipelines import study_results as SR
+from pipelines.ablation import AblationConfig, StudyMismatch, run_one
 from pipelines.lr_recovery import DENSE, final_bases, lr_overrides, mean_ne
-from recsys_hdet.components.metrics import read_json
+from pipelines.study_results import StudyFiles
 
 STARTS: Dict[str, Tuple[float, float]] = {"tuned": (6.0, 0.03), "all_low": (0.6, 0.003)}
 # The controller every form below varies: the recovery study's first scale-free form (probe signal,
@@ -89,19 +92,19 @@ def _name(start: str, form: str) -> str:
     return f"{start}/{form.replace('=', '_').replace(',', '__')}"
 
 
-def run_all(out: str) -> List[Dict[str, Any]]:
+def run_all(study: StudyFiles, report_only: bool = False) -> List[Dict[str, Any]]:
     rows = []
     for start, (emb, dense) in STARTS.items():
         for form, extra in FORMS.items():
             name = _name(start, form)
-            res = run_one(out, AblationConfig(name, "baseline_low", name, None, None), 0,
-                          [*lr_overrides(emb, dense), *extra])
-            path = run_dir(out, name, 0)
-            summary = read_json(os.path.join(path, "summary.json")) if not res.get("crashed") else None
-            row: Dict[str, Any] = {"start": start, "form": form, "status": summary["status"] if summary else "crashed",
+            res = run_one(study, AblationConfig(name, "baseline_low", name, None, None), 0,
+                          [*lr_overrides(emb, dense), *extra], report_only)
+            summary = res["record"]
+            missing = "crashed" if res.get("crashed") else "not run yet"
+            row: Dict[str, Any] = {"start": start, "form": form, "status": summary["status"] if summary else missing,
                                    "ne": mean_ne(summary) if summary else None}
             if summary and form != "plain" and summary["status"] == "completed":
-                bases = final_bases(path)
+                bases = final_bases(summary)
                 row["final_over_start"] = {"embedding": bases["embedding"] / emb,
                                            **{g: bases[g] / dense for g in DENSE}}
             rows.append(row)
@@ -112,18 +115,17 @@ def run_all(out: str) -> List[Dict[str, Any]]:
 GROUPS = ("embedding", *DENSE)
 
 
-def probe_slopes(path: str) -> List[Dict[str, float]]:
-    """What the controller saw in a finished HDET run: per half of the pass, the least-squares slope
+def probe_slopes(syncs: List[Dict[str, Any]]) -> List[Dict[str, float]]:
+    """What the controller saw in a finished HDET run (its sync records, hdet.jsonl's form, e.g.
+    :func:`pipelines.study_results.sync_records` of its results line): per half of the pass, the least-squares slope
     of the replicas' probe losses on every group's log2 multiplier, fitted jointly (the four groups'
     permutations are independent, so one joint fit separates their effects), with each sync's
     losses and multipliers centred. In loss units per doubling of that group's LR: positive, the
     higher-LR replicas scored worse."""
     import numpy as np
 
-    from recsys_hdet.components.metrics import read_jsonl
-
     X, Y = [], []
-    for r in read_jsonl(os.path.join(path, "hdet.jsonl")):
+    for r in syncs:
         hp, losses = r.get("hparams") or {}, r.get("losses") or []
         if not hp or not losses or any(x is None for x in losses):
             continue
@@ -148,14 +150,15 @@ def probe_slopes(path: str) -> List[Dict[str, float]]:
 
 
 def study_slopes(study: str) -> List[Dict[str, Any]]:
-    """:func:`probe_slopes` of the recovery study's scale-free HDET runs (those finished)."""
+    """:func:`probe_slopes` of the recovery study's scale-free HDET runs (those finished), from its
+    results file (``<study>/results.jsonl``)."""
+    results = SR.load(os.path.join(study, SR.RESULTS))
     rows = []
     for start in ("tuned", "all_low", "all_high", "emb_low_dense_high", "emb_high_dense_low"):
         for seed in (0, 1, 2):
-            path = os.path.join(study, "runs", start, "hdet", f"seed{seed}")
-            summary = read_json(os.path.join(path, "summary.json"))
+            summary = results.get(SR.run_name(f"{start}/hdet", seed))
             if summary and summary.get("status") == "completed":
-                first, second = probe_slopes(path)
+                first, second = probe_slopes(SR.sync_records(summary))
                 rows.append({"start": start, "seed": seed, "first_half": first, "second_half": second})
     return rows
 
@@ -229,12 +232,22 @@ worse (the controller then lowers that group).
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="docs/probe_bias", help="runs (committed without checkpoints, so a later session resumes)")
+    ap.add_argument("--out", default="docs/probe_bias",
+                    help="study directory: its results.jsonl (committed, so a later session resumes)")
+    ap.add_argument("--work", default=None, help="where the run directories go (default: --out, or "
+                    "outputs/studies/<study> for a study under docs/)")
     ap.add_argument("--docs", default="docs")
-    ap.add_argument("--study", default="docs/lr_recovery", help="the recovery study whose HDET runs' signal is read")
+    ap.add_argument("--study", default="docs/lr_recovery",
+                    help="the recovery study whose HDET runs' signal is read (its results.jsonl)")
+    ap.add_argument("--report-only", action="store_true", help="train nothing: the report from the results files alone")
     args = ap.parse_args(argv)
-    rows = run_all(args.out)
-    write(rows, args.docs, study_slopes(args.study))
+    try:
+        rows = run_all(StudyFiles.open(args.out, args.work), args.report_only)
+        slopes = study_slopes(args.study)
+    except (StudyMismatch, SR.ResultsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write(rows, args.docs, slopes)
     print(f"wrote {args.docs}/probe_bias.md and .json")
     return 0 if all(r["status"] != "crashed" for r in rows) else 1
 

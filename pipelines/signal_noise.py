@@ -14,7 +14,10 @@ For each run, from ``hdet.jsonl``: the standard deviation of the replicas' devia
 mean at each sync (pooled over syncs), and per learning-rate group the mean over syncs of the rank
 correlation between ``-loss`` and the replicas' spread offsets (``preference``: what the ``rank``
 score feeds the controller; 0 on average when there is nothing to find). Writes
-``signal_noise.{md,json}``. Resumable like the ablation (finished runs are skipped).
+``signal_noise.{md,json}``. Resumable like the ablation: each finished run's line (its sync records
+included) goes to ``<out>/results.jsonl``, a run with a line is skipped, and ``--report-only``
+rebuilds the report from that file alone. Run directories go to ``--work`` (default
+``outputs/studies/signal_noise``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
-from pipelines.ablation import AblationConfig, StudyMismatch, fmt as _f, machine_line, run_dir, run_one, write_reports
-from recsys_hdet.components.metrics import read_json, read_jsonl
+from pipelines import study_results as SR
+from pipelines.ablation import AblationConfig, StudyMismatch, fmt as _f, machine_line, run_one, write_reports
+from pipelines.study_results import StudyFiles
 from recsys_hdet.hdet.engine import preference, spread_offsets
 
 GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
@@ -93,25 +97,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.signal_noise", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="baseline_low")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="docs/signal_noise", help="study directory (committed without checkpoints)")
+    ap.add_argument("--out", default="docs/signal_noise",
+                    help="study directory: its results.jsonl (committed, so a later session resumes)")
+    ap.add_argument("--work", default=None, help="where the run directories go (default: --out, or "
+                    "outputs/studies/<study> for a study under docs/)")
     ap.add_argument("--docs", default="docs", help="where signal_noise.{md,json} go")
+    ap.add_argument("--report-only", action="store_true", help="train nothing: the report from the results file alone")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = ap.parse_args(argv)
-    out = os.path.abspath(args.out)
     result: Dict[str, Any] = {"preset": args.preset, "seed": args.seed, "runs": {}}
+    try:
+        study = StudyFiles.open(args.out, args.work)
+    except SR.ResultsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for name, overrides in RUNS.items():
         try:
-            res = run_one(out, AblationConfig(name, args.preset, name, None, None), args.seed,
-                          [*overrides, *args.overrides])
+            res = run_one(study, AblationConfig(name, args.preset, name, None, None), args.seed,
+                          [*overrides, *args.overrides], args.report_only)
         except StudyMismatch as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         if res.get("crashed"):
             print(f"{name}: CRASHED (exit status {res['exit_status']}), see {res['log']}", file=sys.stderr)
             return 1
-        path = run_dir(out, name, args.seed)
-        m = measure(read_jsonl(os.path.join(path, "hdet.jsonl")))
-        m["train_loss"] = read_json(os.path.join(path, "summary.json"))["train_loss"]["avg"]
+        record = res["record"]
+        if record is None:  # --report-only, not run yet
+            print(f"{name}: not run yet", flush=True)
+            continue
+        m = measure(SR.sync_records(record))
+        m["train_loss"] = record["train_loss"]["avg"]
         result["runs"][name] = m
         print(f"{name}: noise std {_f(m['noise_std'], 5)}, preference "
               + " ".join(f"{g}={_f(v, 3)}" for g, v in m["preference"].items()), flush=True)
