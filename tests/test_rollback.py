@@ -64,6 +64,7 @@ def test_rollbacks_exhausted_end_the_run_as_diverged_with_the_record(tmp_path, d
     assert not os.path.exists(run_dir / "checkpoint")
 
 
+@pytest.mark.slow  # the off path is the old behaviour, also checked by the slow all-NaN HDET test
 def test_without_rollback_the_first_failed_check_ends_the_run(tmp_path, data_cache, tiny_dataset):
     run_dir = tmp_path / "off"
     proc = _run(run_dir, "lr_spike@step=12:steps=3", data_cache, "trainer.rollback.max_rollbacks=0")
