@@ -3,26 +3,31 @@
 A study with a known answer, on the benchmark data set, cold start (no warm-start checkpoint):
 
 1. A grid of plain runs (HDET off) over the embedding LR x one shared dense LR (the transformer,
-   non_embedding and no_decay groups), 5 x 5 points on a log grid spanning 100x, one seed: the
-   grid optimum (lowest held-out NE, mean over tasks). While the optimum lies on an edge of the
-   grid, a line of points half a decade beyond that edge is added (at most ``--max-extensions``
-   times), so that the starts are set from an interior optimum, or the report says it is not.
-2. From the grid optimum (``tuned``) and four misset starts (every group 10x too low; 10x too
-   high; embedding 10x low with dense 10x high; the reverse), seeds 0 1 2 each:
+   non_embedding and no_decay groups), 5 x 5 points on a log grid spanning 100x, one seed; then the
+   growth rule (:func:`next_runs`, at most ``--max-extensions`` rounds): while the best cell lacks a
+   grid neighbour on some side of either axis, the point beyond it is trained (until the best is
+   interior on both axes, or the run beyond diverges); then all seeds on the best cell (and the
+   runner-up while no paired std exists) and on every cell of the plateau.
+2. From the point the starts are factors of (the best cell, or where the tuned runs already
+   trained) and four misset starts (every group 10x too low; 10x too high; embedding 10x low with
+   dense 10x high; the reverse), seeds 0 1 2 each:
    - the plain run at that point (the gap HDET should close),
    - full HDET with the scale-free controller (``HDET_NEW``),
    - full HDET in the paper's form (softmax, sigma 0.1, training-loss signal: ``HDET_PAPER``).
-3. ``lr_recovery.json`` and ``lr_recovery.md``: per start, plain and HDET held-out NE (mean over
-   tasks and seeds), the share of the gap to the grid optimum that HDET closed, each group's final
-   base (mean over the last quarter of the syncs) over the grid-optimal LR, diverged counts, wall
-   time; and ``lr_recovery.png``: each group's base over the pass with the grid optimum drawn.
+3. ``lr_recovery.json`` and ``lr_recovery.md``, on a well-posed target (:func:`plateau_analysis`):
+   the plateau (the cells within one paired std of the best cell, half a decade away from any
+   diverged cell), whether the optimum is interior, which starts are misset (plain runs worse than
+   the best cell by 3 paired std), and per start and contender the paired difference (HDET - plain,
+   same seed) with a 95% t-interval, the gap closed, each group's LR area over the pass and whether
+   it lies in the plateau's LR range, divergences, wall time; ``lr_recovery.png``: each group's
+   base over the pass with the best cell and the plateau's range drawn.
 
 Every run is an ordinary ``python -m recsys_hdet.train +experiment=baseline_low ...`` job trained
 by :func:`pipelines.ablation.run_one`, so the study is resumable exactly as the ablation is: each
 finished run appends its line to ``<out>/results.jsonl`` (:mod:`pipelines.study_results`), a run
 with a line is skipped, a crashed one is redone, and the reports are rebuilt from that file alone
 (``--report-only``). Run directories go to ``--work`` (for a study under docs/, the git-ignored
-``outputs/studies/<study>``). Phase 2 needs phase 1's optimum, so a rerun after an interrupted grid
+``outputs/studies/<study>``). Phase 2 needs phase 1's best cell, so a rerun after an interrupted grid
 continues the grid first.
 """
 
@@ -156,79 +161,227 @@ def grid_lr(centre: float, points: int, k: int) -> float:
     return centre * 10 ** (-1 + 2 * k / (points - 1))
 
 
-def edge_extensions(grid: Dict[Tuple[int, int], Dict[str, Any]]) -> List[Tuple[int, int]]:
-    """The grid points to add when the optimum found so far lies on an edge of the explored grid.
+def grid_index(lr: float, centre: float, points: int) -> Optional[int]:
+    """The grid index of ``lr`` on an axis (inverse of :func:`grid_lr`); None when it is off the lattice."""
+    x = (math.log10(lr / centre) + 1) * (points - 1) / 2
+    k = round(x)
+    return k if abs(x - k) < 1e-3 else None
 
-    A grid optimum on the edge is censored: the true optimum may lie beyond it, and a study that
-    measures recovery "to the optimum" needs the optimum inside the grid. The rule is fixed in
-    advance and knows nothing of HDET: for each axis along which the best finished point is on an
-    edge, add the points half a decade beyond that edge next to it (the optimum's own line and its
-    two neighbours across the other axis), and the diagonal point when it is in a corner. Returns
-    nothing once the optimum is interior (a line beyond that diverged everywhere makes it so)."""
-    done = {k: v for k, v in grid.items() if v["ne"] is not None}
+
+# ----------------------------------------------------------------------------------------------
+# The grid as cells, its plateau, and the rule that grows it.
+#
+# A cell is one point of the grid's lattice (half a decade apart for 5 points) with every plain run
+# trained there: the grid's own runs and the plain runs of the starts that fall on it (the tuned
+# start is the best cell, all_low and emb_high_dense_low are cells too), one NE per seed (training
+# is deterministic: the same seed at the same point gives the same NE, so duplicates are one run).
+
+
+class Cell:
+    def __init__(self, i: int, j: int, embedding: float, dense: float) -> None:
+        self.i, self.j, self.embedding, self.dense = i, j, embedding, dense
+        self.ne: Dict[int, Optional[float]] = {}  # seed -> mean NE over the tasks; None: diverged
+        self.runs: List[str] = []
+
+    @property
+    def key(self) -> Tuple[int, int]:
+        return self.i, self.j
+
+    @property
+    def diverged(self) -> bool:
+        """A cell where any seed diverged: not a safe place to train, whatever its other seeds did."""
+        return any(v is None for v in self.ne.values())
+
+    @property
+    def mean(self) -> Optional[float]:
+        return None if self.diverged or not self.ne else statistics.fmean(self.ne.values())
+
+
+def plain_cells(records: Dict[str, Dict[str, Any]], points: int = 5) -> Dict[Tuple[int, int], Cell]:
+    """The grid's cells from a results file: every finished plain run on the lattice."""
+    cells: Dict[Tuple[int, int], Cell] = {}
+    seen: Dict[Tuple[int, int, int], List[Optional[float]]] = {}
+    for name in sorted(records):
+        r = records[name]
+        if r.get("hdet") or r.get("status") not in ("completed", "diverged"):
+            continue
+        if not (name.startswith("grid/") or "/plain/" in name):
+            continue
+        dense = [r["max_lr"][g] for g in DENSE]
+        if max(dense) > min(dense) * (1 + 1e-6):
+            continue  # not a point of the study's plane (the dense groups share one LR there)
+        i = grid_index(r["max_lr"]["embedding"], GRID_CENTRE["embedding"], points)
+        j = grid_index(dense[0], GRID_CENTRE["dense"], points)
+        if i is None or j is None:
+            continue
+        cell = cells.setdefault((i, j), Cell(i, j, grid_lr(GRID_CENTRE["embedding"], points, i),
+                                             grid_lr(GRID_CENTRE["dense"], points, j)))
+        cell.runs.append(name)
+        seen.setdefault((i, j, r["seed"]), []).append(r["mean_ne"] if r["status"] == "completed" else None)
+    for (i, j, seed), values in seen.items():
+        cells[(i, j)].ne[seed] = None if None in values else statistics.fmean(values)
+    return cells
+
+
+def near(a: Cell, b: Cell, decades: float = 0.5) -> bool:
+    """Whether ``b`` lies within ``decades`` of ``a`` on both axes (for half a decade: a factor
+    sqrt(10) or less on each axis, the 8 grid neighbours of a 5-point grid)."""
+    return all(abs(math.log10(x / y)) <= decades + 1e-9 for x, y in ((a.embedding, b.embedding), (a.dense, b.dense)))
+
+
+def plateau_analysis(cells: Dict[Tuple[int, int], Cell]) -> Optional[Dict[str, Any]]:
+    """The best cell, each cell's paired difference from it, and the plateau.
+
+    - best: the completed cell with the lowest mean NE (a cell with a diverged seed is not a candidate);
+    - paired difference: the mean over the seeds a cell shares with the best of (cell - best) on the
+      same seed; its paired std: the std of those differences where they are 2 or more, else the
+      pooled paired std (the root of the dof-weighted mean variance) of the cells that have them;
+    - plateau: every completed cell whose paired difference is within one paired std of the best,
+      and not within half a decade of a diverged cell (:func:`near`).
+    None when no cell has completed. ``plateau`` is None while no cell but the best has several seeds
+    in common with it (no paired std to measure "within" against)."""
+    done = {k: c for k, c in cells.items() if c.mean is not None}
     if not done:
+        return None
+    best = min(done, key=lambda k: (done[k].mean, k))
+    b = done[best]
+    stats: Dict[Tuple[int, int], Dict[str, Any]] = {}
+    num = den = 0.0
+    pool: List[Tuple[int, int]] = []
+    for k, c in sorted(done.items()):
+        shared = sorted(set(c.ne) & set(b.ne))
+        diffs = [c.ne[s] - b.ne[s] for s in shared]
+        own = statistics.stdev(diffs) if len(diffs) >= 2 and k != best else None
+        if own is not None:
+            num += (len(diffs) - 1) * own ** 2
+            den += len(diffs) - 1
+            pool.append(k)
+        stats[k] = {"diff": statistics.fmean(diffs) if diffs else c.mean - b.mean, "shared_seeds": shared,
+                    "own_std": own}
+    pooled = math.sqrt(num / den) if den else None
+    diverged = [c for c in cells.values() if c.diverged]
+    plateau = None
+    if pooled is not None:
+        plateau = []
+        for k, st in stats.items():
+            st["std"] = st["own_std"] if st["own_std"] is not None else pooled
+            st["within"] = st["diff"] <= st["std"]
+            st["near_diverged"] = any(near(done[k], d) for d in diverged)
+            if st["within"] and not st["near_diverged"]:
+                plateau.append(k)
+    excluded = [k for k, st in stats.items() if st.get("within") and st.get("near_diverged")]
+    return {"best": best, "stats": stats, "pooled_std": pooled, "pool": pool, "plateau": plateau,
+            "near_diverged": excluded if pooled is not None else [],
+            "interior": interior(cells, best), "missing_neighbours": missing_neighbours(cells, best)}
+
+
+NEIGHBOURS = ((-1, 0), (1, 0), (0, -1), (0, 1))
+
+
+def missing_neighbours(cells: Dict[Tuple[int, int], Cell], key: Tuple[int, int]) -> List[Tuple[int, int]]:
+    """The grid neighbours of ``key`` along each axis that have no finished run (completed or diverged)."""
+    return [(key[0] + di, key[1] + dj) for di, dj in NEIGHBOURS if (key[0] + di, key[1] + dj) not in cells]
+
+
+def interior(cells: Dict[Tuple[int, int], Cell], key: Tuple[int, int]) -> bool:
+    """True only if the cell has grid neighbours on both sides on both axes (a diverged one counts:
+    the optimum is bracketed by it)."""
+    return not missing_neighbours(cells, key)
+
+
+def next_runs(cells: Dict[Tuple[int, int], Cell], seeds: Sequence[int]) -> List[Tuple[int, int, int]]:
+    """The growth rule: the (i, j, seed) grid runs to train next, none once it is satisfied.
+
+    1. While the best cell lacks a grid neighbour on some side of either axis (it is on the grid's
+       edge there), train that neighbour (first seed): the grid grows beyond the edge that holds the
+       best cell until the best is interior on both axes, or the run beyond it diverged (a diverged
+       neighbour brackets it too).
+    2. Then every seed on the best cell and, while no other cell has several seeds (so no paired std
+       exists yet), on the runner-up (second-lowest mean NE), to measure the paired std;
+    3. then every seed on every cell of the plateau (:func:`plateau_analysis`).
+    A caller repeats it until it returns nothing (each answer depends on the runs before)."""
+    an = plateau_analysis(cells)
+    if an is None:
         return []
-    bi, bj = min(done, key=lambda k: done[k]["ne"])
-    rows = sorted({i for i, _ in grid})
-    cols = sorted({j for _, j in grid})
+    missing = an["missing_neighbours"]
+    if missing:
+        return [(i, j, seeds[0]) for i, j in missing]
+    if an["plateau"] is None:
+        done = sorted((c.mean, k) for k, c in cells.items() if c.mean is not None)
+        targets = [k for _, k in done[:2]]
+    else:
+        targets = [an["best"], *(k for k in an["plateau"] if k != an["best"])]
+    return [(i, j, s) for i, j in targets for s in seeds if s not in cells[(i, j)].ne]
 
-    def beyond(pos: int, line: List[int]) -> Optional[int]:
-        return pos - 1 if pos == line[0] else pos + 1 if pos == line[-1] else None
 
-    ei, ej = beyond(bi, rows), beyond(bj, cols)
-    new: List[Tuple[int, int]] = []
-    if ei is not None:
-        new += [(ei, j) for j in (bj - 1, bj, bj + 1) if cols[0] <= j <= cols[-1]]
-    if ej is not None:
-        new += [(i, ej) for i in (bi - 1, bi, bi + 1) if rows[0] <= i <= rows[-1]]
-    if ei is not None and ej is not None:
-        new.append((ei, ej))
-    return [k for k in new if k not in grid]
+# ----------------------------------------------------------------------------------------------
+# The study.
+
+
+def effective_lrs(record: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """A run's LR area (:func:`pipelines.study_results.lr_area`) in max-LR units: the preset's max LR
+    times the area, per reported group (dense: the three dense groups' geometric mean)."""
+    area, preset = record.get("lr_area"), record.get("preset_lr")
+    if not area or not preset or any(g not in area for g in ("embedding", *DENSE)):
+        return None
+    return {key: _geomean([area[g] * preset[g] for g in groups]) for key, groups in REPORTED.items()}
 
 
 def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: int = 5,
-          starts: Sequence[str] = tuple(STARTS), report_only: bool = False, max_extensions: int = 2,
+          starts: Sequence[str] = tuple(STARTS), report_only: bool = False, max_extensions: int = 8,
           variants: Sequence[str] = tuple(VARIANTS)) -> Dict[str, Any]:
-    # Phase 1: the grid, one seed; extended beyond an edge while the optimum lies on it.
-    grid: Dict[Tuple[int, int], Dict[str, Any]] = {}
+    # Phase 1: the grid, one seed, then the growth rule (:func:`next_runs`) until it is satisfied.
+    finished = True
 
-    def train_point(i: int, j: int) -> None:
+    def train_point(i: int, j: int, seed: int) -> None:
+        nonlocal finished
         e, d = grid_lr(GRID_CENTRE["embedding"], points, i), grid_lr(GRID_CENTRE["dense"], points, j)
-        s = _run(out, grid_name(i, j), seeds[0], lr_overrides(e, d), extra, report_only)
-        grid[(i, j)] = {"embedding": e, "dense": d, "ne": mean_ne(s) if s else None, "finished": s is not None,
-                        "status": s["status"] if s else None, "wall_seconds": s["wall_seconds"] if s else None}
+        if _run(out, grid_name(i, j), seed, lr_overrides(e, d), extra, report_only) is None:
+            finished = False
 
     for i in range(points):
         for j in range(points):
-            train_point(i, j)
-    extensions = 0
-    while all(v["finished"] for v in grid.values()) and extensions < max_extensions:
-        new = [k for k in edge_extensions(grid) if k not in grid]
-        if not new:
+            train_point(i, j, seeds[0])
+    rounds = 0
+    pending: List[Tuple[int, int, int]] = []
+    while finished:
+        pending = next_runs(plain_cells(out.results, points), seeds)
+        if not pending or report_only or rounds >= max_extensions:
             break
-        extensions += 1
-        print(f"grid optimum on an edge: extension {extensions} adds {len(new)} points", flush=True)
-        for i, j in new:
-            train_point(i, j)
-    partial = {"grid": [{k: v[k] for k in ("embedding", "dense", "ne", "status")} for v in grid.values()],
-               "grid_points": points, "grid_extensions": extensions, "seeds": list(seeds), "starts": {},
-               "grid_optimum": None, "wall_seconds_grid": sum(v["wall_seconds"] or 0 for v in grid.values())}
-    if not all(v["finished"] for v in grid.values()):
-        # (report_only) the optimum is not known until every grid point has run: no starts yet.
-        partial["partial"] = f"{sum(v['finished'] for v in grid.values())} of {len(grid)} grid runs finished"
+        rounds += 1
+        print(f"growth rule, round {rounds}: {len(pending)} runs: "
+              + ", ".join(f"{grid_name(i, j)} seed {s}" for i, j, s in pending), flush=True)
+        for i, j, s in pending:
+            train_point(i, j, s)
+    cells = plain_cells(out.results, points)
+    grid_records = [r for n, r in out.results.items() if n.startswith("grid/")]
+    partial: Dict[str, Any] = {
+        "grid": [cell_json(c) for _, c in sorted(cells.items())], "grid_points": points,
+        "growth_rounds": rounds, "seeds": list(seeds), "starts": {}, "best_cell": None,
+        "growth_next": [{"embedding": grid_lr(GRID_CENTRE["embedding"], points, i),
+                         "dense": grid_lr(GRID_CENTRE["dense"], points, j), "seed": s} for i, j, s in pending],
+        "wall_seconds_grid": sum(r["wall_seconds"] or 0 for r in grid_records)}
+    if not finished:
+        # the best cell is not known until every grid point has run: no starts yet.
+        ran = sum(SR.is_finished(out.results, SR.run_name(grid_name(i, j), seeds[0]))
+                  for i in range(points) for j in range(points))
+        partial["partial"] = f"{ran} of {points * points} runs of the initial grid finished"
         return partial
-    done = {k: v for k, v in grid.items() if v["ne"] is not None}
-    best = min(done, key=lambda k: done[k]["ne"])
-    optimum = {"embedding": grid[best]["embedding"], "dense": grid[best]["dense"], "ne": grid[best]["ne"],
-               "interior": not edge_extensions(grid)}
-    print(f"grid optimum: embedding {optimum['embedding']:.4g}, dense {optimum['dense']:.4g}, "
-          f"mean NE {optimum['ne']:.4f}", flush=True)
+    an = plateau_analysis(cells)
+    if an is None:
+        partial["partial"] = "every grid run diverged"
+        return partial
+    best = cells[an["best"]]
+    anchor = start_anchor(out.results, best)
+    print(f"best cell: embedding {best.embedding:.4g}, dense {best.dense:.4g}, mean NE {best.mean:.4f} "
+          f"({len(best.ne)} seeds); starts from embedding {anchor[0]:.4g}, dense {anchor[1]:.4g}", flush=True)
+    plateau = plateau_json(cells, an, points)
     # Phase 2: the starts.
     results: Dict[str, Any] = {}
     forms: Dict[str, List[str]] = {}
     for start in starts:
         fe, fd = STARTS[start]
-        lrs = lr_overrides(optimum["embedding"] * fe, optimum["dense"] * fd)
+        lrs = lr_overrides(anchor[0] * fe, anchor[1] * fd)
         per_variant = {}
         for variant, overrides in VARIANTS.items():
             runs = []
@@ -239,20 +392,22 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: i
                 missing = "not run yet" if report_only or variant not in variants else "crashed"
                 runs.append({"seed": seed, "status": s["status"] if s else missing, "ne": mean_ne(s) if s else None,
                              "wall_seconds": s["wall_seconds"] if s else None,
+                             "lr_area": effective_lrs(s) if s else None,
                              "bases": final_bases(s) if s and variant != "plain" and s["status"] == "completed" else None,
                              "run": SR.run_name(name, seed)})
                 if s and variant != "plain" and variant not in forms:
                     # the form a variant's runs were trained with, read from a run, not assumed
                     forms[variant] = hdet_overrides(s)
             per_variant[variant] = runs
-        results[start] = summarize_start(per_variant, optimum)
+        results[start] = summarize_start(per_variant, cells, an, plateau["lr_range"],
+                                         {"embedding": anchor[0] * fe, "dense": anchor[1] * fd})
     unfinished = sum(r["status"] == "not run yet" for s in results.values() for v in s["runs"].values() for r in v)
     if unfinished:
         partial["partial"] = f"{unfinished} runs of the starts not run yet"
     # What one HDET run replaces: a 25-point grid of plain runs (mean wall time of the grid's runs x 25,
     # diverged ones included: a grid pays for them too) against the mean wall time of one completed HDET
     # run (every start and seed finished so far; a diverged one stops early and would flatter the ratio).
-    grid_walls = [v["wall_seconds"] for v in grid.values() if v["wall_seconds"]]
+    grid_walls = [r["wall_seconds"] for r in grid_records if r["wall_seconds"]]
     completed_walls = lambda variant: [r["wall_seconds"] for s in results.values() for r in s["runs"][variant]
                                        if r["wall_seconds"] and r["status"] == "completed"]
     hdet_walls = completed_walls("hdet")
@@ -263,10 +418,137 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: i
             "hdet_runs": len(hdet_walls), "start_plain_run_mean_seconds": _mean(plain_walls),
             "start_plain_runs": len(plain_walls)}
     wall["grid25_over_one_hdet_run"] = (25 * wall["grid_run_mean_seconds"] / wall["hdet_run_mean_seconds"]
-                                        if hdet_walls else None)
+                                        if hdet_walls and grid_walls else None)
     wall["hdet_run_over_plain_run"] = (wall["hdet_run_mean_seconds"] / wall["start_plain_run_mean_seconds"]
                                        if hdet_walls and plain_walls else None)
-    return {**partial, "grid_optimum": optimum, "starts": results, "forms": forms, "wall_time": wall}
+    return {**partial, "best_cell": cell_json(best, an), "optimum_interior": an["interior"],
+            "missing_neighbours": [{"embedding": grid_lr(GRID_CENTRE["embedding"], points, i),
+                                    "dense": grid_lr(GRID_CENTRE["dense"], points, j)}
+                                   for i, j in an["missing_neighbours"]],
+            "plateau": plateau["cells"], "plateau_rule": plateau["rule"], "start_anchor": list(anchor),
+            "starts": results, "forms": forms, "wall_time": wall}
+
+
+def start_anchor(results: Dict[str, Dict[str, Any]], best: Cell) -> Tuple[float, float]:
+    """The point the starts are factors of: where the study's tuned plain runs trained, once they have
+    (so that a grid grown later does not orphan the starts already run), else the best cell."""
+    for seed_line in sorted(n for n in results if n.startswith("tuned/plain/")):
+        lr = results[seed_line]["max_lr"]
+        return lr["embedding"], lr["transformer"]
+    return best.embedding, best.dense
+
+
+def cell_json(c: Cell, an: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    out = {"embedding": c.embedding, "dense": c.dense, "ne": c.mean,
+           "status": "diverged" if c.diverged else "completed", "seeds": sorted(c.ne), "runs": c.runs}
+    if an is not None and c.key in an["stats"]:
+        st = an["stats"][c.key]
+        out.update({"paired_diff": st["diff"], "paired_std": st.get("std"),
+                    "std_from": "own" if st["own_std"] is not None else "pooled"})
+    return out
+
+
+def plateau_json(cells: Dict[Tuple[int, int], Cell], an: Dict[str, Any], points: int) -> Dict[str, Any]:
+    pooled = an["pooled_std"]
+    keys = an["plateau"] or []
+    # Each cell stands for the LRs within half a grid step of it (a quarter decade for 5 points).
+    half = {axis: 10 ** (1 / (points - 1)) for axis in ("embedding", "dense")}
+    lr_range = {axis: [min(getattr(cells[k], axis) for k in keys) / half[axis],
+                       max(getattr(cells[k], axis) for k in keys) * half[axis]] if keys else None
+                for axis in ("embedding", "dense")}
+    rule = {"paired_std_pooled": pooled,
+            "pooled_from": [{"embedding": cells[k].embedding, "dense": cells[k].dense, "seeds": sorted(cells[k].ne)}
+                            for k in an["pool"]],
+            "lr_range": lr_range,
+            "left_out_near_diverged": [{"embedding": cells[k].embedding, "dense": cells[k].dense, "ne": cells[k].mean,
+                                        "paired_diff": an["stats"][k]["diff"]} for k in an["near_diverged"]],
+            "text": "cells within one paired std of the best cell (own paired std where a cell shares 2+ seeds with "
+                    "the best, else the pooled one), not within half a decade (factor sqrt(10) on each axis) of a "
+                    "diverged cell; the LR range extends half a grid step beyond the plateau's outer cells"}
+    return {"cells": [{**cell_json(cells[k], an), "runs": None} for k in keys] if an["plateau"] is not None else None,
+            "rule": rule, "lr_range": lr_range}
+
+
+# What a diverged run scores in the paired differences and the gap closed: the NE of the base-rate
+# predictor, which is 1 by NE's definition (a model that learnt nothing; a NaN model is worth no more).
+# Without it a start whose plain runs all diverge (dense 10x high does, at every embedding LR of the
+# grid) has no gap, and HDET's diverged seeds would silently drop out of its own mean. The NE columns
+# themselves stay means over the completed runs, with the diverged counted beside them.
+DIVERGED_NE = 1.0
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t95(dof: int) -> float:
+    """The quantile for ``dof`` degrees of freedom (the nearest tabulated dof below: conservative)."""
+    return T95[max(k for k in T95 if k <= dof)] if dof <= 30 else 1.96
+
+
+def paired(diffs: Sequence[float]) -> Optional[Dict[str, Any]]:
+    """Mean of paired differences and its 95% t-interval (None for the interval with one pair)."""
+    if not diffs:
+        return None
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return {"mean": mean, "ci95": None, "n": 1}
+    half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "n": len(diffs)}
+
+
+def gap_ne(run: Dict[str, Any]) -> Optional[float]:
+    """A run's NE in the paired differences and the gap closed: a diverged run counts as ``DIVERGED_NE``."""
+    return DIVERGED_NE if run["status"] == "diverged" else run["ne"] if run["status"] == "completed" else None
+
+
+def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], cells: Dict[Tuple[int, int], Cell],
+                    an: Dict[str, Any], lr_range: Dict[str, Optional[List[float]]],
+                    start_lr: Dict[str, float]) -> Dict[str, Any]:
+    """A start against the plateau: misset or not, and per contender its paired differences, gap
+    closed, LR areas, divergences.
+
+    - misset: the plain runs are worse than the best cell by at least three paired std (the pooled
+      paired std), their paired difference taken on the seeds they share with the best cell;
+    - paired_diff: plain: plain - best cell; hdet, hdet_paper: contender - plain, same seed;
+    - gap_closed (misset starts only): mean(plain - contender) / mean(plain - best) over the seeds
+      all three have (the best cell's mean NE where it lacks the seed);
+    - lr_area_in_plateau: per group, how many completed seeds' LR area lies in the plateau's range."""
+    best = cells[an["best"]]
+    sigma = an["pooled_std"]
+    by_seed = {v: {r["seed"]: r for r in runs if gap_ne(r) is not None} for v, runs in per_variant.items()}
+    plain = by_seed["plain"]
+    best_ne = lambda s: best.ne.get(s, best.mean)
+    gap = paired([gap_ne(r) - best_ne(s) for s, r in sorted(plain.items())])
+    misset = sigma is not None and gap is not None and gap["mean"] >= 3 * sigma
+    out: Dict[str, Any] = {"lr": start_lr, "misset": misset,
+                           "plain_minus_best_in_std": gap["mean"] / sigma if gap and sigma else None,
+                           "variants": {}, "runs": per_variant}
+    for v, runs in per_variant.items():
+        done = by_seed[v]
+        completed = [r for r in runs if r["status"] == "completed"]
+        if v == "plain":
+            diff, closed = gap, None
+        else:
+            shared = sorted(set(done) & set(plain))
+            diff = paired([gap_ne(done[s]) - gap_ne(plain[s]) for s in shared])
+            den = statistics.fmean(gap_ne(plain[s]) - best_ne(s) for s in shared) if shared else None
+            closed = (statistics.fmean(gap_ne(plain[s]) - gap_ne(done[s]) for s in shared) / den
+                      if misset and den else None)
+        areas = [{"seed": r["seed"], "status": r["status"], **(r["lr_area"] or {})} for r in runs if r["lr_area"]]
+        in_plateau = {axis: (sum(lr_range[axis][0] <= a[axis] <= lr_range[axis][1] for a in areas
+                                 if a["status"] == "completed") if lr_range[axis] else None)
+                      for axis in ("embedding", "dense")}
+        out["variants"][v] = {
+            "paired_diff": diff, "gap_closed": closed, "lr_area_in_plateau": in_plateau,
+            "diverged": sum(r["status"] == "diverged" for r in runs), "seeds": len(done), "completed": len(completed),
+            "ne": _mean([r["ne"] for r in completed]), "ne_std": _std([r["ne"] for r in completed]),
+            "lr_area": areas,
+            "lr_area_geomean": {axis: _geomean([a[axis] for a in areas if a["status"] == "completed"])
+                                if any(a["status"] == "completed" for a in areas) else None
+                                for axis in ("embedding", "dense")},
+            "wall_seconds": _mean([r["wall_seconds"] for r in runs])}
+    return out
 
 
 def hdet_overrides(record: Dict[str, Any]) -> List[str]:
@@ -274,90 +556,109 @@ def hdet_overrides(record: Dict[str, Any]) -> List[str]:
     return [o for o in record["overrides"] if o == "hdet=enabled" or o.startswith("hdet.")]
 
 
-# What a diverged run scores in the gap closed: the NE of the base-rate predictor, which is 1 by
-# NE's definition (a model that learnt nothing; a NaN model is worth no more). Without it a start
-# whose plain runs all diverge (dense 10x high does, at every embedding LR of the grid) has no gap,
-# and HDET's diverged seeds would silently drop out of its own mean. The NE columns themselves stay
-# means over the completed runs, with the diverged counted beside them.
-DIVERGED_NE = 1.0
+# ----------------------------------------------------------------------------------------------
+# The report.
+
+LABELS = {"plain": "plain", "hdet": "HDET", "hdet_paper": "paper form"}
 
 
-def ne_for_gap(runs: List[Dict[str, Any]]) -> Optional[float]:
-    """Mean NE over a variant's finished runs, a diverged run counted as ``DIVERGED_NE``."""
-    return _mean([DIVERGED_NE if r["status"] == "diverged" else r["ne"] for r in runs])
+def _ci(p: Optional[Dict[str, Any]], digits: int = 4) -> str:
+    if p is None:
+        return "-"
+    text = f"{p['mean']:+.{digits}f}"
+    return text + (f" [{p['ci95'][0]:+.{digits}f}, {p['ci95'][1]:+.{digits}f}]" if p.get("ci95") else " (1 seed)")
 
 
-def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], optimum: Dict[str, float]) -> Dict[str, Any]:
-    plain_ne = _mean([r["ne"] for r in per_variant["plain"]])
-    plain_gap_ne = ne_for_gap(per_variant["plain"])
-    out: Dict[str, Any] = {"plain_ne": plain_ne, "plain_ne_std": _std([r["ne"] for r in per_variant["plain"]]),
-                           "plain_diverged": sum(r["status"] == "diverged" for r in per_variant["plain"]),
-                           "plain_ne_for_gap": plain_gap_ne,
-                           # No gap to close when the plain runs at the start are not worse than the grid
-                           # optimum (the grid's optimum is then not the optimum, e.g. censored at its edge).
-                           "no_gap": plain_gap_ne is not None and plain_gap_ne <= optimum["ne"]}
-    for variant in ("hdet", "hdet_paper"):
-        runs = per_variant[variant]
-        ne = _mean([r["ne"] for r in runs])
-        gap_ne = ne_for_gap(runs)
-        prefix = "hdet" if variant == "hdet" else "paper"
-        gap = None if plain_gap_ne is None or out["no_gap"] or gap_ne is None else \
-            (plain_gap_ne - gap_ne) / (plain_gap_ne - optimum["ne"])
-        finished = [r["bases"] for r in runs if r["bases"]]
-        ratios = {key: _geomean([b[g] / optimum[key] for b in finished for g in groups])
-                  for key, groups in REPORTED.items()} if finished else {}
-        out.update({f"{prefix}_ne": ne, f"{prefix}_ne_std": _std([r["ne"] for r in runs]),
-                    f"{prefix}_ne_for_gap": gap_ne,
-                    f"{prefix}_ne_over_optimum": None if ne is None else ne - optimum["ne"],
-                    f"{prefix}_gap_closed": gap, f"{prefix}_final_base_over_optimum": ratios,
-                    f"{prefix}_diverged": sum(r["status"] == "diverged" for r in runs),
-                    f"{prefix}_wall_seconds": _mean([r["wall_seconds"] for r in runs])})
-    # The acceptance keys name the new controller's figures without a prefix.
-    out.update({"gap_closed": out["hdet_gap_closed"], "final_base_over_optimum": out["hdet_final_base_over_optimum"],
-                "diverged": out["hdet_diverged"], "seeds": len(per_variant["hdet"]), "runs": per_variant})
-    return out
+def _lr(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.3g}"
 
 
 def render_markdown(result: Dict[str, Any]) -> str:
-    o = result["grid_optimum"]
+    b = result.get("best_cell")
     lines = ["# Learning-rate recovery on the benchmark data set", ""]
     if result.get("partial"):
         lines += [f"**PARTIAL RESULT: {result['partial']}.** Every figure below comes from a finished run; "
                   "rerun `python -m pipelines.lr_recovery` to continue the study (finished runs are skipped).", ""]
-    if o is None:
-        lines += [f"Produced by `{result['command']}` on {result['machine']}. The grid optimum and the starts "
+    if b is None:
+        lines += [f"Produced by `{result['command']}` on {result['machine']}. The best cell and the starts "
                   "follow once every grid point has run.", ""]
         return "\n".join(lines + _grid_table(result)) + "\n"
-    lines += [f"Produced by `{result['command']}` on {result['machine']}. Grid optimum (plain runs, seed "
-             f"{result['seeds'][0]}): embedding {o['embedding']:.4g}, dense {o['dense']:.4g}, mean held-out NE "
-             f"{o['ne']:.4f}" + ("" if o.get("interior", True) else
-                                  f" (ON THE GRID'S EDGE after {result.get('grid_extensions', 0)} extensions: "
-                                  "the true optimum may lie beyond it)") +
-             ". NE is the held-out day's normalized entropy, mean over the three tasks and the seeds.",
-             "Diverged runs are left out of the NE means and counted in the diverged columns (plain, HDET, "
-             "paper form, of the seeds run). In the gap closed, `(plain - HDET) / (plain - optimum)` over the "
-             f"seeds, a diverged run counts as NE {DIVERGED_NE:g} (the base-rate predictor's), for plain and HDET "
-             "alike, so a start whose plain runs all diverge still has a gap, and HDET's own diverged seeds "
-             "count against it. `HDET - opt` is HDET's mean NE over its completed runs minus the grid optimum's.",
-             *(f"{label}: `{' '.join(result['forms'][v])}`." for v, label in
-               (("hdet", "HDET (the scale-free controller)"), ("hdet_paper", "Paper form"))
-               if result.get("forms", {}).get(v)),
-             "", "| start | plain NE | plain diverged | HDET NE | HDET - opt | gap closed | emb base / opt | dense base / opt | diverged | "
-             "paper-form NE | paper gap closed | paper emb / opt | paper dense / opt | paper diverged |",
-             "|---|" + "---|" * 13]
+    rule = result["plateau_rule"]
+    sigma = rule["paired_std_pooled"]
+    lines += [f"Produced by `{result['command']}` on {result['machine']}. NE is the held-out day's normalized "
+              "entropy, mean over the three tasks. A cell is a point of the grid with every plain run trained "
+              "there (the grid's and the starts' plain runs: the same seed at the same point is the same run).", ""]
+    missing = ", ".join(f"embedding {m['embedding']:.3g} / dense {m['dense']:.3g}" for m in result["missing_neighbours"])
+    lines += [f"**Best cell**: embedding {b['embedding']:.4g}, dense {b['dense']:.4g}, mean NE {b['ne']:.4f} over "
+              f"seeds {', '.join(map(str, b['seeds']))}. "
+              + ("**The optimum is interior with today's grid**: the best cell has grid neighbours on both sides "
+                 "on both axes." if result["optimum_interior"] else
+                 f"**The optimum is NOT interior with today's grid**: the best cell has no grid neighbour at "
+                 f"{missing}, so a better point may lie beyond it; the starts measure recovery to this grid's best, "
+                 "not to a bracketed optimum.")]
+    if result.get("growth_next"):
+        lines[-1] += (" The growth rule (`next_runs`: grow beyond the edge holding the best cell until it is interior "
+                      "or the run beyond diverges, then 3 seeds on the plateau) would train next: "
+                      + ", ".join(f"{g['embedding']:.3g} / {g['dense']:.3g} seed {g['seed']}" for g in result["growth_next"])
+                      + " (not run yet).")
+    lines += [""]
+    if sigma is None:
+        lines += ["**Plateau: not measured**: no cell but the best has several seeds in common with it, so there is "
+                  "no paired standard deviation yet.", ""]
+    else:
+        pooled_from = "; ".join(f"{p['embedding']:.3g} / {p['dense']:.3g} (seeds {', '.join(map(str, p['seeds']))})"
+                                for p in rule["pooled_from"])
+        rng = rule["lr_range"]
+        lines += [f"**Plateau**: the cells whose mean paired difference from the best cell (per-seed differences on "
+                  f"the seeds they share with it) is within one paired standard deviation, and that are not within "
+                  f"half a decade (a factor sqrt(10) or less on each axis: the 8 grid neighbours) of a diverged cell. "
+                  f"A cell with several seeds in common with the best uses its own paired std; a cell with one seed "
+                  f"uses the pooled paired std of the cells that have several, {sigma:.4f} (from {pooled_from}). "
+                  f"Most cells have one seed (0), so their membership rests on one seed's difference.", "",
+                  "| embedding | dense | mean NE | seeds | paired diff from best | paired std (from) |", "|---|---|---|---|---|---|"]
+        for c in result["plateau"]:
+            lines.append(f"| {c['embedding']:.3g} | {c['dense']:.3g} | {c['ne']:.4f} | {', '.join(map(str, c['seeds']))} | "
+                         f"{c['paired_diff']:+.4f} | {c['paired_std']:.4f} ({c['std_from']}) |")
+        if rule["left_out_near_diverged"]:
+            lines += ["", "Within one paired std of the best but left out, within half a decade of a diverged cell: "
+                      + "; ".join(f"{c['embedding']:.3g} / {c['dense']:.3g} (NE {c['ne']:.4f}, {c['paired_diff']:+.4f})"
+                                  for c in rule["left_out_near_diverged"]) + "."]
+        if rng["embedding"]:
+            lines += ["", f"Plateau LR range (half a grid step beyond its outer cells): embedding {rng['embedding'][0]:.3g} to "
+                          f"{rng['embedding'][1]:.3g}, dense {rng['dense'][0]:.3g} to {rng['dense'][1]:.3g}."]
+        lines += [""]
+    misset = [n for n, s in result["starts"].items() if s["misset"]]
+    lines += [f"**Misset starts** (plain runs worse than the best cell by at least 3 pooled paired std, "
+              f"{'-' if sigma is None else f'{3 * sigma:.4f}'} NE): "
+              + (", ".join(misset) if misset else "none") + ". "
+              + "Not misset: " + (", ".join(n for n in result["starts"] if n not in misset) or "none")
+              + " (their plain runs are within 3 paired std of the best cell: no gap to close).", "",
+              f"Columns: the start's LRs (embedding / dense, dense the three dense groups' shared LR; the starts are "
+              f"factors of embedding {result['start_anchor'][0]:.4g}, dense {result['start_anchor'][1]:.4g}); NE: mean ± std "
+              "over the completed seeds; paired diff: plain - best cell for plain, contender - plain on the same seed for "
+              "HDET, mean and 95% t-interval, a diverged run counting as NE 1 (the base-rate predictor's); gap closed "
+              "(misset starts only): mean(plain - contender) / mean(plain - best) over the same seeds, diverged = NE 1; "
+              "LR area: each run's LR over the pass relative to the preset's plain schedule (geometric mean over every "
+              "logged step), in max-LR units, geometric mean over the completed seeds (dense: the three dense groups' "
+              "geometric mean); in plateau: completed seeds whose LR area lies in the plateau's LR range, embedding / dense.",
+              *(f"{label}: `{' '.join(result['forms'][v])}`." for v, label in
+                (("hdet", "HDET (the scale-free controller)"), ("hdet_paper", "Paper form"))
+                if result.get("forms", {}).get(v)),
+              "", "| start | LRs | misset | contender | NE | diverged | paired diff [95% CI] | gap closed | "
+                  "LR area emb / dense | in plateau emb / dense |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in result["starts"].items():
-        r, p = s["final_base_over_optimum"], s["paper_final_base_over_optimum"]
-        lines.append(f"| {name} | {_f(s['plain_ne'])} ± {_f(s['plain_ne_std'])} | {s.get('plain_diverged', 0)}/{s['seeds']} | "
-                     f"{_f(s['hdet_ne'])} ± {_f(s['hdet_ne_std'])} | {_signed(s.get('hdet_ne_over_optimum'))} | "
-                     f"{_f(s['gap_closed'], 2)} | {_f(r.get('embedding'), 2)} | "
-                     f"{_f(r.get('dense'), 2)} | {s['diverged']}/{s['seeds']} | {_f(s['paper_ne'])} | "
-                     f"{_f(s['paper_gap_closed'], 2)} | {_f(p.get('embedding'), 2)} | {_f(p.get('dense'), 2)} | "
-                     f"{s['paper_diverged']}/{s['seeds']} |")
-    for name, s in result["starts"].items():
-        if name != "tuned" and s["no_gap"]:
-            lines += ["", f"{name}: no gap to close (gap closed \"-\"): its plain runs ({s['plain_ne_for_gap']:.4f}) are "
-                          f"not worse than the grid optimum ({o['ne']:.4f}): this start is not misset in NE, "
-                          "whatever its LRs' distance from the grid's optimum."]
+        first = True
+        for v, c in s["variants"].items():
+            a, ip = c["lr_area_geomean"], c["lr_area_in_plateau"]
+            head = (f"| {name} | {s['lr']['embedding']:.3g} / {s['lr']['dense']:.3g} | "
+                    f"{'yes' if s['misset'] else 'no'} ({_f(s['plain_minus_best_in_std'], 1)} std) |") if first else "| | | |"
+            first = False
+            ne = "-" if c["ne"] is None else f"{c['ne']:.4f}" + (f" ± {c['ne_std']:.4f}" if c["ne_std"] is not None else "")
+            lines.append(f"{head} {LABELS[v]} | {ne} | {c['diverged']}/{c['seeds']} | {_ci(c['paired_diff'])} | "
+                         f"{_f(c['gap_closed'], 2)} | {_lr(a['embedding'])} / {_lr(a['dense'])} | "
+                         f"{'-' if ip['embedding'] is None else ip['embedding']} / {'-' if ip['dense'] is None else ip['dense']}"
+                         f" of {c['completed']} |")
     w = result.get("wall_time") or {}
     if w.get("grid25_over_one_hdet_run"):
         lines += ["", f"Wall time: a plain grid run took {w['grid_run_mean_seconds']:.0f} s on average, one HDET run "
@@ -371,21 +672,31 @@ def render_markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _signed(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:+.4f}"
-
-
 def _grid_table(result: Dict[str, Any]) -> List[str]:
-    emb = sorted({g["embedding"] for g in result["grid"]})
-    dense = sorted({g["dense"] for g in result["grid"]})
-    by = {(g["embedding"], g["dense"]): g for g in result["grid"]}
-    # A point the grid's edge extensions did not add is "-": only the optimum's neighbourhood grows.
-    cell = lambda g: "-" if g is None else "diverged" if g.get("status") == "diverged" else \
-        "not run yet" if g.get("status") is None else _f(g["ne"])
-    lines = ["## The grid (mean held-out NE over the tasks, plain runs, one seed)", "",
+    points = result["grid_points"]
+    axis = lambda key: [grid_lr(GRID_CENTRE[key], points, k) for k in range(
+        min(grid_index(g[key], GRID_CENTRE[key], points) for g in result["grid"]),
+        max(grid_index(g[key], GRID_CENTRE[key], points) for g in result["grid"]) + 1)] if result["grid"] else []
+    emb, dense = axis("embedding"), axis("dense")
+    by = {(round(g["embedding"], 12), round(g["dense"], 12)): g for g in result["grid"]}
+    plateau = {(round(c["embedding"], 12), round(c["dense"], 12)) for c in result.get("plateau") or []}
+    best = result.get("best_cell")
+    best = best and (round(best["embedding"], 12), round(best["dense"], 12))
+
+    def cell(e: float, d: float) -> str:
+        k = (round(e, 12), round(d, 12))
+        g = by.get(k)
+        if g is None:
+            return "-"  # not run: only the best cell's neighbourhood grows
+        text = "diverged" if g["status"] == "diverged" else _f(g["ne"])
+        if len(g["seeds"]) > 1:
+            text += f" ({len(g['seeds'])} seeds)"
+        return f"**{text}** (best)" if k == best else f"**{text}**" if k in plateau else text
+
+    lines = ["## The grid (mean held-out NE over the tasks and seeds, plain runs; bold: the plateau)", "",
              "| embedding \\ dense | " + " | ".join(f"{d:.3g}" for d in dense) + " |", "|---|" + "---|" * len(dense)]
     for e in emb:
-        lines.append(f"| {e:.3g} | " + " | ".join(cell(by.get((e, d))) for d in dense) + " |")
+        lines.append(f"| {e:.3g} | " + " | ".join(cell(e, d) for d in dense) + " |")
     return lines
 
 
@@ -395,7 +706,8 @@ def plot(result: Dict[str, Any], records: Dict[str, Dict[str, Any]], path: str) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    o = result["grid_optimum"]
+    b = result["best_cell"]
+    rng = result["plateau_rule"]["lr_range"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key in zip(axes, ("embedding", "dense")):
@@ -408,7 +720,9 @@ def plot(result: Dict[str, Any], records: Dict[str, Dict[str, Any]], path: str) 
                 values = [_geomean([v[g] for g in REPORTED[key]]) for _, v in trajectory]
                 label = f"{name} ({len(done)} of {len(s['runs']['hdet'])} seeds completed)" if k == 0 else None
                 ax.plot([step for step, _ in trajectory], values, color=colour, linewidth=1.2, alpha=0.8, label=label)
-        ax.axhline(o[key], color="k", linestyle="--", label="grid optimum")
+        ax.axhline(b[key], color="k", linestyle="--", label="best cell")
+        if rng.get(key):
+            ax.axhspan(rng[key][0], rng[key][1], color="0.85", alpha=0.5, label="plateau's LR range")
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_title(f"{key}: controlled base in max-LR units" +
@@ -430,15 +744,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="where the run directories go (runs/<start>/<variant>/seed<k>; default: --out, or "
                          "outputs/studies/<study> for a study under docs/)")
     ap.add_argument("--grid-points", type=int, default=5, help="LRs per grid axis (default 5; at least 2)")
-    ap.add_argument("--max-extensions", type=int, default=2,
-                    help="how many times the grid may grow beyond an edge that holds its optimum (default 2)")
+    ap.add_argument("--max-extensions", type=int, default=8,
+                    help="how many rounds of the growth rule may run (grow beyond the edge that holds the best "
+                         "cell, seeds on the plateau; default 8)")
     ap.add_argument("--starts", nargs="+", default=list(STARTS), choices=list(STARTS), help="a subset of the starts")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                     help="train only these variants of the starts (the others' finished runs are still reported)")
     ap.add_argument("--docs", default="docs", help="where lr_recovery.{md,json,png} go (default docs)")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: write the reports from the results file alone (marked partial until "
-                         "every run has its line)")
+                         "every run has its line; the growth rule's next runs are listed, not trained)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
     args = ap.parse_args(argv)
     try:
@@ -456,14 +771,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["machine"] = machine_line()
     docs = os.path.abspath(args.docs)
     write_reports(docs, "lr_recovery", result, render_markdown(result))
-    if result["grid_optimum"] is not None:
+    if result["best_cell"] is not None:
         plot(result, files.results, os.path.join(docs, "lr_recovery.png"))
-    print(f"wrote lr_recovery.md/.json{'/.png' if result['grid_optimum'] is not None else ''} into {docs}"
+    print(f"wrote lr_recovery.md/.json{'/.png' if result['best_cell'] is not None else ''} into {docs}"
           + (f" (partial: {result['partial']})" if result.get("partial") else ""), flush=True)
     crashed = [f"{n} {r['seed']}" for n, s in result["starts"].items() for v in s["runs"].values() for r in v
-               if r["status"] == "crashed"] + [f"grid {g['embedding']:.3g}/{g['dense']:.3g}" for g in result["grid"]
-                                               if g["status"] is None and not args.report_only]
-    return 1 if crashed else 0
+               if r["status"] == "crashed"]
+    return 1 if crashed or (result.get("partial") and not args.report_only and result["best_cell"] is None) else 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The learning-rate recovery pipeline end to end on tiny data: its artifacts and its resumability."""
+import json
 import os
 import subprocess
 import sys
@@ -23,16 +24,17 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     r = read_json(out / "lr_recovery.json")
     assert len(r["grid"]) == 4 and all(g["ne"] is not None for g in r["grid"])
     best = min(r["grid"], key=lambda g: g["ne"])
-    assert r["grid_optimum"] == {"embedding": best["embedding"], "dense": best["dense"], "ne": best["ne"],
-                                 "interior": False}  # a 2 x 2 grid is all edge
+    assert (r["best_cell"]["embedding"], r["best_cell"]["dense"], r["best_cell"]["ne"]) == \
+        (best["embedding"], best["dense"], best["ne"])
+    assert r["optimum_interior"] is False  # a 2 x 2 grid is all edge
     assert set(r["starts"]) == {"tuned", "all_low"}
     for start in r["starts"].values():
-        assert {"plain_ne", "hdet_ne", "gap_closed", "final_base_over_optimum", "diverged", "seeds"} <= set(start)
-        assert start["seeds"] == 1 and start["diverged"] == 0
-        assert set(start["final_base_over_optimum"]) == {"embedding", "dense"}
-        assert all(v > 0 for v in start["final_base_over_optimum"].values())
-    # The tuned plain run trains at the grid optimum's point with the same seed.
-    assert r["starts"]["tuned"]["plain_ne"] == pytest.approx(best["ne"], abs=2e-3)
+        assert set(start["variants"]) == {"plain", "hdet", "hdet_paper"} and isinstance(start["misset"], bool)
+        hdet = start["variants"]["hdet"]
+        assert hdet["seeds"] == 1 and hdet["diverged"] == 0 and hdet["paired_diff"]["ci95"] is None
+        assert hdet["lr_area"][0]["embedding"] > 0 and hdet["lr_area"][0]["dense"] > 0
+    # The tuned plain run trains at the best cell's point with the same seed: the same run.
+    assert r["starts"]["tuned"]["variants"]["plain"]["ne"] == pytest.approx(best["ne"], abs=2e-3)
     assert os.path.getsize(out / "lr_recovery.png") > 10_000
     assert "| all_low |" in (out / "lr_recovery.md").read_text()
     again = _study(out, data_cache)
@@ -50,50 +52,152 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     assert read_json(tmp_path / "lr_recovery.json")["starts"] == r["starts"]
 
 
-def _grid(nes):
-    """A grid dict as the study keeps it, from {(i, j): NE or None (diverged)}."""
-    return {k: {"ne": v, "finished": True} for k, v in nes.items()}
+# ----------------------------------------------------------------------------------------------
+# The plateau, the misset rule, the paired intervals and the growth rule, on synthetic results lines.
 
 
-def test_the_grid_grows_beyond_the_edge_that_holds_its_optimum():
-    from pipelines.lr_recovery import edge_extensions
+def _line(i, j, seed, ne, points=5):
+    """A plain grid run's results line at grid cell (i, j); ``ne`` None: diverged."""
+    from pipelines.lr_recovery import DENSE, GRID_CENTRE, grid_lr
 
-    base = {(i, j): 1.0 + abs(i - 1) + abs(j - 1) for i in range(3) for j in range(3)}
-    assert edge_extensions(_grid(base)) == []  # optimum (1, 1) is interior
-    low_emb = {**base, (0, 1): 0.5}
-    assert edge_extensions(_grid(low_emb)) == [(-1, 0), (-1, 1), (-1, 2)]
-    corner = {**base, (2, 2): 0.5}  # the optimum's neighbours beyond both edges, and the diagonal
-    assert sorted(edge_extensions(_grid(corner))) == [(1, 3), (2, 3), (3, 1), (3, 2), (3, 3)]
-    # The added line diverged everywhere: the optimum is interior to the explored grid again.
-    grown = {**low_emb, (-1, 0): None, (-1, 1): None, (-1, 2): None}
-    assert edge_extensions(_grid(grown)) == []
+    e, d = grid_lr(GRID_CENTRE["embedding"], points, i), grid_lr(GRID_CENTRE["dense"], points, j)
+    return {"name": f"grid/e{i}_d{j}/seed{seed}", "seed": seed, "status": "diverged" if ne is None else "completed",
+            "mean_ne": ne, "max_lr": {"embedding": e, **{g: d for g in DENSE}}}
 
 
-def _runs(*nes):
-    """A variant's runs as the study keeps them: an NE, or None for a diverged seed."""
+def _records(cells):
+    """{(i, j): [NE per seed 0, 1, ...]} -> results lines."""
+    lines = [_line(i, j, seed, ne) for (i, j), nes in cells.items() for seed, ne in enumerate(nes)]
+    return {r["name"]: r for r in lines}
+
+
+BEST = [0.780, 0.782, 0.778]
+# Around the best cell (2, 2), 3 seeds: (1, 2) is 0.002 worse with a paired std of 0.001 (out), (2, 1)
+# 0.001 worse with 0.002 (in); their pooled paired std is sqrt((2 x 0.001^2 + 2 x 0.002^2) / 4).
+# One seed: (3, 2) +0.0015 (in), (1, 1) +0.0017 (out), (2, 3) +0.0010 (within, but a diagonal
+# neighbour of the diverged (3, 4)).
+SYNTHETIC = {(2, 2): BEST, (1, 2): [b + d for b, d in zip(BEST, (0.001, 0.003, 0.002))],
+             (2, 1): [b + d for b, d in zip(BEST, (0.001, 0.003, -0.001))],
+             (3, 2): [0.7815], (1, 1): [0.7817], (2, 3): [0.7810], (3, 4): [None]}
+POOLED = ((2 * 0.001 ** 2 + 2 * 0.002 ** 2) / 4) ** 0.5
+
+
+def test_the_plateau_is_within_one_paired_std_of_the_best_cell_and_away_from_divergence():
+    from pipelines.lr_recovery import plain_cells, plateau_analysis
+
+    cells = plain_cells(_records(SYNTHETIC))
+    assert cells[(3, 4)].diverged and cells[(2, 2)].mean == pytest.approx(0.78)
+    an = plateau_analysis(cells)
+    assert an["best"] == (2, 2)
+    assert an["pooled_std"] == pytest.approx(POOLED, rel=1e-9) and sorted(an["pool"]) == [(1, 2), (2, 1)]
+    assert an["stats"][(1, 2)]["diff"] == pytest.approx(0.002) and an["stats"][(1, 2)]["std"] == pytest.approx(0.001)
+    assert an["stats"][(3, 2)]["std"] == pytest.approx(POOLED)  # one seed: the pooled std
+    assert sorted(an["plateau"]) == [(2, 1), (2, 2), (3, 2)]
+    assert an["near_diverged"] == [(2, 3)]
+    assert an["interior"] is True and an["missing_neighbours"] == []
+    # Without (3, 2) the best cell has no neighbour above it on the embedding axis: not interior.
+    an = plateau_analysis(plain_cells(_records({k: v for k, v in SYNTHETIC.items() if k != (3, 2)})))
+    assert an["interior"] is False and an["missing_neighbours"] == [(3, 2)]
+    # Only the best cell has several seeds: no paired std, so no plateau yet.
+    an = plateau_analysis(plain_cells(_records({(2, 2): BEST, (1, 2): [0.79]})))
+    assert an["pooled_std"] is None and an["plateau"] is None
+
+
+def test_the_growth_rule_grows_beyond_the_edge_then_seeds_the_plateau():
+    from pipelines.lr_recovery import next_runs, plain_cells
+
+    def grid(best, extra=None):
+        """A 3 x 3 grid, one seed, NE rising with the distance from ``best``."""
+        nes = {(i, j): [0.80 + 0.001 * (abs(i - best[0]) + abs(j - best[1]))] for i in range(3) for j in range(3)}
+        return {**nes, **(extra or {})}
+
+    seeds = (0, 1, 2)
+    assert next_runs(plain_cells({}), seeds) == []  # nothing finished: the initial grid comes first
+    # The best on the low embedding edge: the point beyond it, first seed.
+    assert next_runs(plain_cells(_records(grid((0, 1)))), seeds) == [(-1, 1, 0)]
+    # In a corner: beyond both edges.
+    assert next_runs(plain_cells(_records(grid((2, 2)))), seeds) == [(3, 2, 0), (2, 3, 0)]
+    # The point beyond diverged: the best is bracketed, so the seeds come next, on the best cell and
+    # (no paired std yet) the runner-up, (0, 0) before (0, 2) and (1, 1) at equal NE.
+    bracketed = grid((0, 1), {(-1, 1): [None]})
+    assert next_runs(plain_cells(_records(bracketed)), seeds) == [(0, 1, 1), (0, 1, 2), (0, 0, 1), (0, 0, 2)]
+    # Interior from the start: seeds on the best and the runner-up; then the runner-up's paired std
+    # (diffs .001 .003 0: std 0.00153) makes the best's 3 other neighbours (+0.001, one seed) plateau
+    # cells, to be seeded; the corners (+0.002) are out.
+    interior = grid((1, 1))
+    assert next_runs(plain_cells(_records(interior)), seeds) == [(1, 1, 1), (1, 1, 2), (0, 1, 1), (0, 1, 2)]
+    seeded = {**interior, (1, 1): [0.800, 0.801, 0.799], (0, 1): [0.801, 0.804, 0.799]}
+    assert next_runs(plain_cells(_records(seeded)), seeds) == [(1, 0, 1), (1, 0, 2), (1, 2, 1), (1, 2, 2),
+                                                               (2, 1, 1), (2, 1, 2)]
+    done = {**seeded, **{k: [0.800, 0.803, 0.799] for k in ((1, 0), (1, 2), (2, 1))}}
+    assert next_runs(plain_cells(_records(done)), seeds) == []  # satisfied
+    # A best cell found beyond the old edge starts the growth again.
+    moved = {**done, (3, 1): [0.790]}
+    assert next_runs(plain_cells(_records(moved)), seeds) == [(4, 1, 0), (3, 0, 0), (3, 2, 0)]
+
+
+def test_paired_intervals():
+    from pipelines.lr_recovery import paired
+
+    p = paired([0.01, 0.02, 0.03])
+    half = 4.303 * 0.01 / 3 ** 0.5
+    assert p["mean"] == pytest.approx(0.02) and p["ci95"] == pytest.approx([0.02 - half, 0.02 + half], rel=1e-9)
+    assert paired([0.01]) == {"mean": 0.01, "ci95": None, "n": 1} and paired([]) is None
+
+
+def _runs(*nes, lr=None):
+    """A contender's runs as the study keeps them: an NE, or None for a diverged seed."""
     return [{"seed": k, "status": "diverged" if ne is None else "completed", "ne": ne, "wall_seconds": 1.0,
-             "bases": None, "dir": f"s{k}"} for k, ne in enumerate(nes)]
+             "lr_area": lr[k] if lr else None, "bases": None, "run": f"x/seed{k}"} for k, ne in enumerate(nes)]
 
 
-def test_a_diverged_run_counts_as_the_base_rate_predictor_in_the_gap_closed():
-    from pipelines.lr_recovery import summarize_start
+def test_misset_paired_differences_and_gap_closed_against_the_plateau():
+    from pipelines.lr_recovery import plain_cells, plateau_analysis, summarize_start
 
-    optimum = {"embedding": 1.0, "dense": 0.01, "ne": 0.78}
-    # Every plain seed diverged, HDET completed two of three: the gap is 1.0 - 0.78 = 0.22 and HDET's
-    # mean over its three seeds is (0.79 + 0.80 + 1.0) / 3, so it closed (1 - 0.8633) / 0.22.
-    s = summarize_start({"plain": _runs(None, None, None), "hdet": _runs(0.79, 0.80, None),
-                         "hdet_paper": _runs(None, None, None)}, optimum)
-    assert s["plain_ne"] is None and s["plain_diverged"] == 3 and s["plain_ne_for_gap"] == 1.0 and not s["no_gap"]
-    assert s["hdet_ne"] == pytest.approx(0.795) and s["diverged"] == 1
-    assert s["hdet_ne_over_optimum"] == pytest.approx(0.015)
-    assert s["gap_closed"] == pytest.approx((1.0 - (0.79 + 0.80 + 1.0) / 3) / 0.22)
-    assert s["paper_gap_closed"] == pytest.approx(0.0) and s["paper_ne"] is None
-    # With nothing diverged the gap is the plain means' as before.
-    s = summarize_start({"plain": _runs(0.80, 0.82), "hdet": _runs(0.79, 0.79), "hdet_paper": _runs(0.81, 0.81)},
-                        optimum)
-    assert s["gap_closed"] == pytest.approx((0.81 - 0.79) / (0.81 - 0.78))
-    assert s["paper_gap_closed"] == pytest.approx(0.0, abs=1e-12)
-    # Plain runs no worse than the grid optimum: no gap, so no share of it closed.
-    s = summarize_start({"plain": _runs(0.77, 0.78), "hdet": _runs(0.79, 0.79), "hdet_paper": _runs(0.81, 0.81)},
-                        optimum)
-    assert s["no_gap"] and s["gap_closed"] is None and s["paper_gap_closed"] is None
+    best = [0.78, 0.79, 0.77]
+    cells = plain_cells(_records({(2, 2): best, (1, 2): [0.79, 0.802, 0.784]}))  # paired diffs .010 .012 .014
+    an = plateau_analysis(cells)
+    assert an["pooled_std"] == pytest.approx(0.002)
+    lr_range = {"embedding": [1.0, 10.0], "dense": [0.001, 0.01]}
+    inside, outside = {"embedding": 3.0, "dense": 0.005}, {"embedding": 0.3, "dense": 0.005}
+    # Plain 0.02 worse than the best on every seed: 10 std, misset. HDET gains 0.01 on two seeds and
+    # diverges on the third (NE 1): paired diffs -0.01, -0.01, +0.21.
+    s = summarize_start({"plain": _runs(0.80, 0.81, 0.79, lr=[outside] * 3),
+                         "hdet": _runs(0.79, 0.80, None, lr=[inside, outside, inside]),
+                         "hdet_paper": _runs(0.80, 0.81, 0.79)}, cells, an, lr_range, {"embedding": 0.3, "dense": 0.005})
+    assert s["misset"] and s["plain_minus_best_in_std"] == pytest.approx(10.0)
+    plain, hdet = s["variants"]["plain"], s["variants"]["hdet"]
+    assert plain["paired_diff"]["mean"] == pytest.approx(0.02) and plain["gap_closed"] is None
+    assert hdet["paired_diff"]["mean"] == pytest.approx(0.19 / 3)
+    half = 4.303 * (0.0484 / 3) ** 0.5 / 3 ** 0.5  # stdev of (-0.01, -0.01, 0.21): sqrt(0.0484 / 3)
+    assert hdet["paired_diff"]["ci95"] == pytest.approx([0.19 / 3 - half, 0.19 / 3 + half], rel=1e-6)
+    assert hdet["gap_closed"] == pytest.approx((-0.19 / 3) / 0.02)
+    assert hdet["diverged"] == 1 and hdet["seeds"] == 3 and hdet["ne"] == pytest.approx(0.795)
+    # LR areas in the plateau's range: completed seeds only (seed 2 diverged).
+    assert hdet["lr_area_in_plateau"] == {"embedding": 1, "dense": 2}
+    assert s["variants"]["hdet_paper"]["gap_closed"] == pytest.approx(0.0)
+    # Plain 0.005 worse: 2.5 std, under 3: not misset, no gap closed.
+    s = summarize_start({"plain": _runs(0.785, 0.795, 0.775), "hdet": _runs(0.78, 0.79, 0.77),
+                         "hdet_paper": _runs(0.78, 0.79, 0.77)}, cells, an, lr_range, inside)
+    assert not s["misset"] and s["plain_minus_best_in_std"] == pytest.approx(2.5)
+    assert s["variants"]["hdet"]["gap_closed"] is None
+    assert s["variants"]["hdet"]["paired_diff"]["mean"] == pytest.approx(-0.005)
+    assert s["variants"]["hdet"]["lr_area_in_plateau"] == {"embedding": 0, "dense": 0}  # no LR areas recorded
+
+
+def test_the_committed_study_report_from_its_results_file(tmp_path):
+    """docs/lr_recovery_f2/results.jsonl rebuilds the committed report's key figures (no training)."""
+    from pipelines.lr_recovery import render_markdown, study
+    from pipelines.study_results import StudyFiles
+
+    files = StudyFiles.open(os.path.join(REPO, "docs", "lr_recovery_f2"), str(tmp_path))
+    r = study(files, [0, 1, 2], [], report_only=True)
+    assert "partial" not in r
+    assert (r["best_cell"]["embedding"], r["best_cell"]["dense"]) == pytest.approx((6.0, 0.00948683), rel=1e-5)
+    assert r["optimum_interior"] is False and len(r["growth_next"]) == 2
+    assert {s: v["misset"] for s, v in r["starts"].items()} == {
+        "tuned": False, "all_low": True, "all_high": True, "emb_low_dense_high": True, "emb_high_dense_low": False}
+    committed = read_json(os.path.join(REPO, "docs", "lr_recovery.json"))
+    assert committed["plateau"] == json.loads(json.dumps(r["plateau"]))
+    r.update(command="c", machine="m")
+    assert "The optimum is NOT interior with today's grid" in render_markdown(r)
