@@ -322,14 +322,20 @@ def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, shardi
     return {"embedding": value["lr/embedding"], "dense": statistics.fmean(value[f"lr/{g}"] for g in DENSE)}
 
 
-def signals_of(probe: Dict[str, Any], serving: Dict[str, Any], sharding_group_size: int) -> Dict[str, Dict[str, float]]:
+def full_windows(line: Dict[str, Any], sync_every: int) -> List[Dict[str, Any]]:
+    """A signal run's syncs that close a whole window of T steps after its checkpoint (a run that
+    reaches the pass's end first has a last, shorter window there: left out)."""
+    return [x for x in line["syncs"] if (x["step"] - line["checkpoint_step"]) % sync_every == 0]
+
+
+def signals_of(probe: Dict[str, Any], serving: Dict[str, Any], mode: Mode) -> Dict[str, Dict[str, float]]:
     """Every scored signal's value per group at one (start, seed, checkpoint)."""
     out = {}
     for loss in LOSSES:
         line, key = (serving, "losses") if loss == "serving" else (probe, "losses" if loss == "probe" else "train_losses")
         for score in SCORES:
-            out[f"{loss}/{score}"] = signal_values(line["syncs"], key, score, sharding_group_size)
-    out["paper"] = signal_values(probe["syncs"], "train_losses", "softmax", sharding_group_size)
+            out[f"{loss}/{score}"] = signal_values(full_windows(line, mode.sync_every), key, score, mode.layout[1])
+    out["paper"] = signal_values(full_windows(probe, mode.sync_every), "train_losses", "softmax", mode.layout[1])
     return out
 
 
@@ -348,13 +354,17 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
                         if value is not None:
                             ne[m][s] = value
                 values: Dict[str, List[float]] = {}
+                windows, steps = set(), set()
                 for s in mode.seeds:
                     probe = results.get(f"{start}/seed{s}/{pct(fraction)}/signal_probe")
                     serving = results.get(f"{start}/seed{s}/{pct(fraction)}/signal_serving")
-                    if probe and serving and probe["syncs"] and serving["syncs"]:
-                        for name, by_group in signals_of(probe, serving, mode.layout[1]).items():
+                    if probe and serving and full_windows(probe, mode.sync_every) and full_windows(serving, mode.sync_every):
+                        windows.add(len(full_windows(probe, mode.sync_every)))
+                        steps.add(probe["checkpoint_step"])
+                        for name, by_group in signals_of(probe, serving, mode).items():
                             values.setdefault(name, []).append(by_group[group])
                 case = {"start": start, "checkpoint": fraction, "group": group, **truth(ne),
+                        "checkpoint_steps": sorted(steps), "signal_windows": sorted(windows),
                         "signals": {k: statistics.fmean(v) for k, v in values.items()},
                         "signal_seeds": {k: len(v) for k, v in values.items()}}
                 cases.append(case)
@@ -377,17 +387,19 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
              + f". Seeds {list(mode.seeds)}, layout {mode.layout[0]} ranks in sharding groups of {mode.layout[1]}, "
              f"signals over {mode.windows} windows of T = {mode.sync_every} steps. Run time of the finished runs: "
              f"{wall / 60:.0f} min.", "", "## Truth", "",
-             "| start | checkpoint | group | NE x0.5 | NE x1 | NE x2 | best | best - runner-up (95% CI) | seeds |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| start | checkpoint (step) | group | NE x0.5 | NE x1 | NE x2 | best | best - runner-up (95% CI) | seeds | "
+             "signal windows |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cases"]:
+        where = f"{c['checkpoint']:.0%} ({', '.join(map(str, c['checkpoint_steps'])) or '-'})"
+        windows = ", ".join(map(str, c["signal_windows"])) or "-"
         if c.get("best") is None:
-            lines.append(f"| {c['start']} | {c['checkpoint']:.0%} | {c['group']} | - | - | - | not run yet | - | "
-                         f"{len(c['seeds'])} |")
+            lines.append(f"| {c['start']} | {where} | {c['group']} | - | - | - | not run yet | - | "
+                         f"{len(c['seeds'])} | {windows} |")
             continue
         means = c["means"]
-        lines.append(f"| {c['start']} | {c['checkpoint']:.0%} | {c['group']} | {means['x0.5']:.4f} | {means['x1']:.4f} | "
+        lines.append(f"| {c['start']} | {where} | {c['group']} | {means['x0.5']:.4f} | {means['x1']:.4f} | "
                      f"{means['x2']:.4f} | {c['best']} (leader {c['leader']}) | {c['diff']:+.4f} "
-                     f"[{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {len(c['seeds'])} |")
+                     f"[{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {len(c['seeds'])} | {windows} |")
     lines += ["", "## Scorecard", "",
               "Agreement of each signal's sign (mean over seeds) with the truth's side, over the cases whose truth is "
               "x0.5 or x2; cases with truth `none` or `x1` are not scored.", "",

@@ -65,11 +65,13 @@ def test_the_scorecard_scores_only_decided_cases():
         results[f"s/seed{seed}/c50/dense_x2"] = {"status": "diverged" if seed == 5 else "completed", "mean_ne": x2,
                                                  "wall_seconds": 1}
         good = _sync(30, [0.50, 0.49, 0.48, 0.47], [-1, -1 / 3, 1 / 3, 1], [-1, 1])
-        results[f"s/seed{seed}/c50/signal_probe"] = {"syncs": [good]}
-        results[f"s/seed{seed}/c50/signal_serving"] = {"syncs": [good]}
+        # the second sync closes a shorter window at the pass's end: left out
+        partial = _sync(33, [0.47, 0.48, 0.49, 0.50], [-1, -1 / 3, 1 / 3, 1], [-1, 1])
+        for signal in ("probe", "serving"):
+            results[f"s/seed{seed}/c50/signal_{signal}"] = {"syncs": [good, partial], "checkpoint_step": 25}
     out = L.collect(results, mode)
     (case,) = out["cases"]
-    assert case["best"] == "x2"
+    assert case["best"] == "x2" and case["signal_windows"] == [1] and case["checkpoint_steps"] == [25]
     assert out["scorecard"]["probe/zscore"] == {"agree": 1, "cases": 1}
     assert out["scorecard"]["paper"]["cases"] == 1
 
