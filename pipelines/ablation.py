@@ -23,10 +23,8 @@ seeds: the paper's warm start is one fixed earlier model too).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -111,27 +109,14 @@ def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: 
             raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
                                 "use another --out, or delete that run to redo it")
         return {"skipped": True, "record": study.add(SR.record_from_run_dir(final, name))}
-    partial = final + ".partial"
-    if os.path.exists(partial):
-        shutil.rmtree(partial)  # a crashed attempt: start over
-    os.makedirs(partial)
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"+experiment={cfg.preset}", f"seed={seed}",
-           f"hydra.run.dir={partial}", *extra_overrides]
-    start = time.time()
-    with open(os.path.join(partial, "train.log"), "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-    seconds = time.time() - start
-    if code in (0, 3) and is_finished(partial):
-        with open(os.path.join(partial, "ablation_run.json"), "w") as f:
-            json.dump({"command": cmd, "overrides": list(extra_overrides), "exit_status": code,
-                       "process_seconds": seconds}, f, indent=2)
-        os.replace(partial, final)
+    cmd = [sys.executable, "-m", "recsys_hdet.train", f"+experiment={cfg.preset}", f"seed={seed}", *extra_overrides]
+    run = SR.train_run(final, cmd, info={"overrides": list(extra_overrides)})  # for the mismatch check
+    if run["finished"]:
         record = study.add(SR.record_from_run_dir(final, name))
-        return {"skipped": False, "exit_status": code, "process_seconds": seconds, "record": record}
-    return {"skipped": False, "exit_status": code, "process_seconds": seconds, "crashed": True, "record": None,
-            "log": os.path.join(partial, "train.log")}
+        return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
+                "record": record}
+    return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
+            "crashed": True, "record": None, "log": run["log"]}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -27,9 +27,10 @@ lower learning rate for this group end the pass better? That can be measured dir
   to the truth's side (x2: +, x0.5: -). Cases whose truth is ``none`` or ``x1`` are listed, not
   scored: a sign cannot say "stay".
 
-Every run is one line of ``results.jsonl`` (overrides, seed, status, NE per task, steps, wall time,
-and a signal run's sync records): the report is rebuilt from it alone (``--report-only``), and a
-run with a line is never trained again (resume). Run directories live under ``--work`` (git-ignored
+Every run is one line of ``results.jsonl`` (``pipelines.study_results``: overrides, seed, status,
+NE per task, steps, times, and a signal run's sync records; a line's kind, start, seed, checkpoint,
+group and multiplier are read from its name and overrides): the report is rebuilt from it alone
+(``--report-only``), and a run with a line is never trained again (resume). Run directories live under ``--work`` (git-ignored
 ``outputs/`` by default), never in docs.
 
 Modes: ``record`` (benchmark data, 2 x 2 layout, 3 seeds, T = 50: the record, docs/lr_truth.*) and
@@ -44,13 +45,11 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from recsys_hdet.components.metrics import read_json, sync_records
+from pipelines import study_results as SR
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = ("contribution", "like", "long_dwell")
@@ -104,76 +103,25 @@ def pct(fraction: float) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Results file: one JSON line per finished run.
+# Running one training job (its line: pipelines.study_results).
 
-def load_results(path: str) -> Dict[str, Dict[str, Any]]:
-    """{run name: its line}; a last line cut off by a crash is left out (that run trains again)."""
-    out: Dict[str, Dict[str, Any]] = {}
-    if not os.path.isfile(path):
-        return out
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                print(f"{path}:{number}: unreadable line (cut off by a crash?): left out, that run trains again",
-                      file=sys.stderr)
-                continue
-            out[record["name"]] = record
-    return out
+def train(work: str, name: str, overrides: Sequence[str], data_cache: Optional[str] = None) -> Dict[str, Any]:
+    """Trains run ``name`` into ``work/name`` and returns its results line; StudyError when the job
+    failed without a summary."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"RECSYS_HDET_DATA": data_cache} if data_cache else {})}
+    final = os.path.join(work, name)
+    run = SR.train_run(final, [sys.executable, "-m", "recsys_hdet.train", *overrides], env)
+    if not run["finished"]:
+        raise StudyError(f"{name}: the job failed (exit status {run['exit_status']}) without a summary; see {run['log']}")
+    return SR.record_from_run_dir(final, name)
 
 
-def append_result(path: str, record: Dict[str, Any]) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-# ----------------------------------------------------------------------------------------------
-# Running one training job.
-
-def train(run_dir: str, overrides: Sequence[str], data_cache: Optional[str] = None) -> Dict[str, Any]:
-    """Runs ``python -m recsys_hdet.train`` into ``run_dir`` (its output in ``run_dir/train.out``);
-    returns the summary, or raises StudyError when the job failed without one."""
-    os.makedirs(run_dir, exist_ok=True)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if data_cache:
-        env["RECSYS_HDET_DATA"] = data_cache
-    start = time.time()
-    with open(os.path.join(run_dir, "train.out"), "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", *overrides],
-                              cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    summary = read_json(os.path.join(run_dir, "summary.json"))
-    if summary is None:
-        raise StudyError(f"{run_dir}: the job failed (exit status {proc.returncode}) without a summary; "
-                         f"see {os.path.join(run_dir, 'train.out')}")
-    summary["process_seconds"] = time.time() - start
-    return summary
-
-
-def mean_ne(summary: Dict[str, Any]) -> Optional[float]:
-    if summary.get("status") != "completed":
-        return None
-    return statistics.fmean(summary["eval"][t]["ne"] for t in TASKS)
-
-
-def result_line(name: str, kind: str, overrides: Sequence[str], summary: Dict[str, Any], **keys: Any) -> Dict[str, Any]:
-    return {"name": name, "kind": kind, "overrides": list(overrides), "status": summary["status"],
-            "steps": summary["steps"], "wall_seconds": round(summary["process_seconds"], 1),
-            "ne": {t: summary["eval"][t]["ne"] for t in TASKS} if summary["status"] == "completed" else None,
-            "mean_ne": mean_ne(summary), **keys}
-
-
-def compact_syncs(records: List[Dict[str, Any]], windows: int) -> List[Dict[str, Any]]:
-    """What the scores need of a signal run's first ``windows`` sync records (metrics.sync_records)."""
-    syncs = records[:windows]
-    return [{"step": r["step"], "losses": r["losses"], "train_losses": r.get("train_losses"),
-             "base": {k: v["base"] for k, v in r["hparams"].items()},
-             "values": {k: v["values"] for k, v in r["hparams"].items()}} for r in syncs]
+def checkpoint_step(record: Dict[str, Any]) -> int:
+    """The step a branch or signal run started from: its trainer.branch_from checkpoint's."""
+    for o in record["overrides"]:
+        if o.startswith("trainer.branch_from="):
+            return int(o.rsplit("step-", 1)[1])
+    raise StudyError(f"{record['name']}: not a branch (no trainer.branch_from override)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,19 +135,15 @@ class Study:
     data_cache: Optional[str] = None
     results: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
-    def run(self, name: str, kind: str, overrides: Sequence[str], **keys: Any) -> Dict[str, Any]:
+    def run(self, name: str, overrides: Sequence[str]) -> Dict[str, Any]:
         """The run's results line: from the file when it finished earlier, else trained now."""
-        if name in self.results:
+        if SR.is_finished(self.results, name):
             return self.results[name]
-        summary = train(os.path.join(self.work, name), overrides, self.data_cache)
-        extra = {}
-        if kind == "signal":
-            extra["syncs"] = compact_syncs(sync_records(os.path.join(self.work, name, "hdet.jsonl")), self.mode.windows)
-        line = result_line(name, kind, overrides, summary, **keys, **extra)
-        append_result(self.results_path, line)
-        self.results[name] = line
-        print(f"{name}: {line['status']}, mean NE {line['mean_ne']}, {line['wall_seconds']:.0f} s", flush=True)
-        return line
+        record = train(self.work, name, overrides, self.data_cache)
+        SR.append(self.results_path, record)
+        self.results[name] = record
+        print(f"{name}: {record['status']}, mean NE {record['mean_ne']}, {record['process_seconds']:.0f} s", flush=True)
+        return record
 
     def common(self, embedding: float, dense: float, seed: int) -> List[str]:
         m = self.mode
@@ -213,8 +157,7 @@ class Study:
         base = self.common(embedding, dense, seed)
         prefix = f"{start}/seed{seed}"
         keep_at = ",".join(map(str, self.mode.fractions))
-        trunk = self.run(f"{prefix}/trunk", "trunk", [*base, f"trainer.periodic_checkpoint.keep_at=[{keep_at}]"],
-                         start=start, seed=seed, multiplier=1.0)
+        trunk = self.run(f"{prefix}/trunk", [*base, f"trainer.periodic_checkpoint.keep_at=[{keep_at}]"])
         if trunk["status"] != "completed":
             raise StudyError(f"start {start!r} (embedding {embedding:g}, dense {dense:g}), seed {seed}: the plain run "
                              f"{trunk['status']} at step {trunk['steps']}: no ground truth from a pass that does not "
@@ -223,7 +166,6 @@ class Study:
         for fraction in self.mode.fractions:
             at = round(fraction * steps / T) * T  # where the trunk kept it (trainer.py: keep_at)
             ckpt = os.path.join(self.work, prefix, "trunk", "checkpoint", f"step-{at}")
-            keys = dict(start=start, seed=seed, checkpoint=fraction, checkpoint_step=at)
             pending = [g for g in self.mode.groups for m in (0.5, 2.0) if f"{prefix}/{pct(fraction)}/{g}_x{m:g}" not in self.results]
             pending_signals = [s for s in ("probe", "serving") if f"{prefix}/{pct(fraction)}/signal_{s}" not in self.results]
             if (pending or pending_signals) and not os.path.isdir(ckpt):
@@ -233,15 +175,13 @@ class Study:
                 for m in (0.5, 2.0):
                     lrs = {"embedding": embedding, "dense": dense}
                     lrs[group] *= m
-                    self.run(f"{prefix}/{pct(fraction)}/{group}_x{m:g}", "branch",
-                             [*self.common(lrs["embedding"], lrs["dense"], seed), f"trainer.branch_from={ckpt}"],
-                             group=group, multiplier=m, **keys)
+                    self.run(f"{prefix}/{pct(fraction)}/{group}_x{m:g}",
+                             [*self.common(lrs["embedding"], lrs["dense"], seed), f"trainer.branch_from={ckpt}"])
             for signal in ("probe", "serving"):
-                self.run(f"{prefix}/{pct(fraction)}/signal_{signal}", "signal",
+                self.run(f"{prefix}/{pct(fraction)}/signal_{signal}",
                          [*base, f"trainer.branch_from={ckpt}", "hdet=enabled", f"hdet.signal={signal}",
                           "hdet.space=log", f"hdet.alpha={ALPHA}", f"hdet.sync_every={T}", f"hdet.controller_start={at}",
-                          f"trainer.stop_at_step={at + self.mode.windows * T}"],
-                         signal=signal, **keys)
+                          f"trainer.stop_at_step={at + self.mode.windows * T}"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -283,17 +223,18 @@ def truth(ne: Dict[float, Dict[int, float]]) -> Dict[str, Any]:
 
 def _offsets(sync: Dict[str, Any], name: str) -> List[float]:
     """Each replica's spread offset u from the recorded values: value = base (1 + alpha)^u."""
-    base = sync["base"][name]
-    return [math.log(v / base) / math.log(1 + ALPHA) for v in sync["values"][name]]
+    h = sync["hparams"][name]
+    return [math.log(v / h["base"]) / math.log(1 + ALPHA) for v in h["values"]]
 
 
 def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, sharding_group_size: int) -> Dict[str, float]:
-    """One signal's value per reported group from a signal run's sync records (see the module)."""
+    """One signal's value per reported group from a signal run's sync records (hdet.jsonl's form;
+    see the module)."""
     import torch
 
     from recsys_hdet.hdet.engine import ReplicaAxis, joint_preferences, new_joint_fit, preference
 
-    names = list(syncs[0]["values"])
+    names = list(syncs[0]["hparams"])
     world = len(syncs[0]["losses"])
     axes = {n: ReplicaAxis.per_block(world, sharding_group_size) if n == "lr/embedding" else ReplicaAxis.per_rank(world)
             for n in names}
@@ -323,9 +264,10 @@ def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, shardi
 
 
 def full_windows(line: Dict[str, Any], sync_every: int) -> List[Dict[str, Any]]:
-    """A signal run's syncs that close a whole window of T steps after its checkpoint (a run that
-    reaches the pass's end first has a last, shorter window there: left out)."""
-    return [x for x in line["syncs"] if (x["step"] - line["checkpoint_step"]) % sync_every == 0]
+    """A signal run's syncs (hdet.jsonl's form) that close a whole window of T steps after its
+    checkpoint (a run that reaches the pass's end first has a last, shorter window there: left out)."""
+    at = checkpoint_step(line)
+    return [x for x in SR.sync_records(line) if (x["step"] - at) % sync_every == 0]
 
 
 def signals_of(probe: Dict[str, Any], serving: Dict[str, Any], mode: Mode) -> Dict[str, Dict[str, float]]:
@@ -360,7 +302,7 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
                     serving = results.get(f"{start}/seed{s}/{pct(fraction)}/signal_serving")
                     if probe and serving and full_windows(probe, mode.sync_every) and full_windows(serving, mode.sync_every):
                         windows.add(len(full_windows(probe, mode.sync_every)))
-                        steps.add(probe["checkpoint_step"])
+                        steps.add(checkpoint_step(probe))
                         for name, by_group in signals_of(probe, serving, mode).items():
                             values.setdefault(name, []).append(by_group[group])
                 case = {"start": start, "checkpoint": fraction, "group": group, **truth(ne),
@@ -440,7 +382,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stem = "lr_truth" if args.mode == "record" else f"lr_truth_{args.mode}"
     results_path = os.path.join(out, stem, "results.jsonl")
     study = Study(mode, results_path, args.work or os.path.join(REPO, "outputs", "studies", stem), args.data_cache,
-                  load_results(results_path))
+                  SR.load(results_path))
     status = 0
     if not args.report_only:
         try:
@@ -451,7 +393,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             status = 2
     result = collect(study.results, mode)
-    wall = sum(r["wall_seconds"] for r in study.results.values())
+    wall = sum(r["process_seconds"] or 0 for r in study.results.values())
     result.update({"mode": args.mode, "starts": {k: list(v) for k, v in mode.starts.items()}, "seeds": list(mode.seeds),
                    "run_minutes": wall / 60})
     os.makedirs(out, exist_ok=True)

@@ -14,7 +14,7 @@ Sets (``--set``):
   replicas averaged at every sync (T = 50, the default when spread) against every step
   (``hdet.embedding_sync_every=1``); the dense replicas are averaged every T in both.
 
-One line per run in ``docs/<set>/results.jsonl`` (resumable; ``--report-only`` rebuilds
+One line per run in ``docs/<set>/results.jsonl`` (``pipelines.study_results``; resumable; ``--report-only`` rebuilds
 ``docs/<set>.md`` and ``.json`` from it); run directories under ``outputs/studies/<set>``.
 """
 
@@ -28,8 +28,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from pipelines import study_results as SR
 from pipelines.lr_recovery import HDET_NEW, PRESET, STARTS, lr_overrides
-from pipelines.lr_truth import REPO, StudyError, append_result, load_results, paired_ci95, result_line, train
+from pipelines.lr_truth import REPO, StudyError, paired_ci95, train
 
 # The recovery grid's best cell (docs/lr_recovery.md), which the study's starts are factors of.
 OPTIMUM = (6.0, 0.00948683)
@@ -68,25 +69,23 @@ def run_set(pset: PairedSet, results: Dict[str, Dict[str, Any]], path: str, work
     for seed in pset.seeds:  # seed-major: an interrupted set has whole pairs
         for config, extra in pset.configs.items():
             name = f"{config}/seed{seed}"
-            if name in results:
+            if SR.is_finished(results, name):
                 continue
-            overrides = [*COMMON, f"seed={seed}", *extra]
             try:
-                summary = train(os.path.join(work, name), overrides)
+                record = train(work, name, [*COMMON, f"seed={seed}", *extra])
             except StudyError as e:
                 print(f"error: {e}", file=sys.stderr)
                 status = 2
                 continue
-            rollback = summary.get("rollback") or {}
-            line = result_line(name, "run", overrides, summary, config=config, seed=seed,
-                               rollbacks=rollback.get("count", 0), rollback_events=rollback.get("events", []),
-                               rollback_snapshot={k: rollback.get(k) for k in ("snapshot_seconds", "snapshot_bytes")},
-                               train_seconds=summary.get("train_seconds"))
-            append_result(path, line)
-            results[name] = line
-            print(f"{name}: {line['status']}, mean NE {line['mean_ne']}, {line['rollbacks']} rollback(s), "
-                  f"{line['wall_seconds']:.0f} s", flush=True)
+            SR.append(path, record)
+            results[name] = record
+            print(f"{name}: {record['status']}, mean NE {record['mean_ne']}, {rollbacks(record)} rollback(s), "
+                  f"{record['process_seconds']:.0f} s", flush=True)
     return status
+
+
+def rollbacks(record: Dict[str, Any]) -> int:
+    return int((record.get("rollback") or {}).get("count", 0))
 
 
 def summarize(pset: PairedSet, results: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
@@ -96,7 +95,7 @@ def summarize(pset: PairedSet, results: Dict[str, Dict[str, Any]]) -> Dict[str, 
         ok = {s: r["mean_ne"] for s, r in runs.items() if r and r["status"] == "completed"}
         configs[config] = {"runs": sum(r is not None for r in runs.values()), "completed": len(ok),
                            "mean_ne": statistics.fmean(ok.values()) if ok else None, "ne_per_seed": ok,
-                           "rollbacks_per_seed": {s: r["rollbacks"] for s, r in runs.items() if r},
+                           "rollbacks_per_seed": {s: rollbacks(r) for s, r in runs.items() if r},
                            "statuses": {s: r["status"] for s, r in runs.items() if r}}
     pairs = []
     for a, b in pset.pairs:
@@ -136,7 +135,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     pset = SETS[args.set]
     path = os.path.join(args.out, args.set, "results.jsonl")
-    results = load_results(path)
+    results = SR.load(path)
     status = 0 if args.report_only else run_set(pset, results, path,
                                                 args.work or os.path.join(REPO, "outputs", "studies", args.set))
     summary = summarize(pset, results)

@@ -32,6 +32,7 @@ exactly)::
                     {syncs, seconds, fraction_of_train}
     syncs           HDET runs only, columns over hdet.jsonl's sync records: {"step": [...],
                     "losses": [[per rank]...] (10 significant digits: the signal's noise is ~1e-4),
+                    "train_losses" (signal=probe runs: the window training losses, likewise),
                     "hparams": {"lr/<group>": {"base": [...], "next_base": [...],
                     "velocity": [...], "log_offset": [...], "mult": [[value / base per
                     replica]...]}}, "excluded": [[...]...] only where some sync excluded a rank}
@@ -246,6 +247,8 @@ def compact_syncs(records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"step": [r["step"] for r in records],
                            "losses": [_round_tree(r.get("losses"), LOSS_SIG) for r in records],
                            "hparams": {}}
+    if any(r.get("train_losses") is not None for r in records):  # signal=probe: the window training losses too
+        out["train_losses"] = [_round_tree(r.get("train_losses"), LOSS_SIG) for r in records]
     for k in names:
         col: Dict[str, List[Any]] = {"base": [], "next_base": [], "velocity": [], "log_offset": [], "mult": []}
         for r in records:
@@ -283,6 +286,8 @@ def sync_records(record: Mapping[str, Any]) -> List[Dict[str, Any]]:
             hparams[k] = h
         out.append({"step": step, "losses": syncs["losses"][i], "hparams": hparams,
                     "excluded": syncs["excluded"][i] if "excluded" in syncs else []})
+        if "train_losses" in syncs:
+            out[-1]["train_losses"] = syncs["train_losses"][i]
     return out
 
 
@@ -341,6 +346,43 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
     if summary.get("rollback"):
         r["rollback"] = _round_tree(summary["rollback"])
     return r
+
+
+# ----------------------------------------------------------------------------------------------
+# Training one run.
+
+
+def train_run(final: str, command: Sequence[str], env: Optional[Mapping[str, str]] = None,
+              info: Mapping[str, Any] = {}) -> Dict[str, Any]:  # noqa: B006 - read only
+    """Runs ``command`` (a ``python -m recsys_hdet.train ...`` list without ``hydra.run.dir``) into
+    ``final + ".partial"``, its output in ``train.log``, and moves it to ``final`` once it has a
+    summary (exit 0, or 3: diverged), with ``ablation_run.json`` (command, exit status, process
+    seconds: what :func:`record_from_run_dir` reads; plus ``info``). A crashed attempt is started over.
+    Returns {"exit_status", "process_seconds", "finished", "log"}."""
+    import shutil
+    import subprocess
+    import time
+
+    partial = final + ".partial"
+    if os.path.exists(partial):
+        shutil.rmtree(partial)  # a crashed attempt: start over
+    os.makedirs(partial)
+    cmd = [*command, f"hydra.run.dir={partial}"]
+    start = time.time()
+    with open(os.path.join(partial, "train.log"), "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                               env=None if env is None else dict(env))
+    seconds = time.time() - start
+    if code in (0, 3) and os.path.isfile(os.path.join(partial, "summary.json")):
+        with open(os.path.join(partial, "ablation_run.json"), "w") as f:
+            json.dump({"command": cmd, **info, "exit_status": code, "process_seconds": seconds}, f, indent=2)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        return {"exit_status": code, "process_seconds": seconds, "finished": True, "log": os.path.join(final, "train.log")}
+    return {"exit_status": code, "process_seconds": seconds, "finished": False, "log": os.path.join(partial, "train.log")}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import REPO
 from pipelines import lr_truth as L
+from pipelines import study_results as SR
 
 
 def test_the_truth_is_the_best_multiplier_only_where_its_paired_interval_excludes_zero():
@@ -32,12 +33,17 @@ def test_paired_interval_uses_the_t_quantile():
 
 
 def _sync(step, rank_losses, dense_u, emb_u, base=0.01):
-    """A 2 x 2 sync record: ranks 0-1 in sharding group 0 (embedding replica 0), 2-3 in group 1."""
+    """A 2 x 2 hdet.jsonl sync record: ranks 0-1 in sharding group 0 (embedding replica 0), 2-3 in group 1."""
     grow = lambda us: [base * (1 + L.ALPHA) ** u for u in us]  # noqa: E731
     names = ["lr/embedding", *(f"lr/{g}" for g in L.DENSE)]
-    values = {n: grow(emb_u if n == "lr/embedding" else dense_u) for n in names}
-    return {"step": step, "losses": rank_losses, "train_losses": rank_losses, "base": {n: base for n in names},
-            "values": values}
+    hparams = {n: {"base": base, "values": grow(emb_u if n == "lr/embedding" else dense_u), "next_base": base,
+                   "velocity": 0.0} for n in names}
+    return {"step": step, "losses": rank_losses, "train_losses": rank_losses, "hparams": hparams, "excluded": []}
+
+
+def _signal_line(syncs, at):
+    """A signal run's results line (pipelines.study_results' columns) branched at step ``at``."""
+    return {"syncs": SR.compact_syncs(syncs), "overrides": [f"trainer.branch_from=/x/checkpoint/step-{at}"]}
 
 
 def test_every_score_reads_the_planted_direction():
@@ -68,7 +74,7 @@ def test_the_scorecard_scores_only_decided_cases():
         # the second sync closes a shorter window at the pass's end: left out
         partial = _sync(33, [0.47, 0.48, 0.49, 0.50], [-1, -1 / 3, 1 / 3, 1], [-1, 1])
         for signal in ("probe", "serving"):
-            results[f"s/seed{seed}/c50/signal_{signal}"] = {"syncs": [good, partial], "checkpoint_step": 25}
+            results[f"s/seed{seed}/c50/signal_{signal}"] = _signal_line([good, partial], 25)
     out = L.collect(results, mode)
     (case,) = out["cases"]
     assert case["best"] == "x2" and case["signal_windows"] == [1] and case["checkpoint_steps"] == [25]
@@ -86,8 +92,10 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
     results = tmp_path / "out" / "lr_truth_tiny" / "results.jsonl"
     lines = [json.loads(x) for x in results.read_text().splitlines()]
     # per seed: the trunk, two dense branches, two signal runs
-    assert sorted(x["kind"] for x in lines) == sorted(["trunk", "branch", "branch", "signal", "signal"] * 2)
-    assert all(x["status"] == "stopped" and len(x["syncs"]) == 1 for x in lines if x["kind"] == "signal")
+    assert sorted(x["name"].split("/")[-1] for x in lines) == sorted(
+        ["trunk", "dense_x0.5", "dense_x2", "signal_probe", "signal_serving"] * 2)
+    signal = [x for x in lines if "signal_" in x["name"]]
+    assert len(signal) == 4 and all(x["status"] == "stopped" and len(x["syncs"]["step"]) == 1 for x in signal)
     report = json.loads((tmp_path / "out" / "lr_truth_tiny.json").read_text())
     (case,) = report["cases"]
     assert case["best"] in ("x0.5", "x1", "x2", "none") and len(case["seeds"]) == 2
