@@ -278,7 +278,7 @@ class Trainer:
                      "schedule (use trainer.sharding_group_size < trainer.nproc to explore it)")
 
         probe = None
-        if stream.reserve_rows:
+        if stream.reserve_rows and str(h.get("signal", "train")) == "probe":  # rows may be reserved for other reasons
             batch = int(cfg.trainer.eval_batch_size)
             mix = h.get("probe_mix", 1.0)
             dense_mix = 1.0 / layout.world_size if mix == "replicas" else float(mix)

@@ -96,6 +96,9 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
         ["trunk", "dense_x0.5", "dense_x2", "signal_probe", "signal_serving"] * 2)
     signal = [x for x in lines if "signal_" in x["name"]]
     assert len(signal) == 4 and all(x["status"] == "stopped" and len(x["syncs"]["step"]) == 1 for x in signal)
+    # Rows are reserved in every run (data.reserve_rows), but only the probe run scores them: the
+    # serving run's losses are its own served ones (no probe: no separate training losses).
+    assert all(("train_losses" in x["syncs"]) == x["name"].endswith("signal_probe") for x in signal)
     report = json.loads((tmp_path / "out" / "lr_truth_tiny.json").read_text())
     (case,) = report["cases"]
     assert case["best"] in ("x0.5", "x1", "x2", "none") and len(case["seeds"]) == 2
