@@ -57,7 +57,7 @@ def modes() -> Dict[str, Dict[str, Any]]:
         "quick": {"data": "bench", "train_days": 1, "nproc": 4, "batch_size": 512, "repeats": 1,
                   "converge_sizes": [1, 4, 16]},
         "tiny": {"data": "tiny", "train_days": None, "nproc": 2, "batch_size": 256, "repeats": 1,
-                 "converge_sizes": [0.25, 1], "checkpoint_every": 10},
+                 "converge_sizes": [0.25, 1], "checkpoint_every": 10, "log_every": 10},
     }
 
 
@@ -68,7 +68,9 @@ def data_root(data: str) -> str:
 def pipeline_overrides(mode: Dict[str, Any], nproc: int) -> List[str]:
     o = ["+experiment=baseline_low", f"data={mode['data']}", f"data.batch_size={mode['batch_size']}",
          f"trainer.nproc={nproc}", f"trainer.sharding_group_size={nproc}", "trainer.checkpoint=false",
-         "trainer.log_every=100", "trainer.periodic_checkpoint.every_steps=0", "trainer.tensorboard=false"]
+         # a periodic checkpoint falls on a divergence check (rollback): log_every divides checkpoint_every
+         f"trainer.log_every={mode.get('log_every', 100)}", "trainer.periodic_checkpoint.every_steps=0",
+         "trainer.tensorboard=false"]
     if mode["data"] == "bench":
         o.append("data.skip_days=2")
     if mode["train_days"] is not None:
