@@ -573,6 +573,20 @@ def _lr(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
+def rollback_reruns(path: str) -> Optional[Dict[str, Any]]:
+    """The dense-10x-high starts rerun with rollback on (``pipelines.paired_runs --set recovery_rollback``),
+    summarized from that set's results file; None before it has a line."""
+    from pipelines import paired_runs  # it imports this module's starts and HDET form
+
+    results = SR.load(path)
+    if not results:
+        return None
+    pset = paired_runs.SETS["recovery_rollback"]
+    s = paired_runs.summarize(pset, results)
+    return {"runs": s["runs"], "completed": s["completed"], "planned": len(pset.configs) * len(pset.seeds),
+            "configs": s["configs"], "pairs": s["pairs"]}
+
+
 def render_markdown(result: Dict[str, Any]) -> str:
     b = result.get("best_cell")
     lines = ["# Learning-rate recovery on the benchmark data set", ""]
@@ -668,6 +682,20 @@ def render_markdown(result: Dict[str, Any]) -> str:
             lines[-1] += (f" Like for like, the completed plain runs of the starts took {w['start_plain_run_mean_seconds']:.0f} s "
                           f"(mean of {w['start_plain_runs']}): one HDET run costs {w['hdet_run_over_plain_run']:.2f} plain "
                           f"runs, so it replaces a 25-run grid at {25 / w['hdet_run_over_plain_run']:.1f}x less wall time.")
+    rr = result.get("rollback_reruns")
+    if rr:
+        fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+        lines += ["", f"**Rollback reruns** (`python -m pipelines.paired_runs --set recovery_rollback`, "
+                      f"[recovery_rollback.md](recovery_rollback.md)): the two dense-10x-high starts, plain and HDET, "
+                      f"with the trainer's rollback on. {rr['completed']} of {rr['runs']} runs completed so far "
+                      f"({rr['planned']} planned; before rollback 2 of 12 did). A run that completes can still end "
+                      "at the base rate (NE near 1): the NE per seed says.", "",
+                  "| start / variant | completed | NE per seed | rollbacks per seed |", "|---|---|---|---|"]
+        for config, c in rr["configs"].items():
+            lines.append(f"| {config} | {c['completed']} / {c['runs']} | "
+                         + ", ".join(f"{fmt(c['ne_per_seed'].get(sd))}" if st == "completed" else st
+                                     for sd, st in c["statuses"].items())
+                         + " | " + ", ".join(str(n) for n in c["rollbacks_per_seed"].values()) + " |")
     lines += [""] + _grid_table(result) + ["", "![each group's base over the pass](lr_recovery.png)", ""]
     return "\n".join(lines) + "\n"
 
@@ -770,6 +798,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["command"] = "python -m pipelines.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
     docs = os.path.abspath(args.docs)
+    reruns = rollback_reruns(os.path.join(docs, "recovery_rollback", SR.RESULTS))
+    if reruns:
+        result["rollback_reruns"] = reruns
     write_reports(docs, "lr_recovery", result, render_markdown(result))
     if result["best_cell"] is not None:
         plot(result, files.results, os.path.join(docs, "lr_recovery.png"))
