@@ -335,7 +335,7 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
         where = f"{c['checkpoint']:.0%} ({', '.join(map(str, c['checkpoint_steps'])) or '-'})"
         windows = ", ".join(map(str, c["signal_windows"])) or "-"
         if c.get("best") is None:
-            lines.append(f"| {c['start']} | {where} | {c['group']} | - | - | - | not run yet | - | "
+            lines.append(f"| {c['start']} | {where} | {c['group']} | - | - | - | needs 2+ seeds with every multiplier | - | "
                          f"{len(c['seeds'])} | {windows} |")
             continue
         means = c["means"]
