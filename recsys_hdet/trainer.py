@@ -398,11 +398,11 @@ class Trainer:
             loop.add_step_losses(per_task.detach().double())
             if loop.step % log_every == 0 or loop.step in (total_steps, stop_at) or nothing_to_restore:
                 now = time.monotonic()
-                reason, metrics_record = self._end_interval(loop, optimizer, stream.examples_per_step,
-                                                            now - window_start, nothing_to_restore)
+                reason, metrics_record, interval = self._end_interval(loop, optimizer, stream.examples_per_step,
+                                                                      now - window_start, nothing_to_restore)
                 # A failed check is rolled back while rollbacks are left (same decision on every rank).
                 event = rollback.undo(loop.step, reason) if reason else None
-                loop.end_interval(rolled_back=event is not None)
+                loop.end_interval(interval, rolled_back=event is not None)
                 if event is not None:
                     optimizer.apply_hparams()  # the cut LRs reach the fused kernels before the next step
                     metrics_record["rollback"] = event
@@ -497,13 +497,12 @@ class Trainer:
                       nothing_to_restore: bool):
         """The logging interval's record and divergence check, from one small all-reduce, so every
         rank takes the same decision. Returns (why the interval diverged or '', the metrics.jsonl
-        record: rank 0 writes it)."""
+        record: rank 0 writes it, the interval's all-reduced sums for LoopState.end_interval)."""
         num_tasks = len(self.tasks)
         stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps)], dtype=torch.float64)])
         dist.all_reduce(stats)
         good_steps = stats[-1] - stats[num_tasks]
         mean = stats[:num_tasks] / good_steps.clamp(min=1)
-        loop.interval = stats  # the caller adds it to the pass's totals unless it is rolled back
         avg = self._weighted_mean(mean)
         metrics_record = {
             "step": loop.step,
@@ -519,12 +518,12 @@ class Trainer:
         non_finite = (good_steps == 0) if self.hdet else (stats[num_tasks] > 0)
         diverge_loss = float(self.cfg.trainer.diverge_loss)
         if nothing_to_restore:
-            return "every replica non-finite at the sync, none to restore the others from", metrics_record
+            return "every replica non-finite at the sync, none to restore the others from", metrics_record, stats
         if non_finite or not math.isfinite(avg):
-            return "a non-finite loss", metrics_record
+            return "a non-finite loss", metrics_record, stats
         if avg > diverge_loss:
-            return f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}", metrics_record
-        return "", metrics_record
+            return f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}", metrics_record, stats
+        return "", metrics_record, stats
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()

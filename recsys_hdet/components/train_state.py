@@ -87,7 +87,6 @@ class LoopState:
     window_steps: int = 0
     total: torch.Tensor = field(default=None)  # per-task loss sums over the pass (all-reduced)
     rolled_back_steps: int = 0  # rank-steps of rolled-back intervals: not in ``total``
-    interval: torch.Tensor = field(default=None)  # the last interval's all-reduced sums (+ non-finite, steps)
     hdet_seconds: float = 0.0
     hdet_syncs: int = 0
     train_seconds: float = 0.0  # before this attempt (a resumed job adds its own)
@@ -98,13 +97,14 @@ class LoopState:
         if self.total is None:
             self.total = torch.zeros(self.num_tasks, dtype=torch.float64)
 
-    def end_interval(self, rolled_back: bool) -> None:
-        """The interval just checked counts in the pass's training loss, unless it was rolled back."""
+    def end_interval(self, interval: torch.Tensor, rolled_back: bool) -> None:
+        """The interval just checked (its all-reduced per-task sums, non-finite count and rank-steps)
+        counts in the pass's training loss, unless it was rolled back."""
         n = self.num_tasks
         if rolled_back:
-            self.rolled_back_steps += int(self.interval[n + 1])
+            self.rolled_back_steps += int(interval[n + 1])
         else:
-            self.total += self.interval[:n]
+            self.total += interval[:n]
 
     def add_step_losses(self, per_task: torch.Tensor) -> None:
         """One step's per-task losses into the interval's sums (a non-finite step is counted apart)."""
