@@ -6,7 +6,9 @@ schedules, the HDET engine and the loader (which carry their own ``state_dict``)
 - :class:`RNGState`: every random generator that affects training on this rank (torch's, which
   drives dropout; numpy's; python's).
 - :class:`LoopState`: the training loop's position and accumulators (step, the loss sums behind
-  metrics.jsonl and summary.json, HDET's cost counters, the training time so far).
+  metrics.jsonl and summary.json, the training time so far).
+- :class:`TrainClock`: the training time, without checkpoint stalls (not checkpointed: a resumed
+  job starts it from ``LoopState.train_seconds``).
 
 Each is a small object with ``state_dict``/``load_state_dict`` for
 :class:`recsys_hdet.components.checkpoint.CheckpointManager`.
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import io
 import random
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, Iterator, List, Mapping
 
 import numpy as np
 import torch
@@ -87,8 +91,6 @@ class LoopState:
     window_steps: int = 0
     total: torch.Tensor = field(default=None)  # per-task loss sums over the pass (all-reduced)
     rolled_back_steps: int = 0  # rank-steps of rolled-back intervals: not in ``total``
-    hdet_seconds: float = 0.0
-    hdet_syncs: int = 0
     train_seconds: float = 0.0  # before this attempt (a resumed job adds its own)
 
     def __post_init__(self) -> None:
@@ -114,15 +116,42 @@ class LoopState:
 
     def state_dict(self) -> Dict[str, Any]:
         return {"step": self.step, "window": self.window, "window_steps": self.window_steps, "total": self.total,
-                "hdet_seconds": self.hdet_seconds, "hdet_syncs": self.hdet_syncs, "train_seconds": self.train_seconds,
-                "rolled_back_steps": self.rolled_back_steps}
+                "train_seconds": self.train_seconds, "rolled_back_steps": self.rolled_back_steps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.step = int(state["step"])
         self.window.copy_(state["window"])
         self.total.copy_(state["total"])
         self.window_steps = int(state["window_steps"])
-        self.hdet_seconds = float(state["hdet_seconds"])
-        self.hdet_syncs = int(state["hdet_syncs"])
         self.train_seconds = float(state["train_seconds"])
         self.rolled_back_steps = int(state["rolled_back_steps"])
+
+
+class TrainClock:
+    """Training time of one attempt (plus ``before``, the time of the attempts a resumed job
+    follows), without the stalls the loop pauses it for (checkpoint writes); and each logging
+    interval's time, for its throughput."""
+
+    def __init__(self, before: float = 0.0) -> None:
+        self.before = before
+        self.start = self.mark = time.monotonic()
+        self.paused_total = 0.0
+
+    def interval(self) -> float:
+        """Seconds since the last call (or the start), paused time left out."""
+        now = time.monotonic()
+        seconds, self.mark = now - self.mark, now
+        return seconds
+
+    def seconds(self) -> float:
+        return self.before + time.monotonic() - self.start - self.paused_total
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        tick = time.monotonic()
+        try:
+            yield
+        finally:
+            stall = time.monotonic() - tick
+            self.paused_total += stall
+            self.mark += stall

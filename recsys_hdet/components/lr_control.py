@@ -1,0 +1,134 @@
+"""LR control: what sets every parameter group's learning rate (and other scheduled scalars) step by step.
+
+One interface (:class:`LRControl`), two implementations built by :func:`build_lr_control` from the
+config:
+
+- :class:`ScheduledLR`: the plain run, each group on its one-cycle schedule;
+- HDET (``hdet.enabled``): :class:`recsys_hdet.hdet.integration.HDETControl`, the replicas each on
+  their own learning rates around a shared base that a controller moves at every sync.
+
+The training loop calls, at every step, :meth:`LRControl.before_step` (with the batch it is about to
+train on: a signal that must see the batch first, HDET's serving loss, reads it there) and, after the
+optimizer step, :meth:`LRControl.step` with the step's per-task losses; the control sets the next
+step's values and pushes them to the optimizers' kernels. It never branches on which control it
+holds: what differs (how the embedding replicas are averaged, whether a non-finite replica is
+tolerated, the logs, the summary) is asked of the control.
+
+The control is checkpointed (``state_dict``) and is what a rollback cuts (``cut_learning_rates``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Protocol
+
+import torch
+
+from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
+
+
+def weighted_task_mean(per_task: torch.Tensor, weights: torch.Tensor) -> float:
+    """The task-weighted mean of per-task losses: the objective per unit weight."""
+    w = weights.double()
+    return float((per_task.double() * w).sum() / w.sum())
+
+
+class LRControl(Protocol):
+    #: Under HDET a non-finite replica is excluded and restored at the next sync, so an interval
+    #: fails its check only when no replica had a finite loss; a plain run fails on any.
+    tolerates_non_finite_replicas: bool
+    #: How often the loop averages the embedding replicas (0: the control does it itself, or there
+    #: are none to average).
+    embedding_sync_every: int
+
+    def before_step(self, model: torch.nn.Module, batch: Any) -> None: ...
+
+    def step(self, step: int, per_task: torch.Tensor) -> Optional[Dict[str, Any]]:
+        """After the optimizer step of training step ``step`` (0-based): returns what to log (an
+        HDET sync record), having logged it, or None."""
+
+    def failed_check(self) -> str:
+        """Why the last step must end the interval as failed ('' when it need not)."""
+
+    def log_event(self, event: Mapping[str, Any]) -> None: ...
+
+    def open_logs(self, start_step: int, tensorboard: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+    def start_at(self, step: int) -> None: ...
+
+    def cut_learning_rates(self, factor: float) -> None: ...
+
+    def summary(self, train_seconds: float) -> Dict[str, Any]: ...
+
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class ScheduledLR:
+    """The plain run: every group follows its own one-cycle schedule (``optim.schedule``)."""
+
+    tolerates_non_finite_replicas = False
+
+    def __init__(self, optimizer: Any, schedules: Mapping[str, Any], cycle_momentum: bool, total_steps: int,
+                 embedding_sync_every: int) -> None:
+        self.optimizer = optimizer
+        self.scheduler = GroupLRScheduler(optimizer.groups, schedules, cycle_momentum)
+        self.total_steps = total_steps
+        self.embedding_sync_every = embedding_sync_every
+        optimizer.apply_hparams()
+
+    def before_step(self, model: torch.nn.Module, batch: Any) -> None:
+        pass
+
+    def step(self, step: int, per_task: torch.Tensor) -> None:
+        if step + 1 < self.total_steps:  # the schedule has total_steps values, the last one is kept
+            self.scheduler.step()
+            self.optimizer.apply_hparams()
+        return None
+
+    def failed_check(self) -> str:
+        return ""
+
+    def log_event(self, event: Mapping[str, Any]) -> None:
+        pass
+
+    def open_logs(self, start_step: int, tensorboard: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def start_at(self, step: int) -> None:
+        self.scheduler.start_at(step)
+        self.optimizer.apply_hparams()
+
+    def cut_learning_rates(self, factor: float) -> None:
+        self.scheduler.cut_learning_rates(factor)
+        self.optimizer.apply_hparams()
+
+    def summary(self, train_seconds: float) -> Dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)
+
+
+def build_lr_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embedding_sync_every: int,
+                     hdet_context: Optional[Dict[str, Any]] = None) -> LRControl:
+    """The config's LR control: HDET's when ``hdet.enabled``, else the per-group schedules.
+    ``hdet_context``: what HDET's integration needs of the job (see
+    :func:`recsys_hdet.hdet.integration.build_hdet_control`)."""
+    if bool(cfg.hdet.enabled):
+        from recsys_hdet.hdet.integration import build_hdet_control
+
+        return build_hdet_control(cfg, optimizer=optimizer, total_steps=total_steps,
+                                  plain_embedding_sync_every=plain_embedding_sync_every, **(hdet_context or {}))
+    groups: List[str] = list(optimizer.groups)
+    schedules = {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), total_steps) for g in groups}
+    return ScheduledLR(optimizer, schedules, bool(cfg.optim.schedule.cycle_momentum), total_steps,
+                       plain_embedding_sync_every)

@@ -1,0 +1,245 @@
+"""HDET in the training job: the LR control (:class:`recsys_hdet.components.lr_control.LRControl`)
+that the trainer holds when ``hdet.enabled``.
+
+Everything the job does for HDET lives here, so the training loop never branches on it:
+
+- the engine (:class:`~recsys_hdet.hdet.scheduler.HDETOneCycleLR`): one-cycle base schedules, each
+  replica's multiplier, the sync every ``hdet.sync_every`` steps, the controller;
+- the **signal** each replica reports at a sync: its weighted training loss (``signal=train``), the
+  loss as it serves on the batch it is about to train on (``signal=serving``: eval mode, no
+  smoothing), or the loss on rows reserved from each day (``signal=probe``, read by the engine);
+- **converge**: the dense replicas averaged over the world at every sync (a non-finite rank left
+  out and restored from the others); the embedding replicas (one per sharding group) too when their
+  LR is spread, else at the plain cadence by the loop (alpha = 0 is then the plain run, in every
+  layout);
+- the **warm-start noise** each replica adds to warm-started weights (method section 4);
+- the **logs**: ``hdet.jsonl`` (a sync record per sync; rollback events as ``"event"`` lines),
+  TensorBoard, the console line; ``summary.json``'s ``hdet`` (time in HDET's hooks).
+
+It talks to the model only through the :class:`~recsys_hdet.components.replicas.ReplicaAverager`
+(averaging, finiteness), the optimizer's named param groups, and, for the serving and probe
+signals, the model's forward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+
+from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams
+from recsys_hdet.components.lr_control import weighted_task_mean
+from recsys_hdet.components.replicas import ReplicaAverager, mixed_replica_loss
+from recsys_hdet.hdet.engine import HDETConfig, ReplicaAxis
+from recsys_hdet.hdet.scheduler import HDETOneCycleLR
+from recsys_hdet.hdet.warm_init import perturb_
+
+SIGNALS = ("train", "serving", "probe")
+
+
+class HDETControl:
+    tolerates_non_finite_replicas = True
+
+    def __init__(self, scheduler: HDETOneCycleLR, *, signal: str, task_weights: torch.Tensor, world_size: int,
+                 embedding_sync_every: int, run_dir: str, rank: int) -> None:
+        if signal not in SIGNALS:
+            raise ValueError(f"hdet.signal={signal!r}: choose one of {list(SIGNALS)}")
+        self.scheduler = scheduler
+        self.signal = signal
+        self.task_weights = task_weights
+        self.world_size = world_size
+        self.embedding_sync_every = embedding_sync_every
+        self.run_dir, self.rank = run_dir, rank
+        self.seconds = 0.0  # time in HDET's hooks (for benchmarks)
+        self.syncs = 0
+        self._served: Optional[float] = None
+        self._failure = ""
+        self._log = None
+        self._tensorboard = None
+
+    # -- every step ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def before_step(self, model: torch.nn.Module, batch: Any) -> None:
+        if self.signal != "serving":
+            return
+        # The loss as the model serves (no dropout, no smoothing) on the batch it is about to train
+        # on: in one pass, a held-out estimate; what regularizers should be judged by.
+        model.eval()
+        served = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels,
+                                                    reduction="none").mean(0)
+        model.train()
+        self._served = weighted_task_mean(served, self.task_weights)
+
+    def step(self, step: int, per_task: torch.Tensor) -> Optional[Dict[str, Any]]:
+        start = time.perf_counter()
+        # The replica's signal: its weighted task loss (the training objective, per example) unless
+        # the serving loss was asked for (the probe's rows are scored by the engine at the sync).
+        signal = self._served if self.signal == "serving" else weighted_task_mean(per_task, self.task_weights)
+        record = self.scheduler.step(signal)
+        self.seconds += time.perf_counter() - start
+        self.syncs += record is not None
+        # Every replica non-finite at a sync: none to restore the others from (same on all ranks).
+        self._failure = ("every replica non-finite at the sync, none to restore the others from"
+                         if record is not None and len(record["excluded"]) == self.world_size else "")
+        if record is not None and self._log is not None:
+            self._write_sync(record)
+        return record
+
+    def failed_check(self) -> str:
+        return self._failure
+
+    # -- logs ----------------------------------------------------------------------------------
+    def open_logs(self, start_step: int, tensorboard: Any) -> None:
+        """Rank 0 writes hdet.jsonl (appending after a resume: the interrupted attempt's records
+        past the checkpoint were dropped by the trainer) and HDET's TensorBoard scalars."""
+        if self.rank == 0:
+            self._log = open(os.path.join(self.run_dir, "hdet.jsonl"), "a" if start_step else "w")
+            self._tensorboard = tensorboard
+
+    def _write_sync(self, record: Dict[str, Any]) -> None:
+        self._log.write(json.dumps(record) + "\n")
+        self._log.flush()
+        self._tensorboard.log_hdet(record)
+        bases = " ".join(f"{k.split('/')[-1] if k.startswith('lr/') else k}={v['next_base']:.3g}"
+                         for k, v in record["hparams"].items())
+        excluded = f"  excluded ranks {record['excluded']}" if record["excluded"] else ""
+        print(f"HDET sync at step {record['step']}: base lr {bases}{excluded}", flush=True)
+
+    def log_event(self, event: Mapping[str, Any]) -> None:
+        """An event line (a rollback): readers of sync records skip it (metrics.sync_records)."""
+        if self._log is not None:
+            self._log.write(json.dumps({**event, "event": "rollback"}) + "\n")
+            self._log.flush()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def summary(self, train_seconds: float) -> Dict[str, Any]:
+        # Rank 0's time in HDET's hooks (gather, converge, controller, value updates).
+        return {"hdet": {"syncs": self.syncs, "seconds": self.seconds,
+                         "fraction_of_train": self.seconds / max(train_seconds, 1e-9)}}
+
+    # -- the LR control's other duties -----------------------------------------------------------
+    def is_spread(self, group: str) -> bool:
+        return self.scheduler.is_spread(group)
+
+    def start_at(self, step: int) -> None:
+        self.scheduler.start_at(step)
+
+    def cut_learning_rates(self, factor: float) -> None:
+        self.scheduler.cut_learning_rates(factor)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {**self.scheduler.state_dict(), "hook_seconds": self.seconds, "syncs": self.syncs}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)
+        self.seconds = float(state.get("hook_seconds", 0.0))
+        self.syncs = int(state.get("syncs", 0))
+
+
+@torch.no_grad()
+def probe_loss(model: torch.nn.Module, batches, task_weights: torch.Tensor) -> float:
+    """This replica's task-weighted loss on the probe rows, as it serves (eval mode: no dropout,
+    no smoothing). Every rank scores the same rows, so replicas differ by their parameters only."""
+    model.eval()
+    total = torch.zeros(len(task_weights), dtype=torch.float64)
+    rows = 0
+    for batch in batches:
+        logits = model(batch.dense, batch.sparse)
+        total += F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").sum(0).double()
+        rows += batch.labels.shape[0]
+    model.train()
+    return weighted_task_mean(total / rows, task_weights)
+
+
+def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embedding_sync_every: int,
+                       model: torch.nn.Module, averager: ReplicaAverager, stream: Any, layout: Any,
+                       process_group: Any, task_weights: torch.Tensor, loss_settings: LossSettings, run_dir: str,
+                       log: Callable[[str], None]) -> HDETControl:
+    """HDET's LR control for the job (``cfg.hdet``, ``cfg.optim``); adds each replica's warm-start
+    noise first when the job warm-starts."""
+    h, sched = cfg.hdet, cfg.optim.schedule
+    groups = list(optimizer.groups)
+    if cfg.trainer.get("warm_start") and float(h.warm_init.nu) > 0:
+        nu, seed = float(h.warm_init.nu), int(h.seed)
+        perturb_(averager.dense_tensors, nu, torch.Generator().manual_seed(seed * 100_003 + layout.rank))
+        # Embedding replicas are the sharding groups; each rank perturbs the shards it holds.
+        perturb_(averager.embedding_weights, nu, torch.Generator().manual_seed(seed * 100_003 + 50_000 + layout.rank))
+        log(f"HDET warm init: every replica perturbed with nu={nu} per tensor")
+    if not averager.has_embedding_replicas:
+        log("HDET: one sharding group, so no embedding replicas: the embedding group follows the base "
+            "schedule (use trainer.sharding_group_size < trainer.nproc to explore it)")
+
+    signal = str(h.get("signal", "train"))
+    probe = None
+    if signal == "probe" and stream.reserve_rows:  # rows may be reserved for other reasons
+        batch = int(cfg.trainer.eval_batch_size)
+        mix = h.get("probe_mix", 1.0)
+        dense_mix = 1.0 / layout.world_size if mix == "replicas" else float(mix)
+        emb_mix = 1.0 / layout.replicas if mix == "replicas" else float(mix)
+        score = lambda: probe_loss(model, stream.reserved_batches(batch), task_weights)
+        probe = score if dense_mix == emb_mix == 1.0 else (
+            lambda: mixed_replica_loss(averager, score, dense_mix, emb_mix))
+        log(f"HDET signal: every replica scores the same {stream.reserve_rows} rows reserved from each "
+            f"training day, at each sync (as avg + c (own - avg): c = {dense_mix:g} dense, "
+            f"{emb_mix:g} embedding)")
+
+    control: Optional[HDETControl] = None
+
+    def converge(excluded_ranks) -> None:
+        bad_groups = {r // layout.sharding_group_size for r in excluded_ranks}
+        averager.average_dense(include=layout.rank not in excluded_ranks)
+        # Embedding replicas averaged by the loop at the plain cadence are averaged here only to
+        # restore an excluded one.
+        if averager.has_embedding_replicas and (control.embedding_sync_every == 0 or bad_groups):
+            averager.average_embeddings(include=layout.sharding_group not in bad_groups)
+
+    scheduler = HDETOneCycleLR(
+        optimizer,
+        max_lr={g: float(cfg.optim.lr[g]) for g in groups},
+        total_steps=total_steps,
+        pct_start=float(sched.pct_start),
+        anneal_strategy=str(sched.anneal_strategy),
+        cycle_momentum=bool(sched.cycle_momentum),
+        base_momentum=float(sched.base_momentum),
+        max_momentum=float(sched.max_momentum),
+        div_factor=float(sched.div_factor),
+        final_div_factor=float(sched.final_div_factor),
+        three_phase=bool(sched.three_phase),
+        hdet=HDETConfig.from_mapping(h),
+        ceiling_multiple=float(h.ceiling_multiple),
+        replica_axes={"embedding": ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size)},
+        converge=converge,
+        state_is_finite=averager.local_state_is_finite,
+        on_change=optimizer.apply_hparams,
+        process_group=process_group,
+        probe=probe,
+        extra_hparams=build_explored_hparams(
+            h.get("explore") or {},
+            starts={"dropout": float(cfg.model.dropout), "weight_decay": float(cfg.optim.dense.weight_decay),
+                    "temperature": float(cfg.model.attention_temperature),
+                    "label_smoothing": float(cfg.loss.label_smoothing)},
+            model=model, dense_groups=optimizer.groups, loss=loss_settings,
+            axis=ReplicaAxis.per_rank(layout.world_size)),
+    )
+    # When the embedding replicas are averaged: with their LR spread, at every sync (converge), so
+    # each replica follows its own LR for a window; with no spread (alpha = 0), at the plain
+    # cadence, as the plain run; hdet.embedding_sync_every forces a cadence (to measure the window).
+    override = h.get("embedding_sync_every")
+    if override is not None:
+        every = int(override)
+    elif scheduler.is_spread("embedding"):
+        every = 0
+    else:
+        every = plain_embedding_sync_every
+    control = HDETControl(scheduler, signal=signal, task_weights=task_weights, world_size=layout.world_size,
+                          embedding_sync_every=every if averager.has_embedding_replicas else 0,
+                          run_dir=run_dir, rank=layout.rank)
+    return control
