@@ -170,14 +170,14 @@ def git_commit() -> str:
 
 
 def final_hdet_bases(run_dir: str) -> Dict[str, float]:
-    """Per LR group, the max LR the controller ended the pass with: the run's max LR times the last
-    sync's base over the schedule it replaces (empty when HDET was off)."""
-    from pipelines.lr_recovery import max_lr_trajectory
-
-    if not os.path.isfile(os.path.join(run_dir, "hdet.jsonl")):
+    """Per LR group, the max LR the controller ended the pass with (summary.json's
+    ``lr.controlled_max_lr``, written by the trainer: the run's max LR times the last sync's base
+    over the schedule it replaces); empty when HDET was off."""
+    path = os.path.join(run_dir, "summary.json")
+    if not os.path.isfile(path):
         return {}
-    trajectory = max_lr_trajectory(run_dir)
-    return dict(trajectory[-1][1]) if trajectory else {}
+    lr = read_json(path).get("lr") or {}
+    return {g: float(v) for g, v in (lr.get("controlled_max_lr") or {}).items()}
 
 
 def training_overrides(cfg: DictConfig, plan: DayPlan, all_days: Sequence[str], warm: Optional[str],

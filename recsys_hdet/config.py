@@ -61,6 +61,8 @@ def validate_config(cfg: DictConfig) -> None:
     for group in PARAM_GROUPS:
         _require(group in cfg.optim.lr, f"optim.lr.{group}", None, "missing: every parameter group needs a max LR")
         _positive_number(cfg, f"optim.lr.{group}")
+    _require(cfg.trainer.get("train_pipeline") in ("sparse_dist", "base"), "trainer.train_pipeline",
+             cfg.trainer.get("train_pipeline"), "choose sparse_dist or base")
     _positive_number(cfg, "trainer.diverge_loss")
     rollbacks = OmegaConf.select(cfg, "trainer.rollback.max_rollbacks")
     _require(isinstance(rollbacks, int) and not isinstance(rollbacks, bool) and rollbacks >= 0,

@@ -21,12 +21,15 @@ from omegaconf import DictConfig, OmegaConf
 from recsys_hdet.components.checkpoint import CheckpointManager, load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, set_temperature
 from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, DenseNormalization, ParquetBatchStream,
-                                              RowHoldout, model_inputs, split_for)
+                                              RowHoldout, TrainedPosition, model_inputs, split_for)
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_control import LRControl, build_lr_control, weighted_task_mean
 from recsys_hdet.components.lr_scheduler import build_one_cycle
-from recsys_hdet.components.metrics import (MetricLogger, oracle_metrics, peak_rss_mb, task_metrics, truncate_jsonl,
-                                           write_json_atomic)
+from recsys_hdet.components.metrics import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl, write_json_atomic
+from recsys_hdet.evaluation.metrics import oracle_metrics, task_metrics
+from recsys_hdet.evaluation.scoring import predict_batches
+from recsys_hdet.components.train_metrics import TrainMetrics
+from recsys_hdet.components.train_pipeline import TrainStep
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState, TrainClock
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
 from recsys_hdet.components.replicas import ReplicaAverager
@@ -81,6 +84,8 @@ class Job:
     stream: ParquetBatchStream
     total_steps: int
     model: torch.nn.Module
+    train_step: TrainStep
+    train_metrics: TrainMetrics
     optimizer: GroupedOptimizer
     averager: ReplicaAverager
     lr_control: LRControl
@@ -159,7 +164,7 @@ class Trainer:
         first_lrs = {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), total_steps)(0)[0]
                      for g in PARAM_GROUPS}
         model = shard_model(
-            build_model(cfg, meta),
+            build_model(cfg, meta, training={"task_weights": self.task_weights, "loss_settings": self.loss_settings}),
             self.pgs,
             fused_params(cfg.optim.embedding, first_lrs["embedding"]),
             list(cfg.model.sharding_types),
@@ -178,7 +183,10 @@ class Trainer:
             plain_embedding_sync_every=int(cfg.trainer.embedding_sync_every) if averager.has_embedding_replicas else 0,
             hdet_context={"model": model, "averager": averager, "stream": stream, "layout": self.pgs.layout,
                           "process_group": self.pgs.world, "task_weights": self.task_weights,
-                          "loss_settings": self.loss_settings, "run_dir": self.run_dir, "log": self.log})
+                          "loss_settings": self.loss_settings, "run_dir": self.run_dir, "log": self.log,
+                          "served_loss": lambda batches: self._served_loss(train_step, batches)})
+        model.module.serving_loss_wanted = lr_control.wants_serving_loss  # the TrainingRanker under DMP
+        train_step = TrainStep(model, optimizer, self.pgs.device, str(cfg.trainer.train_pipeline))
         if lr_control.embedding_sync_every:
             self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
                      f"{lr_control.embedding_sync_every} steps")
@@ -189,7 +197,8 @@ class Trainer:
         loop = LoopState(len(self.tasks))
         model_state = ModelState(model, optimizer.dense)
         rollback = build_rollback(cfg.trainer.rollback, model_state, averager, lr_control)
-        checkpoints = self._build_checkpoints(model_state, lr_control, stream, loop, rollback, total_steps)
+        checkpoints = self._build_checkpoints(model_state, lr_control, TrainedPosition(stream, lambda: loop.step),
+                                              loop, rollback, total_steps)
         resume_from = cfg.trainer.get("resume_from")
         branch_from = cfg.trainer.get("branch_from")
         if branch_from and not resume_from:
@@ -213,10 +222,13 @@ class Trainer:
             f"{train_days[0]}..{train_days[-1]}; layout {self.world} ranks = "
             f"{self.pgs.layout.sharding_group_size} per sharding group x {self.pgs.layout.replicas} replicas"
         )
-        return Job(meta, train_days, eval_days, stream, total_steps, model, optimizer, averager, lr_control, loop,
-                   rollback, checkpoints, resume_from)
+        # NE, calibration and AUC per task over each logging interval, reduced over the ranks.
+        train_metrics = TrainMetrics(self.tasks, int(cfg.data.batch_size), self.world, self.rank,
+                                     int(cfg.trainer.log_every), self.pgs.device, self.pgs.world)
+        return Job(meta, train_days, eval_days, stream, total_steps, model, train_step, train_metrics, optimizer,
+                   averager, lr_control, loop, rollback, checkpoints, resume_from)
 
-    def _build_checkpoints(self, model_state: ModelState, lr_control: LRControl, stream: ParquetBatchStream,
+    def _build_checkpoints(self, model_state: ModelState, lr_control: LRControl, position: TrainedPosition,
                            loop: LoopState, rollback: Rollback, total_steps: int) -> CheckpointManager:
         """Every stateful piece of the job, registered for periodic checkpoints and resume."""
         spec = self.cfg.trainer.periodic_checkpoint
@@ -229,7 +241,7 @@ class Trainer:
                                     keep_steps=tuple(s for s in keep_steps if 0 < s < total_steps))
         manager.register("model", model_state)
         manager.register("schedule", lr_control)  # the LR schedules' position, or the HDET engine's state
-        manager.register("loader", stream)
+        manager.register("loader", position)  # after the batches trained on, not the ones read ahead
         manager.register("rng", RNGState())
         manager.register("loop", loop)
         manager.register("rollback", rollback)
@@ -252,14 +264,15 @@ class Trainer:
         status, clock = "completed", TrainClock(loop.train_seconds)
         job.rollback.snapshot(loop.step)  # the state to come back to before the first check
         job.model.train()
-        for batch in job.stream:
+        batches = iter(job.stream)
+        while loop.step < total_steps:
             if profiler is not None:
                 profiler.before_step(loop.step)
             faults.before_step(loop.step + 1, job.optimizer)
-            lr_control.before_step(job.model, batch)
-            per_task = self._train_step(job.model, job.optimizer, batch)
+            per_task, served, predictions, labels = job.train_step.progress(batches)  # forward, backward, optimizers
+            job.train_metrics.update(predictions, labels)
             faults.after_optimizer_step(loop.step + 1, job.averager.dense_tensors)
-            lr_control.step(loop.step, per_task)
+            lr_control.step(loop.step, per_task, served)
             loop.step += 1
             loop.window_steps += 1
             if embedding_sync_every and (loop.step % embedding_sync_every == 0 or loop.step == total_steps):
@@ -307,16 +320,12 @@ class Trainer:
         train_loss["avg"] = weighted_task_mean(mean_total, self.task_weights)
         return status, train_loss, seconds
 
-    def _train_step(self, model, optimizer, batch) -> torch.Tensor:
-        """Forward, backward and the optimizers' step. Returns the per-task losses (detached)."""
-        logits = model(batch.dense, batch.sparse)
-        ls = self.loss_settings.label_smoothing
-        targets = batch.labels * (1 - ls) + 0.5 * ls if ls > 0 else batch.labels
-        per_task = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").mean(0)
-        (per_task * self.task_weights).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return per_task.detach()
+    def _served_loss(self, train_step: TrainStep, batches) -> torch.Tensor:
+        """This replica's per-task mean loss on ``batches`` as it serves (eval mode: no dropout, no
+        smoothing), outside the training step."""
+        with train_step.model_detached() as model:
+            scored = predict_batches(model.module.logits, batches, self.pgs.device)
+        return F.binary_cross_entropy_with_logits(scored["logits"], scored["labels"], reduction="none").double().mean(0)
 
     def _end_interval(self, job: Job, seconds: float, forced: str):
         """The logging interval's record and divergence check, from one small all-reduce, so every
@@ -334,6 +343,7 @@ class Trainer:
             "examples": loop.step * examples_per_step,
             "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
             "lr": job.optimizer.group_lrs(),
+            **job.train_metrics.compute(),  # ne, calibration, auc: {task: value} (a collective)
             "examples_per_sec": loop.window_steps * examples_per_step / max(seconds, 1e-9),
         }
         loop.window.zero_()
@@ -364,13 +374,26 @@ class Trainer:
         }
         if job.rollback.enabled:
             summary["rollback"] = job.rollback.summary()
-        summary.update(job.lr_control.summary(train_seconds))
+        control = job.lr_control.summary(train_seconds)
+        summary["lr"] = {**self._lr_trajectory(), **control.pop("lr", {})}
+        summary.update(control)
         return summary
+
+    def _lr_trajectory(self) -> Dict[str, Any]:
+        """Each group's configured max LR, its LR at every logged step (metrics.jsonl: complete after
+        a resume too) and the last one: what a later job needs of this run's learning rates."""
+        if self.rank != 0:
+            return {}
+        records = [r for r in read_jsonl(os.path.join(self.run_dir, "metrics.jsonl")) if r.get("lr")]
+        groups = list(records[-1]["lr"]) if records else []
+        return {"max_lr": {g: float(self.cfg.optim.lr[g]) for g in PARAM_GROUPS},
+                "final": dict(records[-1]["lr"]) if records else {},
+                "trajectory": {"step": [r["step"] for r in records], **{g: [r["lr"][g] for r in records] for g in groups}}}
 
     def evaluate_and_save(self, job: Job) -> Dict[str, Any]:
         """After a completed pass: the held-out metrics and the final checkpoint."""
         self._check_replicas_identical(job.averager)
-        eval_metrics, oracle = self._evaluate(job.model, job.meta, job.eval_days)
+        eval_metrics, oracle = self._evaluate(job.train_step, job.meta, job.eval_days)
         out: Dict[str, Any] = {"eval": eval_metrics, **({"oracle": oracle} if oracle else {})}
         if bool(self.cfg.trainer.checkpoint):
             save_model(job.model, os.path.join(self.run_dir, "checkpoint"),
@@ -410,7 +433,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _evaluate(self, model, meta: DatasetMeta, eval_days: List[str]):
+    def _evaluate(self, train_step: TrainStep, meta: DatasetMeta, eval_days: List[str]):
         """Scores the held-out days on all ranks; rank 0 computes the metrics."""
         extras = [ORACLE_PREFIX + t for t in self.tasks] if meta.has_oracle else []
         stream = ParquetBatchStream(
@@ -418,16 +441,11 @@ class Trainer:
             int(self.cfg.seed), shuffle_within_day=False, pad_last=True, extras=extras,
             normalization=self.normalization, holdout=self.holdout, part="holdout",
         )
-        model.eval()
-        probs, labels, oracle = [], [], []
-        for batch in stream:
-            p = torch.sigmoid(model(batch.dense, batch.sparse))
-            probs.append(p[batch.mask])
-            labels.append(batch.labels[batch.mask])
-            if extras:
-                oracle.append(torch.stack([batch.extras[c] for c in extras], dim=1)[batch.mask])
-        model.train()
-        local = (torch.cat(probs), torch.cat(labels), torch.cat(oracle) if oracle else None)
+        with train_step.model_detached() as model:
+            scored = predict_batches(model.module.logits, stream, self.pgs.device, extras)
+        mask = scored["mask"]
+        local = (scored["probs"][mask], scored["labels"][mask],
+                 torch.stack([scored[c] for c in extras], dim=1)[mask] if extras else None)
         gathered: Optional[List[Any]] = [None] * self.world if self.rank == 0 else None
         dist.gather_object(local, gathered, dst=0)
         if self.rank != 0:

@@ -71,6 +71,9 @@ def expected_tensorboard_scalars(run_dir):
             add(f"loss/{task}", r["step"], v)
         for group, v in r["lr"].items():
             add(f"lr/{group}", r["step"], v)
+        for metric in ("ne", "calibration", "auc"):
+            for task, v in r[metric].items():
+                add(f"{metric}/{task}", r["step"], v)
         add("throughput/examples_per_s", r["step"], r["examples_per_sec"])
     if (run_dir / "hdet.jsonl").exists():
         for r in read_jsonl(run_dir / "hdet.jsonl"):

@@ -55,6 +55,18 @@ def test_metrics_agree_with_scikit_learn(hdet_run):
     assert m["count"] == head.height > 0
     assert abs(m["auc"] - roc_auc_score(head["label_like"], head["pred_like"].cast(pl.Float64))) < 1e-4
     assert abs(m["logloss"] - log_loss(head["label_like"], head["pred_like"].cast(pl.Float64))) < 1e-4
+    # GAUC per user: scikit-learn's AUC of each user's impressions, weighted by their count, over the
+    # users who have both classes.
+    for t in TASKS:
+        aucs, weights = [], []
+        for _, part in df.group_by("user_id_raw"):
+            y = part[f"label_{t}"].to_numpy()
+            if 0 < y.sum() < len(y):
+                aucs.append(roc_auc_score(y, part[f"pred_{t}"].to_numpy().astype(np.float64)))
+                weights.append(len(y))
+        g = ev["gauc_user"][t]
+        assert g["groups"] == len(aucs) > 0 and g["rows"] == sum(weights)
+        assert abs(g["gauc"] - float(np.average(aucs, weights=weights))) < 1e-9
 
 
 def test_predictions_cover_the_held_out_day_in_order(hdet_run, tiny_dataset):

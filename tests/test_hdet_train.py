@@ -5,7 +5,10 @@ import os
 import pytest
 import torch
 
+from omegaconf import OmegaConf
+
 from conftest import assert_tensorboard_matches_records, read_json, read_jsonl, run_train
+from recsys_hdet.components.lr_scheduler import build_one_cycle
 from recsys_hdet.hdet import spread_multipliers
 
 FAST = ["data=tiny", "trainer.log_every=10"]
@@ -78,6 +81,13 @@ def test_two_by_two_hdet_run_spreads_every_group_and_reshuffles(tmp_path, data_c
         assert len(set(orders)) > 1, f"{name} is reshuffled between syncs"
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "completed"
+    # The controller's last bases in max-LR units, for a job that carries them: the last sync's base
+    # over the one-cycle value it replaces, times the configured max LR.
+    last, steps = records[-1], s["steps"]
+    for g in ("embedding", "transformer", "non_embedding", "no_decay"):
+        schedule = build_one_cycle(OmegaConf.load(run_dir / ".hydra" / "config.yaml").optim.schedule, s["lr"]["max_lr"][g], steps)
+        expected = schedule.max_lr * last["hparams"][f"lr/{g}"]["next_base"] / schedule(min(last["step"], steps - 1))[0]
+        assert s["lr"]["controlled_max_lr"][g] == pytest.approx(expected, rel=1e-12)
 
 
 def _fault_run(run_dir, faults, data_cache, *overrides):

@@ -136,12 +136,22 @@ def test_probe_rows_are_the_same_on_every_rank_never_trained_on_and_never_held_o
     trained = [set() for _ in range(world)]
     probes = {}  # day -> per-rank probe row keys
     iterators = [iter(s) for s in streams]
-    for batches in zip(*iterators):
+    for step, batches in enumerate(zip(*iterators), start=1):
         for r, (s, b) in enumerate(zip(streams, batches)):
             trained[r] |= _row_keys([b])
             day = s.days[s._day_index]
-            probes.setdefault(day, [None] * world)[r] = _row_keys(s.reserved_batches(128))
+            probes.setdefault(day, [None] * world)[r] = _row_keys(s.reserved_batches(128, trained_steps=step))
     assert set(probes) == set(train_days)
+    # Read ahead (as a train pipeline does), the rows are still those of the day of the step trained on.
+    ahead = _stream(meta, rank=0, world=world, days=train_days, extras=KEYS, reserve_rows=reserve)
+    first_day_batches = ahead.batches_in_day(train_days[0])
+    it = iter(ahead)
+    for _ in range(first_day_batches + 2):
+        next(it)
+    assert ahead.position_after(first_day_batches) == {"day_index": 0, "batch_index": first_day_batches}
+    assert ahead.position_after(first_day_batches + 2) == ahead.state_dict() == {"day_index": 1, "batch_index": 2}
+    assert _row_keys(ahead.reserved_batches(128, trained_steps=first_day_batches)) == probes[train_days[0]][0]
+    assert _row_keys(ahead.reserved_batches(128, trained_steps=first_day_batches + 1)) == probes[train_days[1]][0]
     held_out = _row_keys(_stream(meta, days=eval_days, extras=KEYS, shuffle_within_day=False, pad_last=True))
     for day, per_rank in probes.items():
         assert len(per_rank[0]) == reserve and all(p == per_rank[0] for p in per_rank), "identical on every rank"

@@ -42,6 +42,23 @@ def test_two_process_run_writes_the_artifact_contract(two_proc_run):
         assert set(r) >= {"step", "examples", "loss", "lr", "examples_per_sec"}
         assert set(r["loss"]) == {*TASKS, "avg"}
         assert set(r["lr"]) == {"embedding", "transformer", "non_embedding", "no_decay"}
+        # torchrec.metrics over the interval, per task
+        assert set(r["ne"]) == set(r["calibration"]) == set(r["auc"]) == set(TASKS)
+        assert all(math.isfinite(r[m][t]) and r[m][t] > 0 for m in ("ne", "calibration", "auc") for t in TASKS)
+    # The model learns: every task's interval NE falls from the first interval (predictions near 0.5 for
+    # rare events: NE and calibration far above 1) to the last, which beats the base rate on long_dwell
+    # and ranks better than chance.
+    first, last = records[0], records[-1]
+    assert all(last["ne"][t] < first["ne"][t] for t in TASKS)
+    assert last["ne"]["long_dwell"] < 1 and last["auc"]["long_dwell"] > 0.6
+    # (the metric's own arithmetic: tests/test_train_metrics.py)
+    # What later jobs need of the run's learning rates, in summary.json (metrics.jsonl's values).
+    lr = s["lr"]
+    assert lr["trajectory"]["step"] == [r["step"] for r in records]
+    for g in ("embedding", "transformer", "non_embedding", "no_decay"):
+        assert lr["trajectory"][g] == [r["lr"][g] for r in records] and lr["final"][g] == records[-1]["lr"][g]
+        assert lr["max_lr"][g] > 0
+    assert "controlled_max_lr" not in lr  # no controller in a plain run
     assert os.path.isfile(run_dir / "checkpoint" / ".metadata")
     assert not os.path.exists(run_dir / "checkpoint.tmp")
     assert "held-out" in proc.stdout and "ex/s" in proc.stdout

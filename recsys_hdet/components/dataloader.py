@@ -46,6 +46,7 @@ import numpy as np
 import polars as pl
 import torch
 from torchrec import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
 
 LABEL_PREFIX = "label_"
 ORACLE_PREFIX = "oracle_"
@@ -55,12 +56,31 @@ TRAIN_EXPOSURES = ("all", "standard")
 
 
 @dataclass
-class Batch:
+class Batch(Pipelineable):
+    """One rank's rows. A TorchRec ``Pipelineable``: the train pipeline moves it to the model's
+    device (``to``, on its copy stream on CUDA, from pinned memory) and marks the streams that use it."""
+
     dense: torch.Tensor  # [B, num_dense] float32
     sparse: KeyedJaggedTensor  # keys = sparse feature names, B rows each
     labels: torch.Tensor  # [B, num_tasks] float32
     mask: torch.Tensor  # [B] bool, False on padding rows (evaluation only)
     extras: Dict[str, torch.Tensor] = field(default_factory=dict)  # oracle/raw ids, eval only
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+        return Batch(self.dense.to(device, non_blocking=non_blocking),
+                     self.sparse.to(device, non_blocking=non_blocking),
+                     self.labels.to(device, non_blocking=non_blocking),
+                     self.mask.to(device, non_blocking=non_blocking),
+                     {k: v.to(device, non_blocking=non_blocking) for k, v in self.extras.items()})
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        for t in (self.dense, self.labels, self.mask, *self.extras.values()):
+            t.record_stream(stream)
+        self.sparse.record_stream(stream)
+
+    def pin_memory(self) -> "Batch":
+        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory(),
+                     self.mask.pin_memory(), {k: v.pin_memory() for k, v in self.extras.items()})
 
 
 @dataclass
@@ -294,7 +314,7 @@ class ParquetBatchStream:
         # validates exposure and part (and the column "standard" needs)
         self._rows = day_rows(meta, days, exposure, holdout, part)
         self.reserve_rows = reserve_rows
-        self._arrays: Optional[_DayArrays] = None  # the day being read (for its reserved rows)
+        self._recent_days: Dict[int, _DayArrays] = {}  # the last days read (for their reserved rows)
         self.days = list(days)
         self.batch_size = batch_size
         self.rank = rank
@@ -327,7 +347,20 @@ class ParquetBatchStream:
 
     # -- position ----------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, int]:
+        """The position of the batches produced so far (a train pipeline reads ahead of the ones
+        trained on: checkpoint :meth:`position_after` the steps taken instead)."""
         return {"day_index": self._day_index, "batch_index": self._batch_index}
+
+    def position_after(self, batches: int) -> Dict[str, int]:
+        """The position (as :meth:`state_dict`) right after the first ``batches`` batches of the pass
+        were produced: where a job that trained on them goes on from."""
+        before = 0
+        for day_index, day in enumerate(self.days):
+            n = self.batches_in_day(day)
+            if batches <= before + n and (batches > before or day_index == 0):
+                return {"day_index": day_index, "batch_index": batches - before}
+            before += n
+        return {"day_index": len(self.days), "batch_index": 0}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
         self._day_index = int(state["day_index"])
@@ -340,9 +373,7 @@ class ParquetBatchStream:
             n_batches = self.batches_in_day(day)
             if self._batch_index < n_batches:
                 keep = _part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"]))
-                arrays = self._arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
-                                                   drop_random=self.exposure == "standard",
-                                                   normalization=self.normalization, keep=keep)
+                arrays = self._load_day(self._day_index, keep)
                 while self._batch_index < n_batches:
                     batch = self._make_batch(arrays, self._batch_index)
                     self._batch_index += 1
@@ -350,11 +381,27 @@ class ParquetBatchStream:
             self._day_index += 1
             self._batch_index = 0
 
-    def reserved_batches(self, batch_size: int) -> List[Batch]:
-        """The current day's reserved rows (identical on every rank), in batches of ``batch_size``."""
-        a = self._arrays
-        if a is None or self.reserve_rows == 0:
-            raise RuntimeError("reserved_batches: no day is being read, or no rows are reserved")
+    def _load_day(self, day_index: int, keep: Optional[np.ndarray]) -> "_DayArrays":
+        day = self.days[day_index]
+        arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
+                            drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep)
+        if self.reserve_rows:
+            # The days a train pipeline may still be training on (it reads up to two batches ahead).
+            self._recent_days[day_index] = arrays
+            for old in sorted(self._recent_days)[:-3]:
+                del self._recent_days[old]
+        return arrays
+
+    def reserved_batches(self, batch_size: int, trained_steps: int) -> List[Batch]:
+        """The reserved rows (identical on every rank) of the day of the last batch trained on, after
+        ``trained_steps`` steps of the pass, in batches of ``batch_size``."""
+        if self.reserve_rows == 0 or trained_steps < 1:
+            raise RuntimeError("reserved_batches: no rows are reserved, or no batch was trained on yet")
+        day_index = self.position_after(trained_steps)["day_index"]
+        a = self._recent_days.get(day_index)
+        if a is None:
+            day = self.days[day_index]
+            a = self._load_day(day_index, _part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"])))
         rows = torch.arange(a.rows - self.reserve_rows, a.rows)
         return [self._gather(a, idx, torch.ones(len(idx), dtype=torch.bool)) for idx in rows.split(batch_size)]
 
@@ -397,6 +444,21 @@ class ParquetBatchStream:
             mask=mask,
             extras={k: v[idx] for k, v in a.extras.items()},
         )
+
+
+class TrainedPosition:
+    """The checkpointed position of a training stream: right after the batches trained on
+    (``trained_steps()``), wherever a train pipeline reading ahead has got to."""
+
+    def __init__(self, stream: ParquetBatchStream, trained_steps) -> None:
+        self.stream = stream
+        self.trained_steps = trained_steps
+
+    def state_dict(self) -> Dict[str, int]:
+        return self.stream.position_after(self.trained_steps())
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.stream.load_state_dict(state)
 
 
 def split_days(

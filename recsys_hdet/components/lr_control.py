@@ -7,12 +7,12 @@ config:
 - HDET (``hdet.enabled``): :class:`recsys_hdet.hdet.integration.HDETControl`, the replicas each on
   their own learning rates around a shared base that a controller moves at every sync.
 
-The training loop calls, at every step, :meth:`LRControl.before_step` (with the batch it is about to
-train on: a signal that must see the batch first, HDET's serving loss, reads it there) and, after the
-optimizer step, :meth:`LRControl.step` with the step's per-task losses; the control sets the next
-step's values and pushes them to the optimizers' kernels. It never branches on which control it
-holds: what differs (how the embedding replicas are averaged, whether a non-finite replica is
-tolerated, the logs, the summary) is asked of the control.
+The training loop calls :meth:`LRControl.step` after every optimizer step, with the step's
+per-task losses (and the served ones, computed in the step when the control
+``wants_serving_loss``); the control sets the next step's values and pushes them to the
+optimizers' kernels. The loop never branches on which control it holds: what differs (how the
+embedding replicas are averaged, whether a non-finite replica is tolerated, the logs, the summary)
+is asked of the control.
 
 The control is checkpointed (``state_dict``) and is what a rollback cuts (``cut_learning_rates``).
 """
@@ -40,9 +40,10 @@ class LRControl(Protocol):
     #: are none to average).
     embedding_sync_every: int
 
-    def before_step(self, model: torch.nn.Module, batch: Any) -> None: ...
+    #: Whether step() needs the served loss (eval mode, before the step) of each batch.
+    wants_serving_loss: bool
 
-    def step(self, step: int, per_task: torch.Tensor) -> Optional[Dict[str, Any]]:
+    def step(self, step: int, per_task: torch.Tensor, served: Optional[torch.Tensor]) -> Optional[Dict[str, Any]]:
         """After the optimizer step of training step ``step`` (0-based): returns what to log (an
         HDET sync record), having logged it, or None."""
 
@@ -70,6 +71,7 @@ class ScheduledLR:
     """The plain run: every group follows its own one-cycle schedule (``optim.schedule``)."""
 
     tolerates_non_finite_replicas = False
+    wants_serving_loss = False
 
     def __init__(self, optimizer: Any, schedules: Mapping[str, Any], cycle_momentum: bool, total_steps: int,
                  embedding_sync_every: int) -> None:
@@ -79,10 +81,7 @@ class ScheduledLR:
         self.embedding_sync_every = embedding_sync_every
         optimizer.apply_hparams()
 
-    def before_step(self, model: torch.nn.Module, batch: Any) -> None:
-        pass
-
-    def step(self, step: int, per_task: torch.Tensor) -> None:
+    def step(self, step: int, per_task: torch.Tensor, served: Optional[torch.Tensor]) -> None:
         if step + 1 < self.total_steps:  # the schedule has total_steps values, the last one is kept
             self.scheduler.step()
             self.optimizer.apply_hparams()

@@ -1,10 +1,5 @@
-"""Evaluation metrics and the training-progress logger.
-
-Metrics per task on held-out predictions: AUC and ECE (torchmetrics), log loss (PyTorch),
-normalized entropy (log loss / entropy of the positive rate) and calibration (mean prediction /
-positive rate).
-Where the data carries the generator's true probabilities, the oracle's log loss and NE on the
-same rows are reported beside the model's: the floor no model can beat.
+"""The training job's records: the metrics.jsonl logger, JSON(-lines) reading and atomic writing,
+peak memory. The metrics themselves live in :mod:`recsys_hdet.evaluation.metrics`.
 """
 
 from __future__ import annotations
@@ -16,56 +11,11 @@ import sys
 import time
 from typing import Any, Dict, IO, List, Mapping, Optional
 
-import torch
-import torch.nn.functional as F
-from torchmetrics.functional.classification import binary_auroc, binary_calibration_error
-
-_EPS = 1e-7
-
-
-def binary_entropy(p: float) -> float:
-    p = min(max(p, _EPS), 1 - _EPS)
-    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
-
-
-def task_metrics(probs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
-    """AUC and ECE (torchmetrics), log loss (PyTorch), NE, calibration, positive rate, count.
-
-    NE = log loss / entropy of the positive rate; calibration = mean prediction / positive rate.
-    Metrics that need both classes are NaN on a one-class slice. Used by the trainer's held-out
-    evaluation and by ``recsys_hdet.evaluate`` (per task and per segment)."""
-    if probs.numel() == 0:
-        raise ValueError("no held-out examples to evaluate")
-    if not bool(torch.isfinite(probs).all()):
-        raise ValueError("predictions contain NaN or inf")
-    p = probs.double().clamp(_EPS, 1 - _EPS)  # for the log loss; AUC ranks the raw scores (no ties added)
-    y = labels.double()
-    positive_rate = float(y.mean())
-    ll = float(F.binary_cross_entropy(p, y))
-    has_both = 0.0 < positive_rate < 1.0
-    return {
-        "auc": float(binary_auroc(probs.double(), y.long())) if has_both else float("nan"),
-        "ne": ll / binary_entropy(positive_rate) if has_both else float("nan"),
-        "logloss": ll,
-        "calibration": float(p.mean()) / positive_rate if positive_rate > 0 else float("nan"),
-        "ece": float(binary_calibration_error(p, y.long(), n_bins=15, norm="l1")),
-        "positive_rate": positive_rate,
-        "count": int(labels.numel()),
-    }
-
-
-def oracle_metrics(oracle_probs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
-    """The generator's true probabilities scored like a model: log loss and NE (NaN on one class)."""
-    y = labels.double()
-    positive_rate = float(y.mean())
-    ll = float(F.binary_cross_entropy(oracle_probs.double().clamp(_EPS, 1 - _EPS), y))
-    return {"logloss": ll, "ne": ll / binary_entropy(positive_rate) if 0.0 < positive_rate < 1.0 else float("nan")}
-
 
 class MetricLogger:
     """Writes ``metrics.jsonl`` (one object per logging interval) and a console line.
 
-    Only rank 0 constructs one. The console line: step/total, examples/s, loss per task, ETA.
+    Only rank 0 constructs one. The console line: step/total, examples/s, loss and NE per task, ETA.
     """
 
     def __init__(self, path: str, total_steps: int, stream: IO[str] = sys.stdout, start_step: int = 0) -> None:
@@ -84,9 +34,11 @@ class MetricLogger:
         eta = elapsed / max(step - self.start_step, 1) * (self.total_steps - step)
         losses = record["loss"]  # type: ignore[index]
         parts = " ".join(f"{k}={v:.4f}" for k, v in losses.items())  # type: ignore[union-attr]
+        ne = record.get("ne") or {}
+        ne_parts = ("  NE " + " ".join(f"{k}={v:.4f}" for k, v in ne.items())) if ne else ""  # type: ignore[union-attr]
         self.stream.write(
             f"step {step:>6}/{self.total_steps}  {record['examples_per_sec']:>8.0f} ex/s  "
-            f"loss {parts}  eta {eta:5.0f}s\n"
+            f"loss {parts}{ne_parts}  eta {eta:5.0f}s\n"
         )
         self.stream.flush()
 

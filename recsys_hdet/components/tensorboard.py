@@ -94,12 +94,16 @@ class TensorBoardWriter(NullTensorBoard):
             self._writer.add_scalar(tag, v, global_step=step)
 
     def log_metrics(self, record: Mapping[str, Any]) -> None:
-        """One ``metrics.jsonl`` record: step, examples, loss {task: v, avg}, lr {group: v}, examples_per_sec."""
+        """One ``metrics.jsonl`` record: step, examples, loss {task: v, avg}, lr {group: v}, ne, calibration
+        and auc {task: v}, examples_per_sec."""
         step = int(record["step"])
         for task, v in (record.get("loss") or {}).items():
             self._scalar(f"loss/{task}", v, step)
         for group, v in (record.get("lr") or {}).items():
             self._scalar(f"lr/{group}", v, step)
+        for metric in ("ne", "calibration", "auc"):  # torchrec.metrics, per task, over the interval
+            for task, v in (record.get(metric) or {}).items():
+                self._scalar(f"{metric}/{task}", v, step)
         self._scalar("throughput/examples_per_s", record.get("examples_per_sec"), step)
         self._writer.flush()
 

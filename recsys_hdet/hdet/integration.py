@@ -6,8 +6,9 @@ Everything the job does for HDET lives here, so the training loop never branches
 - the engine (:class:`~recsys_hdet.hdet.scheduler.HDETOneCycleLR`): one-cycle base schedules, each
   replica's multiplier, the sync every ``hdet.sync_every`` steps, the controller;
 - the **signal** each replica reports at a sync: its weighted training loss (``signal=train``), the
-  loss as it serves on the batch it is about to train on (``signal=serving``: eval mode, no
-  smoothing), or the loss on rows reserved from each day (``signal=probe``, read by the engine);
+  loss as it serves on the batch it trains on, before the step (``signal=serving``: eval mode, no
+  smoothing; the model computes it in the training step when :attr:`HDETControl.wants_serving_loss`),
+  or the loss on rows reserved from each day (``signal=probe``, read by the engine);
 - **converge**: the dense replicas averaged over the world at every sync (a non-finite rank left
   out and restored from the others); the embedding replicas (one per sharding group) too when their
   LR is spread, else at the plain cadence by the loop (alpha = 0 is then the plain run, in every
@@ -17,8 +18,8 @@ Everything the job does for HDET lives here, so the training loop never branches
   TensorBoard, the console line; ``summary.json``'s ``hdet`` (time in HDET's hooks).
 
 It talks to the model only through the :class:`~recsys_hdet.components.replicas.ReplicaAverager`
-(averaging, finiteness), the optimizer's named param groups, and, for the serving and probe
-signals, the model's forward.
+(averaging, finiteness), the optimizer's named param groups, the explored hyperparameters'
+bindings, and, for the probe, a function that scores batches.
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
-import torch.nn.functional as F
 
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams
 from recsys_hdet.components.lr_control import weighted_task_mean
@@ -56,38 +56,46 @@ class HDETControl:
         self.run_dir, self.rank = run_dir, rank
         self.seconds = 0.0  # time in HDET's hooks (for benchmarks)
         self.syncs = 0
-        self._served: Optional[float] = None
+        # Each LR group's base at the last sync in max-LR units (the run's max LR times the base over
+        # the schedule it replaces at that step): what a later job that carries the LR starts from.
+        self.controlled_max_lr: Dict[str, float] = {}
+        self.trained_steps = 0
         self._failure = ""
         self._log = None
         self._tensorboard = None
 
     # -- every step ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def before_step(self, model: torch.nn.Module, batch: Any) -> None:
-        if self.signal != "serving":
-            return
-        # The loss as the model serves (no dropout, no smoothing) on the batch it is about to train
-        # on: in one pass, a held-out estimate; what regularizers should be judged by.
-        model.eval()
-        served = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels,
-                                                    reduction="none").mean(0)
-        model.train()
-        self._served = weighted_task_mean(served, self.task_weights)
+    @property
+    def wants_serving_loss(self) -> bool:
+        return self.signal == "serving"
 
-    def step(self, step: int, per_task: torch.Tensor) -> Optional[Dict[str, Any]]:
+    def step(self, step: int, per_task: torch.Tensor, served: Optional[torch.Tensor]) -> Optional[Dict[str, Any]]:
         start = time.perf_counter()
-        # The replica's signal: its weighted task loss (the training objective, per example) unless
-        # the serving loss was asked for (the probe's rows are scored by the engine at the sync).
-        signal = self._served if self.signal == "serving" else weighted_task_mean(per_task, self.task_weights)
+        self.trained_steps = step + 1  # the probe scores the reserved rows of this step's day
+        # The replica's signal: its weighted task loss (the training objective, per example), or the
+        # loss as it serves (no dropout, no smoothing) on the batch it trained on, taken before the
+        # step (in one pass, a held-out estimate; what regularizers should be judged by). The probe's
+        # rows are scored by the engine at the sync.
+        signal = weighted_task_mean(served if self.signal == "serving" else per_task, self.task_weights)
         record = self.scheduler.step(signal)
         self.seconds += time.perf_counter() - start
         self.syncs += record is not None
         # Every replica non-finite at a sync: none to restore the others from (same on all ranks).
         self._failure = ("every replica non-finite at the sync, none to restore the others from"
                          if record is not None and len(record["excluded"]) == self.world_size else "")
-        if record is not None and self._log is not None:
-            self._write_sync(record)
+        if record is not None:
+            self._record_bases(record)
+            if self._log is not None:
+                self._write_sync(record)
         return record
+
+    def _record_bases(self, record: Mapping[str, Any]) -> None:
+        prefix, hparams = self.scheduler.log_prefix, record.get("hparams") or {}
+        for group, schedule in self.scheduler.schedules.items():
+            if prefix + group not in hparams:  # a sync with no finite replica sets no bases
+                continue
+            at = min(int(record["step"]), schedule.total_steps - 1)
+            self.controlled_max_lr[group] = schedule.max_lr * hparams[prefix + group]["next_base"] / schedule(at)[0]
 
     def failed_check(self) -> str:
         return self._failure
@@ -123,7 +131,8 @@ class HDETControl:
     def summary(self, train_seconds: float) -> Dict[str, Any]:
         # Rank 0's time in HDET's hooks (gather, converge, controller, value updates).
         return {"hdet": {"syncs": self.syncs, "seconds": self.seconds,
-                         "fraction_of_train": self.seconds / max(train_seconds, 1e-9)}}
+                         "fraction_of_train": self.seconds / max(train_seconds, 1e-9)},
+                "lr": {"controlled_max_lr": dict(self.controlled_max_lr)}}
 
     # -- the LR control's other duties -----------------------------------------------------------
     def is_spread(self, group: str) -> bool:
@@ -136,35 +145,24 @@ class HDETControl:
         self.scheduler.cut_learning_rates(factor)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {**self.scheduler.state_dict(), "hook_seconds": self.seconds, "syncs": self.syncs}
+        return {**self.scheduler.state_dict(), "hook_seconds": self.seconds, "syncs": self.syncs,
+                "controlled_max_lr": dict(self.controlled_max_lr)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.scheduler.load_state_dict(state)
         self.seconds = float(state.get("hook_seconds", 0.0))
         self.syncs = int(state.get("syncs", 0))
-
-
-@torch.no_grad()
-def probe_loss(model: torch.nn.Module, batches, task_weights: torch.Tensor) -> float:
-    """This replica's task-weighted loss on the probe rows, as it serves (eval mode: no dropout,
-    no smoothing). Every rank scores the same rows, so replicas differ by their parameters only."""
-    model.eval()
-    total = torch.zeros(len(task_weights), dtype=torch.float64)
-    rows = 0
-    for batch in batches:
-        logits = model(batch.dense, batch.sparse)
-        total += F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none").sum(0).double()
-        rows += batch.labels.shape[0]
-    model.train()
-    return weighted_task_mean(total / rows, task_weights)
+        self.controlled_max_lr = {g: float(v) for g, v in (state.get("controlled_max_lr") or {}).items()}
 
 
 def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embedding_sync_every: int,
                        model: torch.nn.Module, averager: ReplicaAverager, stream: Any, layout: Any,
                        process_group: Any, task_weights: torch.Tensor, loss_settings: LossSettings, run_dir: str,
-                       log: Callable[[str], None]) -> HDETControl:
+                       log: Callable[[str], None], served_loss: Callable[[List[Any]], torch.Tensor]) -> HDETControl:
     """HDET's LR control for the job (``cfg.hdet``, ``cfg.optim``); adds each replica's warm-start
-    noise first when the job warm-starts."""
+    noise first when the job warm-starts. ``model``: where explored hyperparameters (dropout,
+    attention temperature) are written; ``served_loss(batches)``: this replica's per-task mean loss
+    on ``batches`` as it serves (eval mode), for the probe signal."""
     h, sched = cfg.hdet, cfg.optim.schedule
     groups = list(optimizer.groups)
     if cfg.trainer.get("warm_start") and float(h.warm_init.nu) > 0:
@@ -184,7 +182,8 @@ def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embe
         mix = h.get("probe_mix", 1.0)
         dense_mix = 1.0 / layout.world_size if mix == "replicas" else float(mix)
         emb_mix = 1.0 / layout.replicas if mix == "replicas" else float(mix)
-        score = lambda: probe_loss(model, stream.reserved_batches(batch), task_weights)
+        score = lambda: weighted_task_mean(served_loss(stream.reserved_batches(batch, control.trained_steps)),
+                                           task_weights)
         probe = score if dense_mix == emb_mix == 1.0 else (
             lambda: mixed_replica_loss(averager, score, dense_mix, emb_mix))
         log(f"HDET signal: every replica scores the same {stream.reserve_rows} rows reserved from each "

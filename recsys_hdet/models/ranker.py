@@ -15,15 +15,16 @@ Parameter groups (see :func:`parameter_group_of`):
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PoolingType
 
 PARAM_GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
 
@@ -111,12 +112,66 @@ class MultiTaskRanker(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Returns logits of shape [batch, num_tasks], tasks in ``self.tasks`` order."""
-        pooled = self.ebc(sparse)
+        return self.head(self.ebc(sparse), dense)
+
+    def head(self, pooled: KeyedTensor, dense: torch.Tensor) -> torch.Tensor:
+        """Everything after the embedding lookup: the logits from the pooled embeddings."""
         tokens = [pooled[name] for name in self.feature_names] + [self.dense_proj(dense)]
         x = torch.stack(tokens, dim=1)  # [B, F+1, D]
         x = self.interaction(x)
         h = self.trunk(x.flatten(1))
         return torch.cat([self.towers[t](h) for t in self.tasks], dim=1)
+
+
+class TrainingRanker(MultiTaskRanker):
+    """The ranker as TorchRec's train pipelines call it: ``forward(batch)`` returns ``(loss, output)``
+    (TorchRec's ``DLRMTrain`` convention), the batch being anything with ``dense``, ``sparse`` and
+    ``labels`` (:class:`recsys_hdet.components.dataloader.Batch`). The embedding lookup reads only
+    ``batch.sparse``, so TrainPipelineSparseDist can start its input distribution a batch ahead.
+
+    A subclass rather than a wrapper module so that parameter names, checkpoints and parameter
+    groups are the plain ranker's; :meth:`MultiTaskRanker.forward` stays reachable as ``logits``.
+
+    ``output`` is ``(per-task loss, served per-task loss or None, predicted probabilities, labels)``,
+    all detached (the probabilities and labels feed torchrec.metrics while training): the served loss
+    (eval mode: no dropout; no label smoothing) of the same batch is computed only when
+    ``serving_loss_wanted`` is set (HDET's serving signal). It reuses the one embedding lookup (a
+    pipelined module may run once per step) and is taken before the optimizer step, so it is the
+    loss the model as it was before this step serves on rows it has not trained on.
+    """
+
+    def __init__(self, *args, task_weights: Sequence[float], loss_settings, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.task_weights = torch.tensor([float(w) for w in task_weights])  # not a buffer: no state
+        self.loss_settings = loss_settings  # read every step: HDET may explore the label smoothing
+        self.serving_loss_wanted = False
+
+    def logits(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        return MultiTaskRanker.forward(self, dense, sparse)
+
+    def forward(self, batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, torch.Tensor]]:  # type: ignore[override]
+        pooled = self.ebc(batch.sparse)
+        logits = self.head(pooled, batch.dense)
+        served = None
+        if self.serving_loss_wanted:
+            with torch.no_grad(), _eval_mode(self):
+                served = F.binary_cross_entropy_with_logits(self.head(pooled, batch.dense), batch.labels,
+                                                            reduction="none").mean(0)
+        ls = self.loss_settings.label_smoothing
+        targets = batch.labels * (1 - ls) + 0.5 * ls if ls > 0 else batch.labels
+        per_task = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").mean(0)
+        loss = (per_task * self.task_weights.to(per_task.device)).sum()
+        return loss, (per_task.detach(), served, torch.sigmoid(logits.detach()), batch.labels)
+
+
+@contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[None]:
+    was_training = module.training
+    module.train(False)
+    try:
+        yield
+    finally:
+        module.train(was_training)
 
 
 def parameter_group_of(name: str) -> str:
@@ -142,12 +197,14 @@ def dense_parameter_groups(named_params: Mapping[str, nn.Parameter] | Dict) -> D
     return groups
 
 
-def build_model(cfg, meta, device: str = "meta") -> "MultiTaskRanker":
+def build_model(cfg, meta, device: str = "meta", training: Optional[Mapping[str, Any]] = None) -> "MultiTaskRanker":
     """The ranker the config's ``model`` and ``tasks`` describe, with one table per sparse feature of
     the data set (``meta``: a DatasetMeta). On the "meta" device: DistributedModelParallel
-    materializes only the shards each rank holds."""
+    materializes only the shards each rank holds. ``training``: ``{"task_weights", "loss_settings"}``
+    for the :class:`TrainingRanker` a train pipeline drives (else the plain ranker, for scoring)."""
     m = cfg.model
-    return MultiTaskRanker(
+    cls = TrainingRanker if training is not None else MultiTaskRanker
+    return cls(
         sparse_features=[SparseFeature(n, int(s["vocab"]), bool(s.get("multi", False))) for n, s in meta.sparse.items()],
         num_dense=len(meta.dense),
         tasks=list(cfg.tasks),
@@ -157,4 +214,5 @@ def build_model(cfg, meta, device: str = "meta") -> "MultiTaskRanker":
         tower=list(m.tower),
         dropout=float(m.dropout),
         device=device,
+        **(training or {}),
     )

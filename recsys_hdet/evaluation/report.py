@@ -240,16 +240,19 @@ def _num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
-_METRICS_HEAD = ("<tr><th>run</th><th>task</th><th>AUC</th><th>NE</th><th>oracle NE</th><th>NE gap</th>"
+_METRICS_HEAD = ("<tr><th>run</th><th>task</th><th>AUC</th><th>GAUC (user)</th><th>NE</th><th>oracle NE</th><th>NE gap</th>"
                  "<th>log loss</th><th>calibration</th><th>ECE</th><th>positive rate</th><th>count</th></tr>")
 
 
-def _metric_rows(label: str, ev: Dict[str, Any], oracle: Dict[str, Any]) -> List[str]:
+def _metric_rows(label: str, ev: Dict[str, Any], oracle: Dict[str, Any],
+                 gauc: Optional[Dict[str, Any]] = None) -> List[str]:
+    """``gauc``: eval.json's ``gauc_user`` (the whole held-out set only; '–' in segment rows)."""
     rows = []
     for t, m in ev.items():
+        g = (gauc or {}).get(t, {}).get("gauc")
         o = oracle.get(t, {}).get("ne")
         gap = m["ne"] - o if (o is not None and m["ne"] is not None) else None
-        rows.append(f"<tr><td>{html.escape(label)}</td><td>{t}</td><td>{_num(m['auc'])}</td><td>{_num(m['ne'])}</td>"
+        rows.append(f"<tr><td>{html.escape(label)}</td><td>{t}</td><td>{_num(m['auc'])}</td><td>{_num(g)}</td><td>{_num(m['ne'])}</td>"
                     f"<td>{_num(o)}</td><td>{'–' if gap is None else f'{gap:+.4f}'}</td><td>{_num(m['logloss'])}</td>"
                     f"<td>{_num(m['calibration'], 3)}</td><td>{_num(m.get('ece'))}</td>"
                     f"<td>{_num(m['positive_rate'])}</td><td>{_num(m['count'])}</td></tr>")
@@ -259,7 +262,8 @@ def _metric_rows(label: str, ev: Dict[str, Any], oracle: Dict[str, Any]) -> List
 def metrics_table(runs: Sequence[RunArtifacts]) -> str:
     rows = []
     for r in runs:
-        rows += _metric_rows(r.label, r.evaluation.get("eval", {}), r.evaluation.get("oracle", {}))
+        rows += _metric_rows(r.label, r.evaluation.get("eval", {}), r.evaluation.get("oracle", {}),
+                             r.evaluation.get("gauc_user", {}))
     return f"<table>{_METRICS_HEAD}{''.join(rows)}</table>"
 
 

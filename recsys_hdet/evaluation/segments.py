@@ -1,15 +1,11 @@
-"""Offline evaluation of a finished run: score held-out days, metrics per task and per segment.
+"""Offline evaluation, steps 2 and 3: the predictions table and the metrics per task and segment.
 
-Three steps, each usable on its own:
-
-1. :func:`score_run` loads the run's config and ``checkpoint/`` into the same TorchRec model
-   (any layout: DCP reshards), scores the chosen days on ``nproc`` local workers and returns the
-   predicted probabilities in the days' file order.
-2. :func:`predictions_frame` joins them with the impressions' labels, oracle probabilities and
-   the ids reports segment by: user activity level (``user_active_degree``), item popularity
-   bucket (from the video's impressions in the run's training days) and tab.
+2. :func:`predictions_frame` joins the scored probabilities (:func:`recsys_hdet.evaluation.scoring.score_run`)
+   with the impressions' labels, oracle probabilities and the ids reports segment by: user
+   activity level (``user_active_degree``), item popularity bucket (from the video's impressions in
+   the run's training days) and tab.
 3. :func:`evaluate_frame` computes, per task and per segment, the trainer's held-out metrics
-   (:func:`recsys_hdet.components.metrics.task_metrics`: AUC, NE, log loss, calibration, ECE,
+   (:func:`recsys_hdet.evaluation.metrics.task_metrics`: AUC, NE, log loss, calibration, ECE,
    positive rate, count), plus equal-count reliability curves, and the same metrics on the
    random-exposure slice (``is_rand`` = 1: videos shown uniformly at random, the unbiased
    estimate), or why that slice is absent (no ``is_rand`` column in older data sets, or no such row).
@@ -18,7 +14,6 @@ Three steps, each usable on its own:
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -29,7 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.dataloader import (LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, RowHoldout,
                                               split_for)
-from recsys_hdet.components.metrics import oracle_metrics, read_json, sync_records, task_metrics
+from recsys_hdet.components.metrics import read_json
+from recsys_hdet.evaluation.metrics import grouped_auc, oracle_metrics, reliability_curve, task_metrics
 
 PRED_PREFIX = "pred_"
 # Segments: name -> column of predictions.parquet.
@@ -99,94 +95,6 @@ def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Opti
             raise EvaluationError(f"days={list(days)}: {unknown} not in {root}/meta.json (days: {list(meta.days)})")
         eval_days = [str(d) for d in days]
     return RunInfo(run_dir, cfg, summary, meta, train_days, eval_days)
-
-
-def final_temperature(run_dir: str, default: float) -> float:
-    """The attention temperature the run ended with: HDET's last base when it explored it (the
-    value lives in the module, not in the checkpoint), else the configured one."""
-    records = sync_records(os.path.join(run_dir, "hdet.jsonl"))
-    last = records[-1] if records else None
-    if last and "temperature" in last.get("hparams", {}):
-        return float(last["hparams"]["temperature"]["next_base"])
-    return default
-
-
-# ----------------------------------------------------------------------------------------------
-# 1. Scoring (distributed, like training)
-
-
-def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], batch_size: int,
-                  temperature: float, out_path: str) -> int:
-    from recsys_hdet.distributed import quiet_library_warnings
-
-    quiet_library_warnings()
-    import torch.distributed as dist
-
-    from recsys_hdet.components.checkpoint import load_model
-    from recsys_hdet.components.dataloader import DenseNormalization, ParquetBatchStream
-    from recsys_hdet.components.hparam_bindings import set_temperature
-    from recsys_hdet.components.optimizer import fused_params
-    from recsys_hdet.distributed import init_process_groups, shard_model
-    from recsys_hdet.models.ranker import build_model
-
-    cfg = OmegaConf.create(cfg_dict)
-    world = int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    pgs = init_process_groups(world)  # one sharding group: the tables sharded over all workers
-    try:
-        meta = DatasetMeta.load(cfg.data.root)
-        model = shard_model(build_model(cfg, meta), pgs, fused_params(cfg.optim.embedding, 0.0),
-                            list(cfg.model.sharding_types))
-        load_model(model, checkpoint)
-        set_temperature(model, temperature)
-        model.eval()
-        # The dense inputs are standardized as in training (the training days' statistics).
-        normalization = DenseNormalization.from_checkpoint(checkpoint)
-        if normalization is None:
-            raise RuntimeError(f"{checkpoint}/meta.json: no dense_normalization (a checkpoint from before the "
-                               "format-2 data sets): retrain the run")
-        stream = ParquetBatchStream(meta, days, batch_size, pgs.layout.rank, world, 0,
-                                    shuffle_within_day=False, pad_last=True, normalization=normalization,
-                                    holdout=RowHoldout.from_config(cfg.data), part="holdout")
-        local: List[torch.Tensor] = []
-        with torch.no_grad():
-            for batch in stream:  # global batch b, rank r: rows [b*G + r*B, b*G + (r+1)*B) of the day
-                local.append(torch.sigmoid(model(batch.dense, batch.sparse)).float())
-        gathered: Optional[List[Any]] = [None] * world if pgs.layout.rank == 0 else None
-        dist.gather_object(torch.stack(local) if local else torch.empty(0), gathered, dst=0)
-        if pgs.layout.rank == 0:
-            # [rank][batch][row][task] -> day order: batch-major, then rank, then row; padding is at the
-            # end of each day's last global batch, so dropping it keeps the day's row count.
-            stacked = torch.stack(gathered)  # type: ignore[arg-type]
-            per_batch = stacked.permute(1, 0, 2, 3).reshape(stacked.shape[1], -1, stacked.shape[-1])
-            parts, b = [], 0
-            for day in days:
-                n = stream.batches_in_day(day)
-                rows = stream.rows_in_day(day)
-                parts.append(per_batch[b:b + n].reshape(-1, per_batch.shape[-1])[:rows])
-                b += n
-            np.save(out_path, torch.cat(parts).numpy())
-        dist.barrier()
-        return 0
-    finally:
-        dist.destroy_process_group()
-
-
-def score_run(run: RunInfo, batch_size: int = 4096, nproc: int = 1, scratch: Optional[str] = None) -> np.ndarray:
-    """Predicted probabilities [rows, tasks] for ``run.eval_days``, in the days' file order (with a
-    ``data.holdout``, of their held-out rows). ``scratch``: where the workers' temporary output goes
-    (default: the run directory; pass another for a run directory that must stay untouched)."""
-    from recsys_hdet.distributed import launch
-
-    cfg_dict = OmegaConf.to_container(run.cfg, resolve=True)
-    cfg_dict["data"]["root"] = run.meta.root  # type: ignore[index]
-    temperature = final_temperature(run.run_dir, float(run.cfg.model.attention_temperature))
-    with tempfile.TemporaryDirectory(dir=scratch or run.run_dir, prefix=".eval-") as tmp:
-        out_path = os.path.join(tmp, "probs.npy")
-        code = launch(_score_worker, (cfg_dict, run.checkpoint, run.eval_days, batch_size, temperature, out_path), nproc)
-        if code != 0 or not os.path.isfile(out_path):
-            raise RuntimeError(f"scoring {run.run_dir} failed (worker exit status {code})")
-        return np.load(out_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,20 +175,7 @@ def predictions_frame(run: RunInfo, probs: np.ndarray) -> pl.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. Metrics
-
-
-def reliability_curve(probs: np.ndarray, labels: np.ndarray, bins: int = 20) -> Dict[str, List[float]]:
-    """Equal-count bins of the prediction: mean prediction, observed positive rate, count per bin.
-    Equal-count (not equal-width) because engagement probabilities crowd near zero."""
-    order = np.argsort(probs, kind="stable")
-    out: Dict[str, List[float]] = {"predicted": [], "observed": [], "count": []}
-    for chunk in np.array_split(order, min(bins, len(order))):
-        if len(chunk):
-            out["predicted"].append(float(probs[chunk].mean()))
-            out["observed"].append(float(labels[chunk].mean()))
-            out["count"].append(int(len(chunk)))
-    return out
+# 3. Metrics per task and segment
 
 
 def _nan_to_none(x: Any) -> Any:
@@ -336,6 +231,9 @@ def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int
             if part.height >= min_segment_rows:
                 segments[name][str(key[0])] = metrics_for(part)
     out["segments"] = segments
+    # Grouped AUC per user: ranking within each user's own impressions.
+    out["gauc_user"] = {t: grouped_auc(df[PRED_PREFIX + t].to_numpy(), df[LABEL_PREFIX + t].to_numpy(),
+                                       df["user_id_raw"].to_numpy()) for t in tasks} if "user_id_raw" in df.columns else {}
     out["random_exposure"] = random_exposure_slice(df, tasks, metrics_for)
     out["reliability"] = {t: reliability_curve(df[PRED_PREFIX + t].to_numpy().astype(np.float64),
                                                df[LABEL_PREFIX + t].to_numpy().astype(np.float64)) for t in tasks}
