@@ -193,11 +193,13 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
     files = StudyFiles.open(os.path.join(REPO, "docs", "lr_recovery_f2"), str(tmp_path))
     r = study(files, [0, 1, 2], [], report_only=True)
     assert "partial" not in r
-    assert (r["best_cell"]["embedding"], r["best_cell"]["dense"]) == pytest.approx((6.0, 0.00948683), rel=1e-5)
-    assert r["optimum_interior"] is False and len(r["growth_next"]) == 2
-    assert {s: v["misset"] for s, v in r["starts"].items()} == {
-        "tuned": False, "all_low": True, "all_high": True, "emb_low_dense_high": True, "emb_high_dense_low": False}
     committed = read_json(os.path.join(REPO, "docs", "lr_recovery.json"))
-    assert committed["plateau"] == json.loads(json.dumps(r["plateau"]))
+    as_json = lambda x: json.loads(json.dumps(x))
+    for key in ("best_cell", "optimum_interior", "growth_next", "plateau"):
+        assert committed[key] == as_json(r[key]), key
+    assert {s: v["misset"] for s, v in r["starts"].items()} == {s: v["misset"] for s, v in committed["starts"].items()}
+    # The misset starts are the ones with a 10x-off group; the tuned start is on the plateau.
+    assert not r["starts"]["tuned"]["misset"] and r["starts"]["all_low"]["misset"]
     r.update(command="c", machine="m")
-    assert "The optimum is NOT interior with today's grid" in render_markdown(r)
+    expected = "The optimum is interior" if r["optimum_interior"] else "The optimum is NOT interior"
+    assert expected in render_markdown(r)
