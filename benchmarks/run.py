@@ -270,14 +270,11 @@ def table(r: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
+def replace_benchmarks_section(heading: str, section: str) -> None:
+    """Writes ``section`` (starting with ``heading``) into BENCHMARKS.md, in place of the section with
+    that heading, or at the end."""
     path = os.path.join(REPO, "BENCHMARKS.md")
     text = open(path).read() if os.path.exists(path) else "# Benchmarks\n\nEvery table here is produced by the script named in its heading.\n"
-    heading = "## Throughput, HDET overhead and scaling (benchmarks/run.py)"
-    section = (f"{heading}\n\n`{r['command']}` on {r['date']}, {r['machine']}; {r['runs']} interleaved repeat(s), "
-               f"medians; {r['setup']['nproc']} local gloo workers, {r['setup']['batch_size_per_rank']} examples "
-               f"per rank per step, data set `{r['setup']['data']}` ({r['setup']['steps']} steps per run). "
-               f"Raw numbers: `benchmarks/results.json`.\n\n{body}\n")
     start = text.find(heading)
     if start >= 0:
         end = text.find("\n## ", start + 1)
@@ -286,6 +283,15 @@ def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
         text = text.rstrip() + "\n\n" + section
     with open(path, "w") as f:
         f.write(text)
+
+
+def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
+    heading = "## Throughput, HDET overhead and scaling (benchmarks/run.py)"
+    replace_benchmarks_section(heading, (
+        f"{heading}\n\n`{r['command']}` on {r['date']}, {r['machine']}; {r['runs']} interleaved repeat(s), "
+        f"medians; {r['setup']['nproc']} local gloo workers, {r['setup']['batch_size_per_rank']} examples "
+        f"per rank per step, data set `{r['setup']['data']}` ({r['setup']['steps']} steps per run). "
+        f"Raw numbers: `benchmarks/results.json`.\n\n{body}\n"))
 
 
 def main(argv=None) -> int:

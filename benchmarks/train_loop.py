@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any, Dict, List
 
-from benchmarks.run import REPO, _check, modes, pipeline_overrides
+from benchmarks.run import REPO, _check, modes, pipeline_overrides, replace_benchmarks_section
 
 BASELINE_REV = "6f08897"
 HEADING = "## Training loop: TorchRec train pipelines against the loop before them (benchmarks/train_loop.py)"
@@ -92,20 +92,11 @@ def main(argv=None) -> int:
         (f" --repeats {args.repeats}" if args.repeats else "")
     print(body)
     if args.write:
-        path = os.path.join(REPO, "BENCHMARKS.md")
-        text = open(path).read()
-        section = (f"{HEADING}\n\n`{command}` on {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
-                   f"{os.cpu_count()} CPU cores; {repeats} interleaved repeat(s), medians; {mode['nproc']} local gloo "
-                   f"workers, {mode['batch_size']} examples per rank per step, data set `{mode['data']}` "
-                   f"({rows['sparse_dist']['steps']} steps per run); loop_before = {args.baseline_rev}.\n\n{body}\n")
-        start = text.find(HEADING)
-        if start >= 0:
-            end = text.find("\n## ", start + 1)
-            text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
-        else:
-            text = text.rstrip() + "\n\n" + section
-        with open(path, "w") as f:
-            f.write(text)
+        replace_benchmarks_section(HEADING, (
+            f"{HEADING}\n\n`{command}` on {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU "
+            f"cores; {repeats} interleaved repeat(s), medians; {mode['nproc']} local gloo workers, "
+            f"{mode['batch_size']} examples per rank per step, data set `{mode['data']}` "
+            f"({rows['sparse_dist']['steps']} steps per run); loop_before = {args.baseline_rev}.\n\n{body}\n"))
     return 0
 
 
