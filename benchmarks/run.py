@@ -65,6 +65,15 @@ def data_root(data: str) -> str:
     return os.path.join(os.environ.get("RECSYS_HDET_DATA", os.path.join(REPO, ".cache", "data")), data)
 
 
+def ensure_data(mode: Dict[str, Any]) -> None:
+    """Make sure the data set exists before timing anything (generated on first use, like training)."""
+    subprocess.run([sys.executable, "-c", "import hydra,os\nfrom hydra import compose, initialize_config_dir\n"
+                    "from recsys_hdet.train import prepare_data\n"
+                    f"with initialize_config_dir(config_dir=os.path.join({REPO!r}, 'conf'), version_base='1.3'):\n"
+                    f"    prepare_data(compose('config', overrides=['data={mode['data']}']))"],
+                   cwd=REPO, check=True)
+
+
 def pipeline_overrides(mode: Dict[str, Any], nproc: int) -> List[str]:
     o = ["+experiment=baseline_low", f"data={mode['data']}", f"data.batch_size={mode['batch_size']}",
          f"trainer.nproc={nproc}", f"trainer.sharding_group_size={nproc}", "trainer.checkpoint=false",
@@ -317,12 +326,7 @@ def main(argv=None) -> int:
             os.path.join(REPO, "outputs", "benchmarks", f"results-{mode_name}.json")
     repeats = args.repeats or mode["repeats"]
     command = "python -m benchmarks.run" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
-    # Make sure the data set exists before timing anything (generated on first use, like training).
-    subprocess.run([sys.executable, "-c", "import hydra,os\nfrom hydra import compose, initialize_config_dir\n"
-                    "from recsys_hdet.train import prepare_data\n"
-                    f"with initialize_config_dir(config_dir=os.path.join({REPO!r}, 'conf'), version_base='1.3'):\n"
-                    f"    prepare_data(compose('config', overrides=['data={mode['data']}']))"],
-                   cwd=REPO, check=True)
+    ensure_data(mode)
     runs = contenders(mode, args.before)
     samples: Dict[str, List[Dict[str, Any]]] = {n: [] for n in runs}
     loader: List[float] = []

@@ -5,9 +5,9 @@ Contenders, each a plain run (no HDET) of ``benchmarks/run.py``'s setup (benchma
 gloo workers, 512 examples per rank per step, one sharding group), interleaved ``--repeats`` times
 with the order rotating every repeat:
 
-- ``loop_before``: the code at ``--baseline-rev`` (default 6f08897: the last commit whose loop
-  called the model itself, with no pipeline and no device copy), checked out into a temporary git
-  worktree and run with the same command;
+- ``loop_before``: the code at ``--baseline-rev`` (default dd515aa: the trainer before the loop was
+  rewritten, with HDET inside ``Trainer``, no pipeline and no device copy), checked out into a
+  temporary git worktree and run with the same command;
 - ``base``: ``trainer.train_pipeline=base`` (TorchRec's TrainPipelineBase: the copy to the device);
 - ``sparse_dist``: the default, TrainPipelineSparseDist (the input all-to-all a batch ahead).
 
@@ -30,9 +30,9 @@ import tempfile
 import time
 from typing import Any, Dict, List
 
-from benchmarks.run import REPO, _check, modes, pipeline_overrides, replace_benchmarks_section
+from benchmarks.run import REPO, _check, ensure_data, modes, pipeline_overrides, replace_benchmarks_section
 
-BASELINE_REV = "6f08897"
+BASELINE_REV = "dd515aa"
 HEADING = "## Training loop: TorchRec train pipelines against the loop before them (benchmarks/train_loop.py)"
 
 
@@ -58,6 +58,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     mode = modes()["tiny" if args.tiny else "quick" if args.quick else "full"]
     repeats = args.repeats or mode["repeats"]
+    ensure_data(mode)
     workdir = tempfile.mkdtemp(prefix="bench_loop_")
     baseline = os.path.join(workdir, "baseline")
     subprocess.run(["git", "worktree", "add", "--detach", baseline, args.baseline_rev], cwd=REPO, check=True,

@@ -6,7 +6,7 @@ from sklearn.metrics import roc_auc_score
 from dist_helpers import spawn
 
 TASKS = ["a", "b"]
-BATCH, WINDOW_STEPS, STEPS = 64, 3, 5
+BATCH, WINDOW_STEPS, STEPS, FIRST_INTERVAL = 64, 3, 5, 2
 
 
 def _rows(rank, step):
@@ -26,28 +26,30 @@ def _job(out_path):
     metrics = TrainMetrics(TASKS, BATCH, world, rank, WINDOW_STEPS, torch.device("cpu"), dist.group.WORLD)
     for step in range(STEPS):
         metrics.update(*_rows(rank, step))
+        if step + 1 == FIRST_INTERVAL:
+            metrics.compute()  # the first interval: its rows leave the figures
     result = metrics.compute()
     if rank == 0:
         torch.save(result, out_path)
     dist.barrier()
 
 
-def test_interval_metrics_are_those_of_every_rank_s_rows_of_the_last_log_interval(tmp_path):
+def test_interval_metrics_are_those_of_every_rank_s_rows_since_the_last_compute(tmp_path):
     from recsys_hdet.evaluation.metrics import task_metrics
 
     out = tmp_path / "metrics.pt"
     spawn(_job, 2, str(out))
     got = torch.load(out)
     assert set(got) == {"ne", "calibration", "auc"}
-    # The window: the last WINDOW_STEPS steps of both ranks (earlier steps slid out).
-    rows = [_rows(r, s) for r in range(2) for s in range(STEPS - WINDOW_STEPS, STEPS)]
+    # The interval: the steps since the first compute, of both ranks.
+    rows = [_rows(r, s) for r in range(2) for s in range(FIRST_INTERVAL, STEPS)]
     p, y = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
     for i, task in enumerate(TASKS):
         expected = task_metrics(p[:, i], y[:, i])
         assert abs(got["ne"][task] - expected["ne"]) < 1e-4, task
         assert abs(got["calibration"][task] - float(p[:, i].sum() / y[:, i].sum())) < 1e-4, task
         assert abs(got["auc"][task] - roc_auc_score(y[:, i].numpy(), p[:, i].numpy())) < 1e-4, task
-    # Not the whole pass: the first steps' rows give other values.
+    # Not the whole pass: the first interval's rows give other values.
     all_rows = [_rows(r, s) for r in range(2) for s in range(STEPS)]
     p_all, y_all = torch.cat([r[0] for r in all_rows]), torch.cat([r[1] for r in all_rows])
     assert abs(got["ne"]["a"] - task_metrics(p_all[:, 0], y_all[:, 0])["ne"]) > 1e-4

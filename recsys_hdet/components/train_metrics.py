@@ -1,20 +1,25 @@
 """Recommender metrics while training: torchrec.metrics' ``RecMetricModule``.
 
-Per task, over each logging interval (a window of ``trainer.log_every`` steps' examples, all ranks'
-rows), on the predictions the model trained on (train mode, before the step's update):
+Per task, over each logging interval (the examples of every rank since the last record: at most
+``trainer.log_every`` steps), on the predictions the model trained on (train mode, before the step's
+update):
 
-- ``ne``: normalized entropy (log loss over the entropy of the window's positive rate);
+- ``ne``: normalized entropy (log loss over the entropy of the interval's positive rate);
 - ``calibration``: sum of predictions over sum of labels;
-- ``auc``: the window's ROC AUC.
+- ``auc``: the interval's ROC AUC.
 
-Each rank updates its own states every step; ``compute()`` (every ``log_every`` steps, on every rank:
-it is a collective) reduces them over the process group. These are what a dashboard shows
-(``metrics.jsonl``, TensorBoard, the console); the held-out evaluation (``summary.json``'s ``eval``)
+Each rank keeps the interval's predictions and labels (detached, on the device) and feeds them to
+the module in one ``update`` at the interval's end, after a ``reset``. Updating the module every step
+cost 6.6 ms a step on one CPU thread (512 rows, 4 tasks: per task and metric a dozen small ops and a
+window buffer); one update and compute of a 100-step interval take about 90 ms, under 1 ms a step.
+``compute()`` (every ``log_every`` steps and at forced checks, on every rank: it is a collective)
+reduces the states over the process group, so the figures are exactly those of the interval's rows,
+however long the interval. These are what a dashboard shows (``metrics.jsonl``, TensorBoard, the console); the held-out evaluation (``summary.json``'s ``eval``)
 is computed separately, on rows never trained on.
 
 Limits: under HDET the replicas' predictions are pooled, so the figures are those of the ensemble
-of replicas, not of the averaged model; a rolled-back interval stays in the window until it slides
-out. torchrec 1.8's metrics need torchmetrics 1.0.x (its own pin): newer ones reject its reports.
+of replicas, not of the averaged model; a rolled-back interval is recorded as trained (its record
+carries the rollback). torchrec 1.8's metrics need torchmetrics 1.0.x (its own pin): newer ones reject its reports.
 """
 
 from __future__ import annotations
@@ -37,31 +42,36 @@ class TrainMetrics:
         self.device = device
         rec_tasks = [RecTaskInfo(name=t, label_name=f"label_{t}", prediction_name=f"prediction_{t}",
                                  weight_name=f"weight_{t}") for t in self.tasks]
-        window = max(1, int(window_steps)) * batch_size * world_size  # examples, all ranks
+        self.window = max(1, int(window_steps)) * batch_size  # this rank's rows in one interval at most
         config = MetricsConfig(
             rec_tasks=rec_tasks,
             rec_metrics={RecMetricEnum(m): RecMetricDef(rec_task_indices=list(range(len(rec_tasks))),
-                                                        window_size=window) for m in METRICS},
+                                                        window_size=self.window * world_size) for m in METRICS},
             throughput_metric=None, state_metrics=[], rec_compute_mode=RecComputeMode.UNFUSED_TASKS_COMPUTATION,
             compute_interval_steps=1)
         self.module = generate_metric_module(RecMetricModule, config, batch_size=batch_size, world_size=world_size,
                                              my_rank=rank, state_metrics_mapping={}, device=device,
                                              process_group=process_group)
-        self._weights = torch.ones(batch_size, device=device)
+        self._predictions: List[torch.Tensor] = []
+        self._labels: List[torch.Tensor] = []
 
     def update(self, predictions: torch.Tensor, labels: torch.Tensor) -> None:
-        """One step's predicted probabilities and labels, [batch, tasks] in ``tasks`` order."""
-        weights = self._weights if self._weights.shape[0] == labels.shape[0] else torch.ones(labels.shape[0],
-                                                                                              device=labels.device)
-        out = {}
-        for i, t in enumerate(self.tasks):
-            out[f"prediction_{t}"] = predictions[:, i]
-            out[f"label_{t}"] = labels[:, i]
-            out[f"weight_{t}"] = weights
-        self.module.update(out)
+        """One step's predicted probabilities and labels, [batch, tasks] in ``tasks`` order (kept until
+        ``compute``)."""
+        self._predictions.append(predictions.detach())
+        self._labels.append(labels.detach())
 
     def compute(self) -> Dict[str, Dict[str, float]]:
-        """The window's ``{metric: {task: value}}`` over every rank (a collective: call on all ranks)."""
+        """The interval's ``{metric: {task: value}}`` over every rank (a collective: call on all ranks)."""
+        predictions, labels = torch.cat(self._predictions), torch.cat(self._labels)
+        self._predictions, self._labels = [], []
+        if predictions.shape[0] > self.window:
+            raise ValueError(f"{predictions.shape[0]} rows since the last compute exceed the metrics' window of "
+                             f"{self.window} (trainer.log_every steps)")
+        self.module.reset()
+        self.module.update({**{f"prediction_{t}": predictions[:, i] for i, t in enumerate(self.tasks)},
+                            **{f"label_{t}": labels[:, i] for i, t in enumerate(self.tasks)},
+                            **{f"weight_{t}": torch.ones_like(labels[:, 0]) for t in self.tasks}})
         values = self.module.compute()
         out: Dict[str, Dict[str, float]] = {m: {} for m in METRICS}
         for key, value in values.items():  # e.g. "ne-like|window_ne"
