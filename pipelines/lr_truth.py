@@ -60,7 +60,10 @@ FRACTIONS = (0.25, 0.5, 0.75)
 DIVERGED_NE = 1.0  # a diverged run scores as the base-rate predictor (docs/lr_recovery.md's rule)
 ALPHA = 0.25  # the product's spread (conf/hdet/enabled.yaml)
 SCORES = ("zscore", "rank", "regression")
-LOSSES = ("probe", "train", "serving")
+# A signal run per (start, seed, checkpoint) for each of these hdet.signal values; the scorecard's
+# losses are their sync records' "losses", and the probe run's "train_losses" (the window loss).
+SIGNAL_RUNS = ("probe", "serving", "averaged_probe", "anneal_probe")
+LOSSES = ("probe", "train", "serving", "averaged_probe", "anneal_probe")
 
 
 class StudyError(RuntimeError):
@@ -89,7 +92,7 @@ MODES = {
     "fast": Mode(("+experiment=baseline_low", "data=demo", "data.train_days=2"),
                  {"preset": (0.05, 0.002), "low": (0.005, 0.0002)}, (0, 1, 2), 25, 4),
     # For the harness's own end-to-end test: tiny data, two ranks.
-    "tiny": Mode(("data=tiny",), {"preset": (0.05, 0.002)}, (0, 1), 5, 1, layout=(2, 1), reserve_rows=1024,
+    "tiny": Mode(("data=tiny",), {"preset": (0.05, 0.002)}, (0, 1), 5, 1, layout=(2, 1), reserve_rows=2048,
                  fractions=(0.5,), groups=("dense",)),
 }
 
@@ -145,6 +148,26 @@ class Study:
         print(f"{name}: {record['status']}, mean NE {record['mean_ne']}, {record['process_seconds']:.0f} s", flush=True)
         return record
 
+    def retrain_trunk(self, name: str, recorded: Dict[str, Any], checkpoint: str) -> None:
+        """Trains a recorded trunk again for its kept checkpoints (signal runs added in a later session
+        branch from them; run directories are not kept in docs), as the line ``<name>_again``.
+
+        Training is deterministic on one machine, not across machines: the trunk trained again on
+        another day can end a little away from the recorded one (measured: plateau seed 0, 0.77753
+        against the recorded 0.77679, with the code of the record and today's alike). The truth keeps
+        the recorded branches; the report lists each trunk's two NEs, the size of that drift."""
+        again_name = f"{name}_again"
+        if again_name in self.results and os.path.isdir(checkpoint):
+            return
+        print(f"{name}: training the recorded trunk again for its kept checkpoints", flush=True)
+        again = train(self.work, name, recorded["overrides"], self.data_cache)
+        if again["status"] != recorded["status"] or not os.path.isdir(checkpoint):
+            raise StudyError(f"{name}: trained again, it ends {again['status']} (recorded: {recorded['status']}) "
+                             f"or kept no checkpoint at {checkpoint}: the truth's trunk cannot be reproduced here")
+        SR.append(self.results_path, {**again, "name": again_name})
+        self.results[again_name] = {**again, "name": again_name}
+        print(f"{again_name}: mean NE {again['mean_ne']} (recorded {recorded['mean_ne']})", flush=True)
+
     def common(self, embedding: float, dense: float, seed: int) -> List[str]:
         m = self.mode
         return [*m.overrides, *lr_overrides(embedding, dense), f"seed={seed}", f"trainer.nproc={m.layout[0]}",
@@ -167,17 +190,16 @@ class Study:
             at = round(fraction * steps / T) * T  # where the trunk kept it (trainer.py: keep_at)
             ckpt = os.path.join(self.work, prefix, "trunk", "checkpoint", f"step-{at}")
             pending = [g for g in self.mode.groups for m in (0.5, 2.0) if f"{prefix}/{pct(fraction)}/{g}_x{m:g}" not in self.results]
-            pending_signals = [s for s in ("probe", "serving") if f"{prefix}/{pct(fraction)}/signal_{s}" not in self.results]
+            pending_signals = [s for s in SIGNAL_RUNS if f"{prefix}/{pct(fraction)}/signal_{s}" not in self.results]
             if (pending or pending_signals) and not os.path.isdir(ckpt):
-                raise StudyError(f"{ckpt}: the trunk's kept checkpoint is missing (its run directory was removed?); "
-                                 f"remove the trunk's line {prefix}/trunk from {self.results_path} to train it again")
+                self.retrain_trunk(f"{prefix}/trunk", trunk, ckpt)
             for group in self.mode.groups:
                 for m in (0.5, 2.0):
                     lrs = {"embedding": embedding, "dense": dense}
                     lrs[group] *= m
                     self.run(f"{prefix}/{pct(fraction)}/{group}_x{m:g}",
                              [*self.common(lrs["embedding"], lrs["dense"], seed), f"trainer.branch_from={ckpt}"])
-            for signal in ("probe", "serving"):
+            for signal in SIGNAL_RUNS:
                 self.run(f"{prefix}/{pct(fraction)}/signal_{signal}",
                          [*base, f"trainer.branch_from={ckpt}", "hdet=enabled", f"hdet.signal={signal}",
                           "hdet.space=log", f"hdet.alpha={ALPHA}", f"hdet.sync_every={T}", f"hdet.controller_start={at}",
@@ -270,14 +292,19 @@ def full_windows(line: Dict[str, Any], sync_every: int) -> List[Dict[str, Any]]:
     return [x for x in SR.sync_records(line) if (x["step"] - at) % sync_every == 0]
 
 
-def signals_of(probe: Dict[str, Any], serving: Dict[str, Any], mode: Mode) -> Dict[str, Dict[str, float]]:
-    """Every scored signal's value per group at one (start, seed, checkpoint)."""
+def signals_of(lines: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Dict[str, float]]:
+    """Every scored signal's value per group at one (start, seed, checkpoint), from the signal runs
+    there (``lines``: hdet.signal -> results line) that recorded whole windows."""
     out = {}
     for loss in LOSSES:
-        line, key = (serving, "losses") if loss == "serving" else (probe, "losses" if loss == "probe" else "train_losses")
+        line, key = (lines.get("probe"), "train_losses") if loss == "train" else (lines.get(loss), "losses")
+        if line is None:
+            continue
         for score in SCORES:
             out[f"{loss}/{score}"] = signal_values(full_windows(line, mode.sync_every), key, score, mode.layout[1])
-    out["paper"] = signal_values(full_windows(probe, mode.sync_every), "train_losses", "softmax", mode.layout[1])
+    if "probe" in lines:
+        out["paper"] = signal_values(full_windows(lines["probe"], mode.sync_every), "train_losses", "softmax",
+                                     mode.layout[1])
     return out
 
 
@@ -298,13 +325,13 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
                 values: Dict[str, List[float]] = {}
                 windows, steps = set(), set()
                 for s in mode.seeds:
-                    probe = results.get(f"{start}/seed{s}/{pct(fraction)}/signal_probe")
-                    serving = results.get(f"{start}/seed{s}/{pct(fraction)}/signal_serving")
-                    if probe and serving and full_windows(probe, mode.sync_every) and full_windows(serving, mode.sync_every):
-                        windows.add(len(full_windows(probe, mode.sync_every)))
-                        steps.add(checkpoint_step(probe))
-                        for name, by_group in signals_of(probe, serving, mode).items():
-                            values.setdefault(name, []).append(by_group[group])
+                    lines = {k: results.get(f"{start}/seed{s}/{pct(fraction)}/signal_{k}") for k in SIGNAL_RUNS}
+                    lines = {k: v for k, v in lines.items() if v and full_windows(v, mode.sync_every)}
+                    for line in lines.values():
+                        windows.add(len(full_windows(line, mode.sync_every)))
+                        steps.add(checkpoint_step(line))
+                    for name, by_group in signals_of(lines, mode).items():
+                        values.setdefault(name, []).append(by_group[group])
                 case = {"start": start, "checkpoint": fraction, "group": group, **truth(ne),
                         "checkpoint_steps": sorted(steps), "signal_windows": sorted(windows),
                         "signals": {k: statistics.fmean(v) for k, v in values.items()},
@@ -313,11 +340,24 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
     for case in cases:
         direction = {"x2": 1, "x0.5": -1}.get(case.get("best") or "")
         for name, value in case["signals"].items():
-            entry = signal_table.setdefault(name, {"agree": 0, "cases": 0})
+            entry = signal_table.setdefault(name, {"agree": 0, "cases": 0, "per_start": {}})
             if direction:
-                entry["cases"] += 1
-                entry["agree"] += int(value * direction > 0)
-    return {"cases": cases, "scorecard": signal_table}
+                per_start = entry["per_start"].setdefault(case["start"], {"agree": 0, "cases": 0})
+                for tally in (entry, per_start):
+                    tally["cases"] += 1
+                    tally["agree"] += int(value * direction > 0)
+    trunks_again = [{"trunk": n[:-len("_again")], "recorded": results[n[:-len("_again")]]["mean_ne"],
+                     "again": line["mean_ne"]}
+                    for n, line in sorted(results.items()) if n.endswith("/trunk_again") and n[:-len("_again")] in results]
+    return {"cases": cases, "scorecard": signal_table, "chosen": chosen_signal(), "trunks_again": trunks_again}
+
+
+def chosen_signal() -> str:
+    """The product's default signal and score (conf/hdet/enabled.yaml), as the scorecard names it."""
+    from omegaconf import OmegaConf
+
+    h = OmegaConf.load(os.path.join(REPO, "conf", "hdet", "enabled.yaml"))
+    return f"{h.signal}/{h.score}"
 
 
 def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> str:
@@ -342,12 +382,24 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
         lines.append(f"| {c['start']} | {where} | {c['group']} | {means['x0.5']:.4f} | {means['x1']:.4f} | "
                      f"{means['x2']:.4f} | {c['best']} (leader {c['leader']}) | {c['diff']:+.4f} "
                      f"[{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {len(c['seeds'])} | {windows} |")
+    again = result.get("trunks_again") or []
+    if again:
+        lines += ["", "## Trunks trained again", "",
+                  "Signal runs added later branch from trunks trained again (run directories are not kept); "
+                  "across machines training is not bit-exact, so the trunk a new signal run starts from "
+                  "differs from the one the truth's branches started from by this much:", "",
+                  "| trunk | recorded NE | trained again | difference |", "|---|---|---|---|"]
+        for t in again:
+            lines.append(f"| {t['trunk']} | {t['recorded']:.5f} | {t['again']:.5f} | {t['again'] - t['recorded']:+.5f} |")
     lines += ["", "## Scorecard", "",
               "Agreement of each signal's sign (mean over seeds) with the truth's side, over the cases whose truth is "
               "x0.5 or x2; cases with truth `none` or `x1` are not scored.", "",
-              "| signal | agree / cases |", "|---|---|"]
+              f"The product's default (conf/hdet/enabled.yaml): `{result['chosen']}`.", "",
+              "| signal | agree / cases | " + " | ".join(mode.starts) + " |", "|---|---|" + "---|" * len(mode.starts)]
     for name, entry in sorted(result["scorecard"].items()):
-        lines.append(f"| {name} | {entry['agree']} / {entry['cases']} |")
+        per_start = [entry.get("per_start", {}).get(start) for start in mode.starts]
+        lines.append(f"| {name} | {entry['agree']} / {entry['cases']} | "
+                     + " | ".join(f"{t['agree']} / {t['cases']}" if t else "-" for t in per_start) + " |")
     lines += ["", "## Signal values per case", "",
               "Positive: the higher LRs did better in the windows after the checkpoint.", "",
               "| start | checkpoint | group | truth | " + " | ".join(sorted(result["scorecard"])) + " |",

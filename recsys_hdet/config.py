@@ -35,6 +35,9 @@ def _positive_int(cfg: DictConfig, key: str) -> None:
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key, value, "must be an integer >= 1")
 
 
+PROBE_SIGNALS = ("probe", "averaged_probe", "anneal_probe")  # the signals that score reserved rows
+
+
 def probe_rows(cfg: DictConfig) -> int:
     """Rows reserved from each training day (never trained on): ``data.reserve_rows`` when set (so that
     plain and HDET runs train on the same rows), else HDET's probe rows when the probe signal is on,
@@ -43,7 +46,7 @@ def probe_rows(cfg: DictConfig) -> int:
     if reserved is not None:
         return int(reserved)
     h = cfg.hdet
-    return int(h.probe_rows) if h.enabled and h.get("signal") == "probe" else 0
+    return int(h.probe_rows) if h.enabled and h.get("signal") in PROBE_SIGNALS else 0
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -117,12 +120,28 @@ def validate_config(cfg: DictConfig) -> None:
             _positive_int(cfg, "hdet.embedding_sync_every")
         _require(float(h.ceiling_multiple) >= 1.0, "hdet.ceiling_multiple", h.ceiling_multiple, "must be >= 1")
         _require(float(h.warm_init.nu) >= 0.0, "hdet.warm_init.nu", h.warm_init.nu, "must be >= 0")
-        _require(h.get("signal", "train") in ("train", "serving", "probe"), "hdet.signal", h.get("signal"),
-                 "'train', 'serving' or 'probe'")
-        if h.get("signal") == "probe":
+        from recsys_hdet.hdet.signals import SIGNALS
+
+        signal = h.get("signal", "train")
+        _require(signal in SIGNALS, "hdet.signal", signal, "one of " + ", ".join(repr(x) for x in SIGNALS))
+        if signal in PROBE_SIGNALS:
             _positive_int(cfg, "hdet.probe_rows")
             _require(cfg.data.get("reserve_rows") != 0, "data.reserve_rows", 0,
-                     "hdet.signal=probe scores rows reserved from training: null (hdet.probe_rows) or > 0")
+                     f"hdet.signal={signal} scores rows reserved from training: null (hdet.probe_rows) or > 0")
+            if signal == "anneal_probe":
+                _positive_int(cfg, "hdet.anneal_probe.steps")
+                cooldown_rows = int(h.anneal_probe.steps) * int(cfg.data.batch_size)
+                _require(cooldown_rows < probe_rows(cfg), "hdet.anneal_probe.steps", h.anneal_probe.steps,
+                         f"its cooldown trains on {cooldown_rows} reserved rows (x data.batch_size="
+                         f"{cfg.data.batch_size}), leaving none of the {probe_rows(cfg)} reserved rows "
+                         "(data.reserve_rows, else hdet.probe_rows) for the probe")
+            if signal == "averaged_probe":
+                fraction = OmegaConf.select(cfg, "hdet.averaged_probe.fraction")
+                _require(isinstance(fraction, (int, float)) and 0 < float(fraction) <= 1,
+                         "hdet.averaged_probe.fraction", fraction, "must be a number in (0, 1]")
+                _require(OmegaConf.select(cfg, "hdet.averaged_probe.tensors") in ("dense", "all"),
+                         "hdet.averaged_probe.tensors", OmegaConf.select(cfg, "hdet.averaged_probe.tensors"),
+                         "'dense' or 'all'")
             mix = h.get("probe_mix", 1.0)
             _require(mix == "replicas" or (isinstance(mix, (int, float)) and 0.0 < float(mix) <= 1.0),
                      "hdet.probe_mix", mix, "'replicas' or a number in (0, 1]")

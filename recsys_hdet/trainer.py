@@ -184,7 +184,8 @@ class Trainer:
             hdet_context={"model": model, "averager": averager, "stream": stream, "layout": self.pgs.layout,
                           "process_group": self.pgs.world, "task_weights": self.task_weights,
                           "loss_settings": self.loss_settings, "run_dir": self.run_dir, "log": self.log,
-                          "served_loss": lambda batches: self._served_loss(train_step, batches)})
+                          "served_loss": lambda batches: self._served_loss(train_step, batches),
+                          "train_outside": lambda batch: train_step.train_outside(batch, optimizer)})
         model.module.serving_loss_wanted = lr_control.wants_serving_loss  # the TrainingRanker under DMP
         train_step = TrainStep(model, optimizer, self.pgs.device, str(cfg.trainer.train_pipeline))
         if lr_control.embedding_sync_every:

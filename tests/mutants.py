@@ -66,7 +66,7 @@ MUTANTS = (
            "signal = weighted_task_mean(per_task, self.task_weights)",
            ["tests/test_hdet_train.py::test_serving_signal_judges_replicas_by_the_served_loss"]),
     Mutant("I", "hdet.signal=probe ignored (the window training loss scored)", "recsys_hdet/hdet/engine.py",
-           "signal = float(self.probe()) if self.probe is not None else train_window",
+           "signal = self.signal.measure(train_window)",
            "signal = train_window",
            ["tests/test_hdet_train.py::test_probe_signal_scores_every_replica_on_the_same_rows"]),
     Mutant("J", "data.train_exposure=standard ignored by the trainer (random-exposure rows trained on)",
@@ -110,6 +110,18 @@ MUTANTS = (
            "purge_step=int(start_step) + 1)",
            "purge_step=None)",
            ["tests/test_tensorboard.py::test_a_resumed_writer_continues_the_curves_without_duplicated_steps"]),
+    Mutant("T", "anneal-then-probe does not restore the replica's state", "recsys_hdet/hdet/signals.py",
+           "            self.state.load_state_dict(saved)\n",
+           "            pass\n",
+           ["tests/test_hdet_signals.py::test_anneal_then_probe_puts_the_state_and_the_generator_back_bit_for_bit"]),
+    Mutant("U", "averaged-iterate probe scores the last iterate", "recsys_hdet/hdet/signals.py",
+           "                t.copy_(a)\n",
+           "                pass\n",
+           ["tests/test_hdet_signals.py::test_each_new_signal_picks_the_higher_lr_where_the_last_iterate_picks_the_lower"]),
+    Mutant("V", "score=effect moves by significance (no min_t gate, whole steps)", "recsys_hdet/hdet/engine.py",
+           "return -trust * min(max(relative / cfg.effect_scale, -1.0), 1.0)",
+           "return -trust * math.copysign(1.0, relative)",
+           ["tests/test_hdet_engine.py::test_effect_controller_rests_where_a_consistent_difference_is_negligible_and_regression_does_not"]),
 )
 
 

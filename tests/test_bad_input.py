@@ -66,6 +66,12 @@ def test_invalid_config_value_is_named(override, needles):
         (["hdet.space=cubic"], ["hdet.space", "'linear' or 'log'"]),
         (["hdet.range_decades=[1.0,2.0]"], ["hdet.range_decades", "low <= 0 <= high"]),
         (["hdet.signal=probe", "hdet.probe_rows=0"], ["hdet.probe_rows", ">= 1"]),
+        (["hdet.signal=anneal_probe", "hdet.probe_rows=1024", "hdet.anneal_probe.steps=64"],
+         ["hdet.anneal_probe.steps=64", "leaving none of the 1024 reserved rows"]),
+        (["hdet.signal=averaged_probe", "hdet.averaged_probe.fraction=0"], ["hdet.averaged_probe.fraction", "(0, 1]"]),
+        (["hdet.signal=last"], ["hdet.signal", "'anneal_probe'"]),
+        (["hdet.score=effect", "hdet.space=linear"], ["hdet.score", "needs space=log"]),
+        (["hdet.effect_scale=0"], ["hdet.effect_scale", "> 0"]),
     ],
 )
 def test_invalid_hdet_value_is_named(overrides, needles):

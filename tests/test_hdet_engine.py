@@ -353,3 +353,61 @@ def test_start_at_takes_over_a_pass_where_another_left_it():
         assert [g["betas"] for g in branched.optimizer.param_groups] == [g["betas"] for g in stepped.optimizer.param_groups]
         stepped.step(1.0)
         branched.step(1.0)
+
+
+# -- score="effect": moves by effect size, rests where there is none --------------------------------------
+def _effect_worker(cfg, objective, out_path):
+    """Two LR groups as in _planted_lr_worker, on a loss with a floor (as a BCE loss has):
+    ``1 + k (ln(a/opt_a)^2 + ln(b/opt_b)^2) + noise``, a 10x above and b 10x below their optima.
+    "real": k = 0.01, noise 0.001 per rank and step. "negligible": k = 1e-6 and no noise, a
+    consistent but meaningless difference (what deterministic probe rows give)."""
+    from recsys_hdet.hdet import HDETEngine, ReplicaAxis, ScalarHParam
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    axis = ReplicaAxis.per_rank(dist.get_world_size())
+    optimum, start = {"a": 0.003, "b": 0.2}, {"a": 0.03, "b": 0.02}
+    k, noise_size = {"real": (0.01, 0.001), "negligible": (1e-6, 0.0)}[objective]
+    current = {}
+    hparams = [ScalarHParam(n, axis, lambda step, v=start[n]: v, floor=start[n] / 25, ceiling=2 * start[n],
+                            apply=lambda v, n=n: current.__setitem__(n, v), space="log") for n in "ab"]
+    engine = HDETEngine(hparams, HDETConfig(**cfg), rank, total_steps=500, converge=lambda excluded: None)
+    noise = torch.Generator().manual_seed(rank)
+    bases, moves = [], []
+    for step in range(500):
+        f = 1 + k * sum(math.log(current[n] / optimum[n]) ** 2 for n in "ab") \
+            + noise_size * float(torch.randn(1, generator=noise))
+        record = engine.step(f)
+        if record:
+            bases.append({n: record["hparams"][n]["next_base"] for n in "ab"})
+            moves.append({n: record["hparams"][n]["velocity"] for n in "ab"})
+    if rank == 0:
+        torch.save({"bases": bases, "moves": moves, "optimum": optimum, "start": start}, out_path)
+    dist.destroy_process_group()
+
+
+EFFECT = dict(space="log", alpha=0.25, sync_every=10, controller_start=0, beta=0.9)
+
+
+def _effect_run(tmp_path, cfg, objective):
+    path = str(tmp_path / f"effect_{cfg['score']}_{objective}.pt")
+    spawn(_effect_worker, 4, cfg, objective, path)
+    return torch.load(path)
+
+
+def test_effect_controller_recovers_a_10x_error_moving_at_most_the_trust_region_per_sync(tmp_path):
+    run = _effect_run(tmp_path, {**EFFECT, "score": "effect"}, "real")
+    trust = math.log(1.25)
+    for n in "ab":
+        assert abs(math.log10(run["bases"][-1][n] / run["optimum"][n])) < math.log10(2), (n, run["bases"][-1])
+        assert max(abs(m[n]) for m in run["moves"]) <= trust + 1e-12
+        assert max(abs(m[n]) for m in run["moves"]) > 0.9 * trust  # far off, it takes whole steps
+
+
+def test_effect_controller_rests_where_a_consistent_difference_is_negligible_and_regression_does_not(tmp_path):
+    effect = _effect_run(tmp_path, {**EFFECT, "score": "effect"}, "negligible")
+    regression = _effect_run(tmp_path, {**EFFECT, "score": "regression", "travel_decades": 3.0}, "negligible")
+    for n in "ab":
+        # effect: within 5% of where it started; regression, reading significance, travels > 3x
+        assert abs(math.log(effect["bases"][-1][n] / effect["start"][n])) < 0.05, effect["bases"][-1]
+        assert abs(math.log10(regression["bases"][-1][n] / regression["start"][n])) > math.log10(3), regression["bases"][-1]

@@ -75,11 +75,18 @@ def test_the_scorecard_scores_only_decided_cases():
         partial = _sync(33, [0.47, 0.48, 0.49, 0.50], [-1, -1 / 3, 1 / 3, 1], [-1, 1])
         for signal in ("probe", "serving"):
             results[f"s/seed{seed}/c50/signal_{signal}"] = _signal_line([good, partial], 25)
+    # A signal added later, run for one seed so far, pointing the other way: scored over that seed.
+    wrong = _sync(30, [0.47, 0.48, 0.49, 0.50], [-1, -1 / 3, 1 / 3, 1], [-1, 1])
+    results["s/seed1/c50/signal_anneal_probe"] = _signal_line([wrong], 25)
     out = L.collect(results, mode)
     (case,) = out["cases"]
     assert case["best"] == "x2" and case["signal_windows"] == [1] and case["checkpoint_steps"] == [25]
-    assert out["scorecard"]["probe/zscore"] == {"agree": 1, "cases": 1}
+    assert out["scorecard"]["probe/zscore"] == {"agree": 1, "cases": 1, "per_start": {"s": {"agree": 1, "cases": 1}}}
+    assert out["scorecard"]["anneal_probe/zscore"] == {"agree": 0, "cases": 1, "per_start": {"s": {"agree": 0, "cases": 1}}}
+    assert case["signal_seeds"]["anneal_probe/regression"] == 1 and case["signal_seeds"]["probe/regression"] == 2
+    assert "averaged_probe/zscore" not in out["scorecard"]  # never run: not scored
     assert out["scorecard"]["paper"]["cases"] == 1
+    assert out["chosen"] in out["scorecard"] or out["chosen"].split("/")[0] in L.LOSSES
 
 
 @pytest.mark.slow  # ~11 tiny 2-rank runs: about 2 min on 2 cores
@@ -93,16 +100,17 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
     lines = [json.loads(x) for x in results.read_text().splitlines()]
     # per seed: the trunk, two dense branches, two signal runs
     assert sorted(x["name"].split("/")[-1] for x in lines) == sorted(
-        ["trunk", "dense_x0.5", "dense_x2", "signal_probe", "signal_serving"] * 2)
+        ["trunk", "dense_x0.5", "dense_x2", *(f"signal_{s}" for s in L.SIGNAL_RUNS)] * 2)
     signal = [x for x in lines if "signal_" in x["name"]]
-    assert len(signal) == 4 and all(x["status"] == "stopped" and len(x["syncs"]["step"]) == 1 for x in signal)
-    # Rows are reserved in every run (data.reserve_rows), but only the probe run scores them: the
+    assert len(signal) == 2 * len(L.SIGNAL_RUNS) and all(x["status"] == "stopped" and len(x["syncs"]["step"]) == 1 for x in signal)
+    # Rows are reserved in every run (data.reserve_rows), but only the probe runs score them: the
     # serving run's losses are its own served ones (no probe: no separate training losses).
-    assert all(("train_losses" in x["syncs"]) == x["name"].endswith("signal_probe") for x in signal)
+    assert all(("train_losses" in x["syncs"]) == (not x["name"].endswith("signal_serving")) for x in signal)
     report = json.loads((tmp_path / "out" / "lr_truth_tiny.json").read_text())
     (case,) = report["cases"]
     assert case["best"] in ("x0.5", "x1", "x2", "none") and len(case["seeds"]) == 2
-    assert set(report["scorecard"]) >= {"paper", "probe/regression", "train/zscore", "serving/rank"}
+    assert set(report["scorecard"]) >= {"paper", "probe/regression", "train/zscore", "serving/rank",
+                                        "averaged_probe/regression", "anneal_probe/rank"}
     # Resume: every run has its line, none trains again; report-only rebuilds the same report.
     md = (tmp_path / "out" / "lr_truth_tiny.md").read_text()
     second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -392,9 +392,9 @@ class ParquetBatchStream:
                 del self._recent_days[old]
         return arrays
 
-    def reserved_batches(self, batch_size: int, trained_steps: int) -> List[Batch]:
+    def reserved_batches(self, batch_size: int, trained_steps: int, skip_rows: int = 0) -> List[Batch]:
         """The reserved rows (identical on every rank) of the day of the last batch trained on, after
-        ``trained_steps`` steps of the pass, in batches of ``batch_size``."""
+        ``trained_steps`` steps of the pass, from the ``skip_rows``-th on, in batches of ``batch_size``."""
         if self.reserve_rows == 0 or trained_steps < 1:
             raise RuntimeError("reserved_batches: no rows are reserved, or no batch was trained on yet")
         day_index = self.position_after(trained_steps)["day_index"]
@@ -402,7 +402,7 @@ class ParquetBatchStream:
         if a is None:
             day = self.days[day_index]
             a = self._load_day(day_index, _part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"])))
-        rows = torch.arange(a.rows - self.reserve_rows, a.rows)
+        rows = torch.arange(a.rows - self.reserve_rows + skip_rows, a.rows)
         return [self._gather(a, idx, torch.ones(len(idx), dtype=torch.bool)) for idx in rows.split(batch_size)]
 
     def _make_batch(self, a: _DayArrays, index: int) -> Batch:

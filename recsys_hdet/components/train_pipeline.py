@@ -39,6 +39,7 @@ class TrainStep:
             raise ValueError(f"trainer.train_pipeline={kind!r}: choose one of {list(TRAIN_PIPELINES)}")
         self.kind = kind
         self.model = model
+        self.device = device
         if kind == "sparse_dist":
             self.pipeline = TrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True,
                                                     dmp_collection_sync_interval_batches=None)
@@ -48,6 +49,17 @@ class TrainStep:
     def progress(self, batches: Iterator[Any]) -> Any:
         """One step on the next batch; the model's output. Raises StopIteration after the last."""
         return self.pipeline.progress(batches)
+
+    def train_outside(self, batch: Any, optimizer: Any) -> None:
+        """One training step (forward, backward, ``optimizer.step``) on ``batch``, outside the
+        pipeline's queue (HDET's cooldown before a probe): on the detached model, the batch moved to
+        the pipeline's device here."""
+        with self.model_detached() as model:
+            optimizer.zero_grad()
+            loss, _ = model(batch.to(self.device))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
 
     @contextmanager
     def model_detached(self) -> Iterator[torch.nn.Module]:

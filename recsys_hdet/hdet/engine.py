@@ -43,6 +43,13 @@ Method, section by section:
    ``travel_decades * ln 10 / max(controlled syncs, 1 / (1 - beta))``, so a short and a long run can
    travel as far, but a run shorter than the momentum's memory travels proportionally less), and
    ``range`` is given in decades around the schedule (``range_decades``).
+3c. Moving by effect size (``score="effect"``, log space; our extension): the same pooled joint fit
+   as "regression", but the move follows the fitted slope itself, not its significance: the loss
+   change per ln LR relative to the loss level, ``o += -trust * clip(slope / effect_scale, -1, 1)``,
+   and nothing where the slope is within ``min_t`` standard errors of zero. So with no real
+   difference the base rests (a significance score keeps moving at any consistent 1e-5
+   difference), and no sync moves it further than ``trust`` (default: the spread, ln(1 + alpha)).
+   Curvature is not estimated (two embedding replicas give two points; the step is clipped instead).
 5. Beyond learning rate: any scalar is a :class:`ScalarHParam`. Scale-like ones spread
    multiplicatively (above); bounded ones additively, ``value = clamp(base + w u_pi(r))`` with
    ``u`` the same symmetric offsets in [-1, 1], and their base moves additively
@@ -52,9 +59,11 @@ Method, section by section:
    by the average, and reported in the sync record. When every rank is non-finite nothing is
    averaged or controlled, and the record lists every rank as excluded (the run has diverged).
 
-Signal: by default each rank's mean training loss over the window; a ``probe`` callable replaces it
-by a loss measured at the sync, before averaging (e.g. every replica scoring the same rows, so that
-the differences come from the parameters, not the data). Limits: in linear space values are
+Signal: what each rank reports at a sync, a :class:`recsys_hdet.hdet.signals.ReplicaSignal`: by
+default its mean training loss over the window (:class:`~recsys_hdet.hdet.signals.WindowLoss`);
+others score the replica on the same probe rows at the sync, before averaging (the last iterate,
+the window's averaged iterate, or after a short cooldown), so that the differences come from the
+parameters, not the data. The engine tells the signal each step's place in its window. Limits: in linear space values are
 constant within a window once the controller runs, as in the paper; in log space they follow the
 schedule within the window.
 """
@@ -67,6 +76,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+
+from recsys_hdet.hdet.signals import ReplicaSignal, WindowLoss
 
 
 def spread_offsets(num_replicas: int) -> torch.Tensor:
@@ -138,6 +149,17 @@ def joint_preferences(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Ten
     non-finite rank scores one spread above the worst finite one (the strongest signal). No
     signal (0) until the pooled fit has more degrees of freedom than hparams.
     """
+    effects = joint_effects(fit, X, rank_loss, rank_ok, usable, beta)
+    return {i: float(-slope / se / math.sqrt((slope / se) ** 2 + dof)) if se > 0 else 0.0
+            for i, (slope, se, dof) in effects.items()}
+
+
+def joint_effects(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Tensor, rank_ok: torch.Tensor,
+                  usable: Sequence[int], beta: float) -> Dict[int, Tuple[float, float, float]]:
+    """The fit behind :func:`joint_preferences` (it adds the sync to ``fit``): for every hparam index
+    in ``usable``, ``(slope, standard error, residual dof)``, the slope being d loss / d offset in
+    loss units (offsets in [-1, 1]), from one least-squares fit of the ranks' losses on all hparams'
+    offsets, pooled over syncs. ``(0, 0, 0)`` until the pooled fit has more dof than hparams."""
     finite = torch.isfinite(rank_loss) & rank_ok
     if not usable or int(finite.sum()) < 2:
         return {}
@@ -153,17 +175,15 @@ def joint_preferences(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Ten
     A, b = fit["xx"][idx][:, idx], fit["xy"][idx]
     dof = fit["dof"] - len(usable)
     if dof <= 0:
-        return {i: 0.0 for i in usable}
+        return {i: (0.0, 0.0, 0.0) for i in usable}
     A = A + torch.eye(len(usable), dtype=torch.float64) * 1e-9 * float(A.diagonal().mean())
     coef = torch.linalg.solve(A, b)
     rss = max(fit["yy"] - float(coef @ b), 1e-30 * max(fit["yy"], 1e-300))
     se = torch.sqrt(rss / dof * torch.linalg.inv(A).diagonal())
-    t = coef / se
-    rho = t / torch.sqrt(t * t + dof)
-    return {i: float(-r) for i, r in zip(usable, rho)}
+    return {i: (float(c), float(e), float(dof)) for i, c, e in zip(usable, coef, se)}
 
 
-SCORES = ("softmax", "zscore", "rank", "regression")
+SCORES = ("softmax", "zscore", "rank", "regression", "effect")
 
 
 @dataclass(frozen=True)
@@ -232,6 +252,10 @@ class HDETConfig:
     log_step: Optional[float] = None  # log space: step in natural-log units per sync (None: from travel_decades)
     travel_decades: float = 2.0  # log space: how far a consistent signal moves the base over the run
     range_decades: Tuple[float, float] = (-2.0, 2.0)  # log space: bounds of base / schedule, in decades
+    # score="effect" (log space): moves by the estimated loss change per ln LR, relative to the loss
+    effect_scale: float = 0.005  # the relative slope that takes a whole trust-region step
+    min_t: float = 2.0  # a slope within min_t standard errors of zero moves nothing (the base rests)
+    trust_region: Optional[float] = None  # largest move per sync in ln units (None: ln(1 + alpha), the spread)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "HDETConfig":
@@ -239,7 +263,8 @@ class HDETConfig:
         types = {"alpha": float, "sync_every": int, "controller_start": int, "beta": float, "sigma": float,
                  "lam": float, "autolr": bool, "seed": int, "decay": str, "space": str, "score": str,
                  "log_step": lambda v: None if v is None else float(v), "travel_decades": float,
-                 "range_decades": lambda v: tuple(float(x) for x in v)}
+                 "range_decades": lambda v: tuple(float(x) for x in v), "effect_scale": float, "min_t": float,
+                 "trust_region": lambda v: None if v is None else float(v)}
         return cls(**{k: t(values[k]) for k, t in types.items() if k in values})
 
     def __post_init__(self) -> None:
@@ -253,6 +278,11 @@ class HDETConfig:
             (self.decay in ("schedule", "geometric"), "decay", "must be 'schedule' or 'geometric'"),
             (self.space in ("linear", "log"), "space", "must be 'linear' or 'log'"),
             (self.score in SCORES, "score", "must be one of " + ", ".join(repr(x) for x in SCORES)),
+            (self.score != "effect" or self.space == "log", "score", "'effect' moves in log units: needs space=log"),
+            (self.effect_scale > 0 and math.isfinite(self.effect_scale), "effect_scale", "must be a finite number > 0"),
+            (self.min_t >= 0 and math.isfinite(self.min_t), "min_t", "must be a finite number >= 0"),
+            (self.trust_region is None or (self.trust_region >= 0 and math.isfinite(self.trust_region)),
+             "trust_region", "must be null or a finite number >= 0"),
             (self.log_step is None or (self.log_step >= 0 and math.isfinite(self.log_step)), "log_step",
              "must be null or a finite number >= 0"),
             (self.travel_decades >= 0 and math.isfinite(self.travel_decades), "travel_decades",
@@ -291,7 +321,7 @@ class HDETEngine:
         converge: Callable[[List[int]], None],
         state_is_finite: Callable[[], bool] = lambda: True,
         group: Optional[dist.ProcessGroup] = None,
-        probe: Optional[Callable[[], float]] = None,
+        signal: Optional[ReplicaSignal] = None,
     ) -> None:
         names = [h.name for h in hparams]
         if len(set(names)) != len(names):
@@ -303,7 +333,7 @@ class HDETEngine:
         self.converge = converge
         self.state_is_finite = state_is_finite
         self.group = group
-        self.probe = probe
+        self.signal = signal if signal is not None else WindowLoss()
         self.world_size = len(self.hparams[0].axis.replica_of_rank) if self.hparams else 1
         self.widths = {h.name: config.alpha if h.spread is None else h.spread for h in self.hparams}
         # Per replica slot: its offset u in [-1, 1], and the multiplier (multiplicative, log) or
@@ -325,6 +355,7 @@ class HDETEngine:
         self.log_range = tuple(d * math.log(10.0) for d in config.range_decades)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step_count = 0
+        self.loss_level = float("nan")  # the mean finite signal loss at the last sync (score="effect")
         self.window_loss_sum = 0.0
         self.window_steps = 0
         self.state: Dict[str, _HParamState] = {h.name: _HParamState(base=h.schedule(0)) for h in self.hparams}
@@ -404,17 +435,20 @@ class HDETEngine:
         self.step_count += 1
         self.window_loss_sum += float(loss)
         self.window_steps += 1
+        T = self.config.sync_every
+        window_start = (self.step_count - 1) // T * T
+        self.signal.after_step(self.step_count - window_start, min(window_start + T, self.total_steps) - window_start)
         record = None
-        if self.step_count % self.config.sync_every == 0 or self.step_count == self.total_steps:
+        if self.step_count % T == 0 or self.step_count == self.total_steps:
             record = self._sync()
         self._apply()
         return record
 
     def _sync(self) -> Dict[str, Any]:
-        # 1. One gather of every rank's signal (window training loss, or the probe's loss measured
-        #    now, before averaging), its window training loss, and whether its state is finite.
+        # 1. One gather of every rank's signal (window training loss, or a loss measured now, before
+        #    averaging), its window training loss, and whether its state is finite.
         train_window = self.window_loss_sum / max(self.window_steps, 1)
-        signal = float(self.probe()) if self.probe is not None else train_window
+        signal = self.signal.measure(train_window)
         mine = torch.tensor([signal, 1.0 if self.state_is_finite() else 0.0, train_window], dtype=torch.float64)
         gathered = [mine]
         if self.world_size > 1:
@@ -437,9 +471,11 @@ class HDETEngine:
         # "losses" are per rank (the finest replicas): what the controller scored; null if non-finite.
         record: Dict[str, Any] = {"step": self.step_count, "losses": finite_or_none(rank_loss.tolist()),
                                   "hparams": {}, "excluded": excluded_ranks}
-        if self.probe is not None:
+        if type(self.signal) is not WindowLoss:
             record["train_losses"] = finite_or_none(table[:, 2].tolist())
-        joint = self._joint_preferences(rank_loss, rank_ok) if self.config.score == "regression" else {}
+        joint = self._joint_preferences(rank_loss, rank_ok) if self.config.score in ("regression", "effect") else {}
+        finite_losses = rank_loss[torch.isfinite(rank_loss) & rank_ok]
+        self.loss_level = float(finite_losses.abs().mean()) if len(finite_losses) else float("nan")
         for h in self.hparams:
             losses, ok = self._replica_losses(h, rank_loss, rank_ok)
             values = self.values(h.name)
@@ -481,6 +517,9 @@ class HDETEngine:
         # Each rank's offset for each hparam: the offset of the replica it belongs to this window.
         X = torch.stack([self.offsets[h.name][torch.tensor(self.state[h.name].permutation)]
                          [torch.tensor(h.axis.replica_of_rank)] for h in self.hparams], dim=1)
+        if self.config.score == "effect":
+            effects = joint_effects(self.fit, X, rank_loss, rank_ok, usable, self.config.beta)
+            return {names[i]: e for i, e in effects.items()}
         prefs = joint_preferences(self.fit, X, rank_loss, rank_ok, usable, self.config.beta)
         return {names[i]: g for i, g in prefs.items()}
 
@@ -488,6 +527,10 @@ class HDETEngine:
                  joint: Optional[float] = None) -> None:
         cfg = self.config
         u = self.offsets[h.name][torch.tensor(s.permutation)]  # each replica's offset this window
+        if cfg.score == "effect":
+            s.velocity = self._effect_move(h, joint)
+            s.log_offset = min(max(s.log_offset + s.velocity, self.log_range[0]), self.log_range[1])
+            return
         g = joint if cfg.score == "regression" else preference(losses, ok, u, cfg.score, cfg.sigma)
         if g is None:
             g = 0.0
@@ -509,6 +552,24 @@ class HDETEngine:
         else:
             decayed = s.base + self._drift(h, s.base, syncs_left)
         s.base = min(max(decayed + cfg.lam * s.velocity, h.floor), h.ceiling)
+
+    def _effect_move(self, h: ScalarHParam, effect: Optional[Tuple[float, float, float]]) -> float:
+        """score="effect": this sync's move of ln(base / schedule). The pooled fit's slope d loss / d
+        offset becomes d loss / d ln(value) (an offset of 1 is a factor 1 + alpha), relative to the loss
+        level (NE differences are relative loss differences); the move is ``-trust * clip(relative
+        slope / effect_scale, -1, 1)``, and 0 where the slope is within ``min_t`` standard errors of
+        zero: with no real difference the base rests, and no sync moves it further than ``trust``
+        (by default the spread itself, ln(1 + alpha): no further than the replicas measured)."""
+        cfg = self.config
+        if effect is None or not math.isfinite(self.loss_level) or self.loss_level <= 0:
+            return 0.0
+        slope, se, _ = effect
+        if se <= 0 or abs(slope) < cfg.min_t * se:
+            return 0.0
+        width = math.log(1.0 + self.widths[h.name])
+        relative = slope / width / self.loss_level
+        trust = width if cfg.trust_region is None else cfg.trust_region
+        return -trust * min(max(relative / cfg.effect_scale, -1.0), 1.0)
 
     def _drift(self, h: ScalarHParam, base: float, syncs_left: int) -> float:
         """The additive counterpart of :meth:`_gamma`: the schedule's change over the coming window
@@ -552,6 +613,7 @@ class HDETEngine:
                     "controlled": s.controlled, "log_offset": s.log_offset, "scale": s.scale}
                 for n, s in self.state.items()
             },
+            "signal": self.signal.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -564,6 +626,7 @@ class HDETEngine:
             self.fit = {"xx": torch.tensor(fit["xx"], dtype=torch.float64).reshape(self.fit["xx"].shape),
                         "xy": torch.tensor(fit["xy"], dtype=torch.float64), "yy": float(fit["yy"]),
                         "dof": float(fit["dof"])}
+        self.signal.load_state_dict(state.get("signal") or {})  # absent before signals had state
         for n, s in state["hparams"].items():
             self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]),
                                          bool(s["controlled"]), float(s.get("log_offset", 0.0)),

@@ -5,10 +5,13 @@ Everything the job does for HDET lives here, so the training loop never branches
 
 - the engine (:class:`~recsys_hdet.hdet.scheduler.HDETOneCycleLR`): one-cycle base schedules, each
   replica's multiplier, the sync every ``hdet.sync_every`` steps, the controller;
-- the **signal** each replica reports at a sync: its weighted training loss (``signal=train``), the
-  loss as it serves on the batch it trains on, before the step (``signal=serving``: eval mode, no
-  smoothing; the model computes it in the training step when :attr:`HDETControl.wants_serving_loss`),
-  or the loss on rows reserved from each day (``signal=probe``, read by the engine);
+- the **signal** each replica reports at a sync (:mod:`recsys_hdet.hdet.signals`): its weighted
+  training loss (``signal=train``), the loss as it serves on the batch it trains on, before the
+  step (``signal=serving``: eval mode, no smoothing; the model computes it in the training step
+  when :attr:`HDETControl.wants_serving_loss`), or its loss on rows reserved from each day, scored
+  at the last iterate (``probe``), at the window's averaged iterate (``averaged_probe``), or after
+  a cooldown of ``hdet.anneal_probe.steps`` steps on the first reserved rows, the probe scoring
+  the rest (``anneal_probe``);
 - **converge**: the dense replicas averaged over the world at every sync (a non-finite rank left
   out and restored from the others); the embedding replicas (one per sharding group) too when their
   LR is spread, else at the plain cadence by the loop (alpha = 0 is then the plain run, in every
@@ -34,11 +37,12 @@ import torch
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams
 from recsys_hdet.components.lr_control import weighted_task_mean
 from recsys_hdet.components.replicas import ReplicaAverager, mixed_replica_loss
+from recsys_hdet.components.train_state import ModelState
 from recsys_hdet.hdet.engine import HDETConfig, ReplicaAxis
 from recsys_hdet.hdet.scheduler import HDETOneCycleLR
+from recsys_hdet.hdet.signals import SIGNALS, AnnealThenProbe, AveragedIterateProbe, LastIterateProbe, ReplicaSignal
 from recsys_hdet.hdet.warm_init import perturb_
 
-SIGNALS = ("train", "serving", "probe")
 
 
 class HDETControl:
@@ -158,11 +162,13 @@ class HDETControl:
 def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embedding_sync_every: int,
                        model: torch.nn.Module, averager: ReplicaAverager, stream: Any, layout: Any,
                        process_group: Any, task_weights: torch.Tensor, loss_settings: LossSettings, run_dir: str,
-                       log: Callable[[str], None], served_loss: Callable[[List[Any]], torch.Tensor]) -> HDETControl:
+                       log: Callable[[str], None], served_loss: Callable[[List[Any]], torch.Tensor],
+                       train_outside: Callable[[Any], None]) -> HDETControl:
     """HDET's LR control for the job (``cfg.hdet``, ``cfg.optim``); adds each replica's warm-start
     noise first when the job warm-starts. ``model``: where explored hyperparameters (dropout,
     attention temperature) are written; ``served_loss(batches)``: this replica's per-task mean loss
-    on ``batches`` as it serves (eval mode), for the probe signal."""
+    on ``batches`` as it serves (eval mode), for the probe signals; ``train_outside(batch)``: one
+    training step on ``batch`` outside the train pipeline (the cooldown of ``anneal_probe``)."""
     h, sched = cfg.hdet, cfg.optim.schedule
     groups = list(optimizer.groups)
     if cfg.trainer.get("warm_start") and float(h.warm_init.nu) > 0:
@@ -176,19 +182,10 @@ def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embe
             "schedule (use trainer.sharding_group_size < trainer.nproc to explore it)")
 
     signal = str(h.get("signal", "train"))
-    probe = None
-    if signal == "probe" and stream.reserve_rows:  # rows may be reserved for other reasons
-        batch = int(cfg.trainer.eval_batch_size)
-        mix = h.get("probe_mix", 1.0)
-        dense_mix = 1.0 / layout.world_size if mix == "replicas" else float(mix)
-        emb_mix = 1.0 / layout.replicas if mix == "replicas" else float(mix)
-        score = lambda: weighted_task_mean(served_loss(stream.reserved_batches(batch, control.trained_steps)),
-                                           task_weights)
-        probe = score if dense_mix == emb_mix == 1.0 else (
-            lambda: mixed_replica_loss(averager, score, dense_mix, emb_mix))
-        log(f"HDET signal: every replica scores the same {stream.reserve_rows} rows reserved from each "
-            f"training day, at each sync (as avg + c (own - avg): c = {dense_mix:g} dense, "
-            f"{emb_mix:g} embedding)")
+    replica_signal = _build_signal(signal, h, cfg, optimizer=optimizer, model=model, averager=averager,
+                                   stream=stream, layout=layout, task_weights=task_weights, log=log,
+                                   served_loss=served_loss, train_outside=train_outside,
+                                   trained_steps=lambda: control.trained_steps)
 
     control: Optional[HDETControl] = None
 
@@ -219,7 +216,7 @@ def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embe
         state_is_finite=averager.local_state_is_finite,
         on_change=optimizer.apply_hparams,
         process_group=process_group,
-        probe=probe,
+        signal=replica_signal,
         extra_hparams=build_explored_hparams(
             h.get("explore") or {},
             starts={"dropout": float(cfg.model.dropout), "weight_decay": float(cfg.optim.dense.weight_decay),
@@ -242,3 +239,55 @@ def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embe
                           embedding_sync_every=every if averager.has_embedding_replicas else 0,
                           run_dir=run_dir, rank=layout.rank)
     return control
+
+
+def _build_signal(signal: str, h: Any, cfg: Any, *, optimizer: Any, model: torch.nn.Module,
+                  averager: ReplicaAverager, stream: Any, layout: Any, task_weights: torch.Tensor,
+                  log: Callable[[str], None], served_loss: Callable[[List[Any]], torch.Tensor],
+                  train_outside: Callable[[Any], None], trained_steps: Callable[[], int]) -> Optional[ReplicaSignal]:
+    """The replica's signal for ``hdet.signal`` (None: the window loss the loop passes, ``train`` or
+    ``serving``). The probe signals score the rows reserved from the day being trained."""
+    if signal not in SIGNALS:
+        raise ValueError(f"config hdet.signal={signal!r}: choose one of {list(SIGNALS)}")
+    if signal in ("train", "serving") or not stream.reserve_rows:  # rows may be reserved for other reasons
+        return None
+    eval_batch, train_batch = int(cfg.trainer.eval_batch_size), int(cfg.data.batch_size)
+    cooldown_steps = int(h.anneal_probe.steps) if signal == "anneal_probe" else 0
+    skip = cooldown_steps * train_batch  # the cooldown trains on the first reserved rows, the probe scores the rest
+    mix = h.get("probe_mix", 1.0)
+    dense_mix = 1.0 / layout.world_size if mix == "replicas" else float(mix)
+    emb_mix = 1.0 / layout.replicas if mix == "replicas" else float(mix)
+    score = lambda: weighted_task_mean(served_loss(stream.reserved_batches(eval_batch, trained_steps(), skip)),
+                                       task_weights)
+    probe = score if dense_mix == emb_mix == 1.0 else (lambda: mixed_replica_loss(averager, score, dense_mix, emb_mix))
+    where = {"probe": "at the sync",
+             "averaged_probe": f"at the average of its iterates over the last {h.averaged_probe.fraction:g} of the "
+                               f"window ({h.averaged_probe.tensors} state)",
+             "anneal_probe": f"after {cooldown_steps} cooldown steps (LR falling to 0) on the first {skip} of them, "
+                             "then restored"}[signal]
+    log(f"HDET signal {signal}: every replica scores the same {stream.reserve_rows - skip} rows reserved from each "
+        f"training day, {where} (as avg + c (own - avg): c = {dense_mix:g} dense, {emb_mix:g} embedding)")
+    if signal == "probe":
+        return LastIterateProbe(probe)
+    if signal == "averaged_probe":
+        which = str(h.averaged_probe.tensors)
+        if which not in ("dense", "all"):
+            raise ValueError(f"config hdet.averaged_probe.tensors={which!r}: choose 'dense' or 'all'")
+        tensors = list(averager.dense_tensors) + (list(averager.embedding_weights) if which == "all" else [])
+        return AveragedIterateProbe(tensors, probe, float(h.averaged_probe.fraction))
+    groups = optimizer.param_groups
+
+    def cooldown_step(lr_scale: float, i: int) -> None:
+        batch = stream.reserved_batches(train_batch, trained_steps())[i]
+        lrs = [g["lr"] for g in groups]
+        try:
+            for g, lr in zip(groups, lrs):
+                g["lr"] = lr * lr_scale
+            optimizer.apply_hparams()  # the fused embedding kernels take an LR only when pushed
+            train_outside(batch)
+        finally:
+            for g, lr in zip(groups, lrs):
+                g["lr"] = lr
+            optimizer.apply_hparams()
+
+    return AnnealThenProbe(ModelState(model, optimizer.dense), cooldown_step, probe, cooldown_steps)

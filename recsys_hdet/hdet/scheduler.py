@@ -14,8 +14,8 @@ Same constructor arguments as OneCycleLR (``max_lr`` per param group, ``total_st
 - ``on_change`` runs after values are written (e.g. to push them into fused kernels).
 - ``extra_hparams``: other scalar hyperparameters explored in the same engine (same syncs, one
   gather of window losses for all, each with its own permutation).
-- ``probe``: a callable measuring this replica's loss at a sync, in place of its window training
-  loss (see :class:`~recsys_hdet.hdet.engine.HDETEngine`).
+- ``signal``: what this replica reports at a sync in place of its window training loss
+  (:mod:`recsys_hdet.hdet.signals`).
 - ``hdet.space="log"``: the learning rates spread geometrically and are controlled in log space
   relative to the schedule (``ceiling_multiple`` then does not apply; ``range_decades`` does).
 Any other base schedule works the same way: pass ``schedules={name: callable(step) -> lr}`` and
@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from recsys_hdet.components.lr_scheduler import OneCycle
 from recsys_hdet.hdet.engine import HDETConfig, HDETEngine, ReplicaAxis, ScalarHParam
+from recsys_hdet.hdet.signals import ReplicaSignal
 
 
 def _group_name(group: Mapping[str, Any], index: int) -> str:
@@ -60,7 +61,7 @@ class HDETOneCycleLR:
         process_group: Optional[dist.ProcessGroup] = None,
         log_prefix: str = "lr/",
         extra_hparams: Sequence[ScalarHParam] = (),
-        probe: Optional[Callable[[], float]] = None,
+        signal: Optional[ReplicaSignal] = None,
     ) -> None:
         self.optimizer = optimizer
         self.on_change = on_change
@@ -101,7 +102,7 @@ class HDETOneCycleLR:
         self.last_step = 0
         self._write_momentum()
         self.engine = HDETEngine([*hparams, *extra_hparams], hdet, rank, total_steps, converge or (lambda excluded: None),
-                                 state_is_finite, process_group, probe)
+                                 state_is_finite, process_group, signal)
         self.on_change()
 
     def _set_lr(self, name: str, value: float) -> None:

@@ -1,0 +1,183 @@
+"""What each replica reports at a sync: the signal the controller compares (lower is better).
+
+The engine (:class:`recsys_hdet.hdet.engine.HDETEngine`) calls a signal twice: :meth:`after_step`
+after every optimizer step (with the step's place in the window) and :meth:`measure` at the sync,
+before the replicas are averaged. A signal knows nothing of models: it reaches the replica through
+the callables it is built with (score the probe rows, copy the state, take one training step),
+which the job provides (``recsys_hdet.hdet.integration``) and a test can provide for a toy
+objective.
+
+Why more than the last iterate (shared/docs/hdet-method.md, "what the controller must overcome"):
+scored right after a window, a replica with a higher learning rate carries more of the gradient
+noise in its weights (its oscillation across the valley), so a lower LR looks better over one
+window even where a higher one ends the pass better (short-horizon bias; Wu et al. 2018). Two
+ways to take the oscillation out before comparing, both measured on the harness's scorecard
+(docs/lr_truth.md):
+
+- :class:`AveragedIterateProbe`: the replica is scored at the average of its iterates over the
+  last part of the window (iterate averaging stands in for the LR decay: Sandler et al. 2023);
+- :class:`AnnealThenProbe`: the replica copies its state, takes a few steps with its learning
+  rates falling linearly to zero, is scored, and is put back bit for bit (a short cooldown makes
+  intermediate checkpoints comparable: Hägele et al. 2024). It costs ``steps`` extra training
+  steps and one copy of the replica's state per sync.
+
+The baselines: :class:`WindowLoss` (the window's mean training or serving loss, the paper's) and
+:class:`LastIterateProbe` (the probe rows scored at the last iterate).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence
+
+import torch
+
+
+class ReplicaSignal(Protocol):
+    """This replica's loss signal at a sync (the engine gathers it from every rank)."""
+
+    def after_step(self, position: int, window_length: int) -> None:
+        """After the ``position``-th optimizer step (1-based) of a window of ``window_length`` steps."""
+
+    def measure(self, window_loss: float) -> float:
+        """At the sync, before averaging; ``window_loss``: the window's mean training loss."""
+
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class WindowLoss:
+    """The window's mean training loss (or whatever loss the loop passes to the engine's step)."""
+
+    def after_step(self, position: int, window_length: int) -> None:
+        pass
+
+    def measure(self, window_loss: float) -> float:
+        return float(window_loss)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+class LastIterateProbe(WindowLoss):
+    """``probe()``: the replica's loss on the probe rows, as it is at the sync."""
+
+    def __init__(self, probe: Callable[[], float]) -> None:
+        self.probe = probe
+
+    def measure(self, window_loss: float) -> float:
+        return float(self.probe())
+
+
+class AveragedIterateProbe(WindowLoss):
+    """``probe()`` at the average of ``tensors`` over the last ``fraction`` of the window's steps.
+
+    ``tensors``: live views of the replica's state to average (the dense parameters; the embedding
+    rows too if listed). At the sync they are swapped with their average, probed and swapped back,
+    so training goes on from the last iterate as before. The running average is part of the
+    state (a checkpoint inside a window resumes it exactly). Costs one copy of ``tensors`` and one
+    in-place update of it per step in the averaged part of the window.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], probe: Callable[[], float], fraction: float = 0.5) -> None:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"hdet.averaged_probe.fraction={fraction}: must be in (0, 1]")
+        self.tensors = list(tensors)
+        self.probe = probe
+        self.fraction = float(fraction)
+        self.average: Optional[List[torch.Tensor]] = None
+        self.count = 0
+
+    def after_step(self, position: int, window_length: int) -> None:
+        first = window_length - max(1, round(self.fraction * window_length)) + 1  # first averaged step
+        if position < first:
+            return
+        with torch.no_grad():
+            if self.average is None or position == first:
+                self.average = [t.detach().to(torch.float64, copy=True) for t in self.tensors]
+                self.count = 1
+                return
+            self.count += 1
+            for a, t in zip(self.average, self.tensors):
+                a.add_(t.detach().to(torch.float64) - a, alpha=1.0 / self.count)
+
+    @torch.no_grad()
+    def measure(self, window_loss: float) -> float:
+        if self.average is None:  # a window shorter than one averaged step: the last iterate
+            return float(self.probe())
+        last = [t.detach().clone() for t in self.tensors]
+        try:
+            for t, a in zip(self.tensors, self.average):
+                t.copy_(a)
+            return float(self.probe())
+        finally:
+            for t, saved in zip(self.tensors, last):
+                t.copy_(saved)
+            self.average, self.count = None, 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        buf = io.BytesIO()
+        torch.save(self.average, buf)
+        return {"count": self.count, "average": buf.getvalue()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.count = int(state.get("count", 0))
+        self.average = torch.load(io.BytesIO(state["average"]), weights_only=True) if "average" in state else None
+
+
+class AnnealThenProbe(WindowLoss):
+    """Copies the replica's state, takes ``steps`` training steps with the learning rates scaled by
+    ``(steps - i) / (steps + 1)`` (step i = 0..steps-1: linearly towards zero), probes, and puts the
+    state and the random generators back.
+
+    ``state``: the replica's state as views of the live storage (``state_dict()`` /
+    ``load_state_dict()``: :class:`recsys_hdet.components.train_state.ModelState`: weights,
+    embedding and dense optimizer state); ``cooldown_step(lr_scale, i)``: one training step on the
+    i-th cooldown batch with every learning rate times ``lr_scale`` (it sets and restores them).
+    Restoring is exact: the copy is bitwise and the generators' states are put back, so training
+    after the sync is what it would have been without the measurement.
+    """
+
+    def __init__(self, state: Any, cooldown_step: Callable[[float, int], None], probe: Callable[[], float],
+                 steps: int) -> None:
+        if steps < 1:
+            raise ValueError(f"hdet.anneal_probe.steps={steps}: must be an integer >= 1")
+        self.state = state
+        self.cooldown_step = cooldown_step
+        self.probe = probe
+        self.steps = int(steps)
+
+    def measure(self, window_loss: float) -> float:
+        saved = snapshot(self.state)
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            for i in range(self.steps):
+                self.cooldown_step((self.steps - i) / (self.steps + 1), i)
+            return float(self.probe())
+        finally:
+            self.state.load_state_dict(saved)
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def snapshot(state: Any) -> Dict[str, Any]:
+    """A copy of ``state.state_dict()`` that later training does not change (tensors cloned; the
+    rest, e.g. serialized bytes, is immutable)."""
+    def copy(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone()
+        if isinstance(value, list):
+            return [copy(v) for v in value]
+        if isinstance(value, dict):
+            return {k: copy(v) for k, v in value.items()}
+        return value
+    return copy(state.state_dict())
+
+
+SIGNALS = ("train", "serving", "probe", "averaged_probe", "anneal_probe")

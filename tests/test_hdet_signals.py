@@ -1,0 +1,165 @@
+"""The replicas' signals (recsys_hdet.hdet.signals): on a planted objective whose long-horizon
+answer differs from the greedy one, and in real 2 x 2 runs (restoring is exact)."""
+
+import pytest
+import torch
+
+from conftest import read_json, read_jsonl, run_train
+from recsys_hdet.hdet.signals import AnnealThenProbe, AveragedIterateProbe, LastIterateProbe
+from test_hdet_train import FAST, _checkpoint_tensors
+
+# A noisy quadratic (Wu et al. 2018's short-horizon bias): a steep direction whose gradient is noisy
+# (the iterate oscillates there with a variance that grows with the LR) and a flat one the pass must
+# travel along (progress grows with the LR). Right after a window the lower LR's last iterate scores
+# better (less oscillation); at the end of a pass whose LR decays to zero the higher LR wins (it went
+# further along the flat direction). Each "replica" is TRIALS independent copies, so the scores are
+# expectations up to a small sampling error (margins below are ~20x it).
+CURVATURE = torch.tensor([1.0, 0.02])
+NOISE = torch.tensor([3.0, 0.0])
+TRIALS, WINDOW, PASS = 2000, 50, 400
+LOW, HIGH = 0.1, 0.2
+
+
+def expected_loss(x):
+    return float((0.5 * CURVATURE * x * x).sum(1).mean())
+
+
+class NoisyQuadratic:
+    """One replica: its iterate, an SGD step with noise from the global generator, its state."""
+
+    def __init__(self, lr):
+        self.x = torch.zeros(TRIALS, 2)
+        self.x[:, 1] = 10.0
+        self.lr = lr
+
+    def step(self, lr_scale=1.0):
+        self.x -= self.lr * lr_scale * (CURVATURE * self.x + NOISE * torch.randn(TRIALS, 2))
+
+    def state_dict(self):
+        return {"x": self.x}
+
+    def load_state_dict(self, state):
+        self.x.copy_(state["x"])
+
+
+SIGNALS = {
+    "last_iterate": lambda r: LastIterateProbe(lambda: expected_loss(r.x)),
+    "averaged_iterate": lambda r: AveragedIterateProbe([r.x], lambda: expected_loss(r.x), fraction=0.5),
+    "anneal_then_probe": lambda r: AnnealThenProbe(r, lambda scale, i: r.step(scale), lambda: expected_loss(r.x), 10),
+}
+
+
+def window_signal(lr, name):
+    replica = NoisyQuadratic(lr)
+    signal = SIGNALS[name](replica)
+    for t in range(WINDOW):
+        replica.step()
+        signal.after_step(t + 1, WINDOW)
+    return signal.measure(float("nan"))
+
+
+def end_of_pass(lr):
+    replica = NoisyQuadratic(lr)
+    for t in range(PASS):
+        replica.step(1 - t / PASS)
+    return expected_loss(replica.x)
+
+
+def test_the_planted_objective_rewards_the_higher_lr_over_the_pass_and_the_lower_one_right_after_a_window():
+    torch.manual_seed(0)
+    assert end_of_pass(HIGH) < end_of_pass(LOW) - 0.1  # the truth: x2 ends the pass better
+    assert window_signal(LOW, "last_iterate") < window_signal(HIGH, "last_iterate") - 0.03  # greedy: the lower
+
+
+@pytest.mark.parametrize("name", ["averaged_iterate", "anneal_then_probe"])
+def test_each_new_signal_picks_the_higher_lr_where_the_last_iterate_picks_the_lower(name):
+    torch.manual_seed(0)
+    assert window_signal(HIGH, name) < window_signal(LOW, name) - 0.03
+
+
+def test_anneal_then_probe_puts_the_state_and_the_generator_back_bit_for_bit():
+    torch.manual_seed(1)
+    replica = NoisyQuadratic(HIGH)
+    for _ in range(7):
+        replica.step()
+    before, rng = replica.x.clone(), torch.get_rng_state()
+    probed = []
+    signal = AnnealThenProbe(replica, lambda scale, i: replica.step(scale), lambda: probed.append(replica.x.clone()) or 0.0, 3)
+    signal.measure(0.0)
+    assert torch.equal(replica.x, before) and torch.equal(torch.get_rng_state(), rng)
+    assert not torch.equal(probed[0], before)  # it did train before probing
+
+
+def test_anneal_then_probe_scales_the_lr_linearly_towards_zero():
+    scales = []
+    signal = AnnealThenProbe(NoisyQuadratic(LOW), lambda scale, i: scales.append((i, scale)), lambda: 0.0, 4)
+    signal.measure(0.0)
+    assert scales == [(0, 4 / 5), (1, 3 / 5), (2, 2 / 5), (3, 1 / 5)]
+
+
+def test_averaged_iterate_probes_the_mean_of_the_windows_last_part_and_resumes_exactly():
+    x = torch.zeros(3)
+    seen = []
+    signal = AveragedIterateProbe([x], lambda: seen.append(x.clone()) or float(x.sum()), fraction=0.4)
+    iterates = []
+    for t in range(10):  # the last 4 steps (7..10) are averaged
+        x += torch.tensor([1.0, 2.0, 4.0]) * (t + 1)
+        iterates.append(x.clone())
+        signal.after_step(t + 1, 10)
+        if t == 7:  # a checkpoint inside the averaged part, restored into a fresh signal
+            state = signal.state_dict()
+            signal = AveragedIterateProbe([x], signal.probe, fraction=0.4)
+            signal.load_state_dict(state)
+    last = x.clone()
+    signal.measure(0.0)
+    assert torch.allclose(seen[0], torch.stack(iterates[6:]).mean(0), rtol=0, atol=1e-6)
+    assert torch.equal(x, last)  # training goes on from the last iterate
+    # The next window starts a new average.
+    for t in range(2):
+        x += 1.0
+        signal.after_step(t + 1, 2)
+    signal.measure(0.0)
+    assert torch.equal(seen[1], x)
+
+
+def _two_by_two(run_dir, data_cache, signal):
+    # Spread but not controlled (autolr=false): the signal changes nothing in training, so a run that
+    # measures it must train what the probe run trains, bit for bit.
+    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+                     "hdet.alpha=0.25", "hdet.sync_every=5", "hdet.autolr=false", f"hdet.signal={signal}",
+                     "hdet.probe_rows=2048", "hdet.anneal_probe.steps=3", "trainer.tensorboard=false",
+                     data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _assert_same_training(tmp_path, a, b):
+    ta = _checkpoint_tensors(tmp_path / a / "checkpoint", tmp_path / f"{a}.pt")
+    tb = _checkpoint_tensors(tmp_path / b / "checkpoint", tmp_path / f"{b}.pt")
+    assert ta.keys() == tb.keys() and len(ta) > 10
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+    sa, sb = read_json(tmp_path / a / "summary.json"), read_json(tmp_path / b / "summary.json")
+    assert sa["train_loss"] == sb["train_loss"] and sa["eval"] == sb["eval"]
+    ra, rb = read_jsonl(tmp_path / a / "hdet.jsonl"), read_jsonl(tmp_path / b / "hdet.jsonl")
+    assert [r["train_losses"] for r in ra] == [r["train_losses"] for r in rb]
+    assert [r["losses"] for r in ra] != [r["losses"] for r in rb]  # the signals differ: each measured its own
+
+
+def test_anneal_then_probe_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, tiny_dataset):
+    """4 ranks, 2 sharding groups x 2: the cooldown trains every replica (fused embedding updates in
+    backward, the dense optimizer's state, dropout's generator) and restores it; the run then trains
+    exactly what the last-iterate probe run trains (weights, embedding rows, optimizer state in the
+    final checkpoint; losses; held-out metrics)."""
+    _two_by_two(tmp_path / "probe", data_cache, "probe")
+    proc = _two_by_two(tmp_path / "anneal", data_cache, "anneal_probe")
+    assert "after 3 cooldown steps" in proc.stdout
+    _assert_same_training(tmp_path, "probe", "anneal")
+
+
+@pytest.mark.slow  # one more 4-rank pair; `make test-all` runs it
+def test_averaged_iterate_probe_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, tiny_dataset):
+    _two_by_two(tmp_path / "probe", data_cache, "probe")
+    proc = _two_by_two(tmp_path / "averaged", data_cache, "averaged_probe")
+    assert "at the average of its iterates" in proc.stdout
+    _assert_same_training(tmp_path, "probe", "averaged")
