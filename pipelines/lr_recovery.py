@@ -75,7 +75,36 @@ HDET_NEW = ("hdet=enabled", "hdet.space=log", "hdet.score=regression", "hdet.sig
 # linear spread 1 +- 1/9, controller from step 300 (conf/hdet/enabled.yaml's values then).
 HDET_PAPER = ("hdet=enabled", "hdet.space=linear", "hdet.score=softmax", "hdet.sigma=0.1", "hdet.signal=train",
               "hdet.alpha=0.1111111111111111", "hdet.beta=0.9", "hdet.controller_start=300")
-VARIANTS = {"plain": (), "hdet": HDET_NEW, "hdet_paper": HDET_PAPER}
+# Two parameter-free anchors a user would try first for the dense groups, each a plain run from the
+# same start (the embedding group keeps its fused rowwise Adagrad at the start's LR: no
+# parameter-free fused embedding optimizer exists):
+# - Prodigy: the start's dense LR is its initial step-size estimate d0, the groups' LR multiplier 1.0
+#   under the same one-cycle schedule (its authors' use: lr 1 with a warm-up and cosine decay);
+# - Schedule-Free AdamW at the start's dense LR: the schedule's warm-up, then constant (it replaces
+#   the decay by iterate averaging), no momentum cycling.
+def prodigy(embedding: float, dense: float) -> List[str]:
+    return [*lr_overrides(embedding, 1.0), "optim.dense.type=prodigy", f"optim.dense.d0={dense:.6g}"]
+
+
+def schedulefree(embedding: float, dense: float) -> List[str]:
+    return [*lr_overrides(embedding, dense), "optim.dense.type=schedulefree_adamw",
+            "optim.schedule.final_div_factor=0.04", "optim.schedule.cycle_momentum=false"]
+
+
+# variant -> the hdet overrides added to the start's LRs, or a function of the start's LRs giving
+# every override
+VARIANTS = {"plain": (), "hdet": HDET_NEW, "hdet_paper": HDET_PAPER, "prodigy": prodigy, "schedulefree": schedulefree}
+# Schedule-Free's LR is constant after its warm-up where the preset's schedule decays to ~0: its LR
+# area against that schedule says nothing of the LR it settles on; not reported.
+NO_LR_AREA = ("schedulefree",)
+
+
+HDET_VARIANTS = ("hdet", "hdet_paper")
+
+
+def variant_overrides(variant: str, embedding: float, dense: float) -> List[str]:
+    v = VARIANTS[variant]
+    return v(embedding, dense) if callable(v) else [*lr_overrides(embedding, dense), *v]
 
 
 def lr_overrides(embedding: float, dense: float) -> List[str]:
@@ -381,21 +410,21 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: i
     forms: Dict[str, List[str]] = {}
     for start in starts:
         fe, fd = STARTS[start]
-        lrs = lr_overrides(anchor[0] * fe, anchor[1] * fd)
         per_variant = {}
-        for variant, overrides in VARIANTS.items():
+        for variant in VARIANTS:
+            overrides = variant_overrides(variant, anchor[0] * fe, anchor[1] * fd)
             runs = []
             for seed in seeds:
                 name = f"{start}/{variant}"
                 # A variant not asked for is only read (e.g. while its controller is being changed).
-                s = _run(out, name, seed, [*lrs, *overrides], extra, report_only or variant not in variants)
+                s = _run(out, name, seed, overrides, extra, report_only or variant not in variants)
                 missing = "not run yet" if report_only or variant not in variants else "crashed"
                 runs.append({"seed": seed, "status": s["status"] if s else missing, "ne": mean_ne(s) if s else None,
                              "wall_seconds": s["wall_seconds"] if s else None,
-                             "lr_area": effective_lrs(s) if s else None,
-                             "bases": final_bases(s) if s and variant != "plain" and s["status"] == "completed" else None,
+                             "lr_area": effective_lrs(s) if s and variant not in NO_LR_AREA else None,
+                             "bases": final_bases(s) if s and variant in HDET_VARIANTS and s["status"] == "completed" else None,
                              "run": SR.run_name(name, seed)})
-                if s and variant != "plain" and variant not in forms:
+                if s and variant in HDET_VARIANTS and variant not in forms:
                     # the form a variant's runs were trained with, read from a run, not assumed
                     forms[variant] = hdet_overrides(s)
             per_variant[variant] = runs
@@ -559,7 +588,8 @@ def hdet_overrides(record: Dict[str, Any]) -> List[str]:
 # ----------------------------------------------------------------------------------------------
 # The report.
 
-LABELS = {"plain": "plain", "hdet": "HDET", "hdet_paper": "paper form"}
+LABELS = {"plain": "plain", "hdet": "HDET", "hdet_paper": "paper form", "prodigy": "Prodigy (dense)",
+          "schedulefree": "Schedule-Free AdamW (dense)"}
 
 
 def _ci(p: Optional[Dict[str, Any]], digits: int = 4) -> str:
@@ -658,6 +688,10 @@ def render_markdown(result: Dict[str, Any]) -> str:
               *(f"{label}: `{' '.join(result['forms'][v])}`." for v, label in
                 (("hdet", "HDET (the scale-free controller)"), ("hdet_paper", "Paper form"))
                 if result.get("forms", {}).get(v)),
+              "Prodigy (dense): the start's dense LR is Prodigy's initial estimate d0, the dense groups' LR multiplier "
+              "1 under the same schedule, its LR area that of lr x d; Schedule-Free AdamW (dense): the start's dense LR, "
+              "the schedule's warm-up then constant, its LR area not reported (a constant LR against a decaying "
+              "schedule); both plain runs, the embedding group at the start's LR with its fused rowwise Adagrad.",
               "", "| start | LRs | misset | contender | NE | diverged | paired diff [95% CI] | gap closed | "
                   "LR area emb / dense | in plateau emb / dense |",
               "|---|---|---|---|---|---|---|---|---|---|"]

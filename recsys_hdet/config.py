@@ -103,6 +103,10 @@ def validate_config(cfg: DictConfig) -> None:
     until = cfg.data.get("until")
     _require(until is None or (len(str(until)) == 8 and str(until).isdigit()), "data.until", until,
              "must be null or a day YYYYMMDD")
+    _require(cfg.optim.dense.type in ("adam", "adamw", "prodigy", "schedulefree_adamw"), "optim.dense.type",
+             cfg.optim.dense.type, "one of 'adam', 'adamw', 'prodigy', 'schedulefree_adamw'")
+    if cfg.optim.dense.type == "prodigy":
+        _positive_number(cfg, "optim.dense.d0")
     s = cfg.optim.schedule
     _require(s.name == "one_cycle", "optim.schedule.name", s.name, "only 'one_cycle' is implemented")
     _require(0.0 < float(s.pct_start) < 1.0, "optim.schedule.pct_start", s.pct_start, "must be in (0, 1)")

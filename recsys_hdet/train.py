@@ -269,6 +269,11 @@ BRANCH_FIXED_KEYS = ("data.", "model.", "tasks.", "loss.", "seed", "optim.dense.
                      "optim.schedule.", "trainer.nproc", "trainer.sharding_group_size", "trainer.embedding_sync_every")
 
 
+# Keys added to the schema after checkpoints were written, with the value that trains what the
+# older runs trained: absent in a checkpoint's config, that value is no difference.
+ADDED_KEYS = {"optim.dense.d0": 1e-6}
+
+
 def resolve_branch(cfg_dict: Dict[str, Any]) -> str:
     """``trainer.branch_from`` -> the checkpoint's absolute path; ConfigError naming what is wrong (not
     a complete checkpoint, or a key that must match the run it was written by)."""
@@ -280,7 +285,7 @@ def resolve_branch(cfg_dict: Dict[str, Any]) -> str:
         manifest = check_step_checkpoint(path)
     except CheckpointError as e:
         raise ConfigError(f"config trainer.branch_from={given}: {e}") from None
-    saved, now = _flatten(manifest.get("config", {})), _flatten(cfg_dict)
+    saved, now = {**ADDED_KEYS, **_flatten(manifest.get("config", {}))}, _flatten(cfg_dict)
     differ = sorted(k for k in set(saved) | set(now) if k.startswith(BRANCH_FIXED_KEYS)
                     and saved.get(k, "<absent>") != now.get(k, "<absent>"))
     if differ:

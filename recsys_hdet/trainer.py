@@ -394,13 +394,14 @@ class Trainer:
     def evaluate_and_save(self, job: Job) -> Dict[str, Any]:
         """After a completed pass: the held-out metrics and the final checkpoint."""
         self._check_replicas_identical(job.averager)
-        eval_metrics, oracle = self._evaluate(job.train_step, job.meta, job.eval_days)
-        out: Dict[str, Any] = {"eval": eval_metrics, **({"oracle": oracle} if oracle else {})}
-        if bool(self.cfg.trainer.checkpoint):
-            save_model(job.model, os.path.join(self.run_dir, "checkpoint"),
-                       {"steps": job.loop.step, "examples": job.loop.step * job.stream.examples_per_step,
-                        "experiment": str(self.cfg.experiment_name),
-                        "dense_normalization": self.normalization.to_dict(), "model_inputs": model_inputs(job.meta)})
+        with job.optimizer.eval_weights():  # Schedule-Free's averaged weights; the live ones otherwise
+            eval_metrics, oracle = self._evaluate(job.train_step, job.meta, job.eval_days)
+            out: Dict[str, Any] = {"eval": eval_metrics, **({"oracle": oracle} if oracle else {})}
+            if bool(self.cfg.trainer.checkpoint):
+                save_model(job.model, os.path.join(self.run_dir, "checkpoint"),
+                           {"steps": job.loop.step, "examples": job.loop.step * job.stream.examples_per_step,
+                            "experiment": str(self.cfg.experiment_name),
+                            "dense_normalization": self.normalization.to_dict(), "model_inputs": model_inputs(job.meta)})
         return out
 
     def finish(self, job: Job, summary: Dict[str, Any]) -> None:

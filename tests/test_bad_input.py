@@ -49,6 +49,7 @@ def _config_error(*overrides):
         ("data.eval_days=0", ["data.eval_days", ">= 1"]),
         ("trainer.rollback.lr_factor=2", ["trainer.rollback.lr_factor", "(0, 1]"]),
         ("trainer.rollback.max_rollbacks=-1", ["trainer.rollback.max_rollbacks", ">= 0"]),
+        ("optim.dense.type=lamb", ["optim.dense.type", "'lamb'", "'prodigy', 'schedulefree_adamw'"]),
         ("trainer.periodic_checkpoint.every_steps=30",
          ["trainer.periodic_checkpoint.every_steps", "multiple of trainer.log_every=25"]),
     ],

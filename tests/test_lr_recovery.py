@@ -192,8 +192,9 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
 
     files = StudyFiles.open(os.path.join(REPO, "docs", "lr_recovery_f2"), str(tmp_path))
     r = study(files, [0, 1, 2], [], report_only=True)
-    assert "partial" not in r
     committed = read_json(os.path.join(REPO, "docs", "lr_recovery.json"))
+    # Complete, or partial exactly as the committed report says (contenders added and still running).
+    assert r.get("partial") == committed.get("partial")
     as_json = lambda x: json.loads(json.dumps(x))
     for key in ("best_cell", "optimum_interior", "growth_next", "plateau"):
         assert committed[key] == as_json(r[key]), key

@@ -104,3 +104,42 @@ def _hdet_worker():
 
 def test_fused_embedding_update_uses_each_replicas_hdet_lr_at_that_step():
     spawn(_hdet_worker, 2)
+
+
+def _anchor_worker():
+    """The dense anchors behind GroupedOptimizer: Prodigy starts from optim.dense.d0; Schedule-Free
+    is switched to its evaluation point inside eval_weights() and back to its training point after;
+    Adam's eval_weights() changes nothing."""
+    from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+    from recsys_hdet.distributed import init_process_groups, shard_model
+
+    pgs = init_process_groups(sharding_group_size=2)
+    groups = ["embedding", "transformer", "non_embedding", "no_decay"]
+    kjt = KeyedJaggedTensor(keys=["items"], values=torch.tensor([3]), lengths=torch.tensor([1], dtype=torch.int32))
+    for kind in ("adam", "prodigy", "schedulefree_adamw"):
+        torch.manual_seed(0)
+        model = shard_model(_EmbeddingOnly(), pgs, fused_params({"type": "sgd"}, 0.1), ["table_wise"])
+        opt = GroupedOptimizer(model, {"type": kind, "d0": 1e-6}, {g: 1.0 if kind == "prodigy" else 0.01 for g in groups})
+        head = model.module.head.weight if hasattr(model.module, "head") else model.module.module.head.weight
+        for _ in range(5):
+            (model.module.head(model(kjt)) if hasattr(model.module, "head") else model(kjt)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        trained = head.detach().clone()
+        with opt.eval_weights():
+            inside = head.detach().clone()
+        after = head.detach().clone()
+        if kind == "schedulefree_adamw":
+            assert not torch.equal(inside, trained)  # the averaged point is evaluated
+            assert all(not g["train_mode"] for g in opt.dense.param_groups) is False  # back in train mode
+            torch.testing.assert_close(after, trained, rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(inside, trained) and torch.equal(after, trained)
+        if kind == "prodigy":
+            assert all(g["d0"] == 1e-6 for g in opt.dense.param_groups)
+            assert all(g["d"] > 1e-5 for g in opt.dense.param_groups), [g["d"] for g in opt.dense.param_groups]  # grew from d0
+    dist.destroy_process_group()
+
+
+def test_dense_anchor_optimizers_prodigy_and_schedule_free_evaluate_where_they_should():
+    spawn(_anchor_worker, 2)

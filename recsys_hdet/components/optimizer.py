@@ -7,12 +7,20 @@
   On CPU fbgemm's fused kernels offer (rowwise) Adagrad and SGD only, so the embedding optimizer
   is configurable separately (rowwise Adagrad by default; Adam on CUDA).
 - ``transformer``, ``non_embedding``, ``no_decay``: one ``torch.optim.Adam`` (or AdamW) over the
-  dense parameters, one param group each, all-reduced by DDP.
+  dense parameters, one param group each, all-reduced by DDP. Two parameter-free anchors a user
+  would try first for the dense groups (``optim.dense.type``): ``prodigy`` (Prodigy: Adam whose
+  step size is estimated from the distance travelled; the group's LR is a multiplier, 1.0 by
+  default) and ``schedulefree_adamw`` (Schedule-Free AdamW: no decay schedule, the evaluated weights
+  are an average of the iterates). Neither has a fused embedding counterpart: the embedding group
+  keeps its fused optimizer. Schedule-Free trains at one point and is evaluated at another: the
+  job switches it to its evaluation weights (:meth:`GroupedOptimizer.eval_weights`) for every
+  forward pass outside training and for the saved model.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Mapping
 
 import torch
 from torch import nn
@@ -58,22 +66,37 @@ class GroupedOptimizer:
         self.fused = fused
         named = {n: p for n, p in model.named_parameters() if p.requires_grad}
         dense_groups = dense_parameter_groups(named)
-        opt_cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[dense_cfg["type"]]
+        kind = dense_cfg["type"]
         betas = tuple(float(b) for b in dense_cfg.get("betas", (0.9, 0.999)))
-        self.dense = opt_cls(
-            [
-                {"params": params, "name": name, "lr": initial_lrs[name], "weight_decay": float(wd)}
-                for name, params in dense_groups.items()
-                if params
-                for wd in [0.0 if name == "no_decay" else dense_cfg.get("weight_decay", 0.0)]
-            ],
-            lr=initial_lrs["transformer"],
-            betas=betas,
-            eps=float(dense_cfg.get("eps", 1e-8)),
+        groups = [
+            {"params": params, "name": name, "lr": initial_lrs[name], "weight_decay": float(wd)}
+            for name, params in dense_groups.items()
+            if params
+            for wd in [0.0 if name == "no_decay" else dense_cfg.get("weight_decay", 0.0)]
+        ]
+        common = dict(lr=initial_lrs["transformer"], betas=betas, eps=float(dense_cfg.get("eps", 1e-8)))
+        if kind in ("adam", "adamw"):
             # One fused kernel over all tensors: ~2x faster per step than the per-tensor loop on CPU
             # for this many small tensors (benchmarks/run.py, BENCHMARKS.md).
-            fused=bool(dense_cfg.get("fused", True)),
-        )
+            opt_cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+            self.dense = opt_cls(groups, **common, fused=bool(dense_cfg.get("fused", True)))
+        elif kind == "prodigy":
+            from prodigyopt import Prodigy
+
+            # decouple: AdamW-style weight decay; safeguard_warmup: the warm-up's small LR does not
+            # inflate the distance estimate (the authors' advice with a warm-up).
+            self.dense = Prodigy(groups, **common, decouple=True, safeguard_warmup=True,
+                                 d0=float(dense_cfg.get("d0", 1e-6)))
+        elif kind == "schedulefree_adamw":
+            from schedulefree import AdamWScheduleFree
+
+            # Its own warm-up (warmup_steps); the job's schedule multiplies its LR too: a constant
+            # schedule is what the method expects (optim.schedule is set so in its experiment).
+            self.dense = AdamWScheduleFree(groups, **common)
+            self.dense.train()
+        else:
+            raise ValueError(f"optim.dense.type={kind!r}: choose adam, adamw, prodigy or schedulefree_adamw")
+        self.schedule_free = kind == "schedulefree_adamw"
         self.groups: Dict[str, List[Dict[str, Any]]] = {g: [] for g in PARAM_GROUPS}
         for pg in self.dense.param_groups:
             self.groups[pg["name"]].append(pg)
@@ -89,7 +112,9 @@ class GroupedOptimizer:
         return [pg for pgs in self.groups.values() for pg in pgs]
 
     def group_lrs(self) -> Dict[str, float]:
-        return {name: float(pgs[0]["lr"]) for name, pgs in self.groups.items() if pgs}
+        """Each group's step size as logged: its ``lr``, times Prodigy's estimate ``d`` where the
+        optimizer is Prodigy (its ``lr`` is a multiplier of ``d``)."""
+        return {name: float(pgs[0]["lr"]) * float(pgs[0].get("d", 1.0)) for name, pgs in self.groups.items() if pgs}
 
     def apply_hparams(self) -> None:
         """Pushes the fused groups' ``lr`` into the embedding kernels now (see the module docstring)."""
@@ -98,6 +123,19 @@ class GroupedOptimizer:
     def step(self) -> None:
         # The fused embedding update already happened in backward.
         self.dense.step()
+
+    @contextmanager
+    def eval_weights(self) -> Iterator[None]:
+        """The dense weights to evaluate and save: Schedule-Free's averaged point while inside (its
+        ``eval()``; back to its training point after), the live weights for every other optimizer."""
+        if not self.schedule_free:
+            yield
+            return
+        self.dense.eval()
+        try:
+            yield
+        finally:
+            self.dense.train()
 
     def zero_grad(self) -> None:
         self.dense.zero_grad(set_to_none=True)
