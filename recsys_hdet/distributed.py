@@ -186,6 +186,25 @@ def shard_model(
     return dmp
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's limit), not the
+    machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)
+
+
+def threads_per_worker(configured, local_workers: int) -> int:
+    """The thread policy: ``configured`` (trainer.threads_per_worker) when set, else the usable cores
+    shared evenly by the local workers, at least one each. Never more threads than cores per worker:
+    with more OpenMP threads than cores libgomp stops spinning and every parallel region pays a sleep
+    and wake; under load from other processes even 2 threads per worker collapsed (1.3-1.8k rows/s)."""
+    if configured:
+        return int(configured)
+    return max(1, usable_cores() // max(1, int(local_workers)))
+
+
 def finite_mean_allreduce_hook(group, bucket):  # (ProcessGroup, GradBucket) -> Future; DDP rejects
     # string annotations (this module uses postponed evaluation), so they are left off.
     """DDP's gradient all-reduce, averaged over the ranks whose bucket is finite.

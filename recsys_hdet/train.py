@@ -33,12 +33,11 @@ def _worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
     import torch
     import torch.distributed as dist
 
-    from recsys_hdet.distributed import init_process_groups
+    from recsys_hdet.distributed import init_process_groups, threads_per_worker
     from recsys_hdet.trainer import Trainer
 
     cfg = OmegaConf.create(cfg_dict)
-    threads = cfg.trainer.get("threads_per_worker") or max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"]))
-    torch.set_num_threads(int(threads))
+    torch.set_num_threads(threads_per_worker(cfg.trainer.get("threads_per_worker"), int(os.environ["LOCAL_WORLD_SIZE"])))
     pgs = init_process_groups(int(cfg.trainer.sharding_group_size), float(cfg.trainer.collective_timeout_s))
     try:
         return Trainer(cfg, run_dir, pgs, job_start).run()

@@ -75,12 +75,12 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
     from recsys_hdet.components.dataloader import DenseNormalization, ParquetBatchStream
     from recsys_hdet.components.hparam_bindings import set_temperature
     from recsys_hdet.components.optimizer import fused_params
-    from recsys_hdet.distributed import init_process_groups, shard_model
+    from recsys_hdet.distributed import init_process_groups, shard_model, threads_per_worker
     from recsys_hdet.models.ranker import build_model
 
     cfg = OmegaConf.create(cfg_dict)
     world = int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(threads_per_worker(None, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     pgs = init_process_groups(world)  # one sharding group: the tables sharded over all workers
     try:
         meta = DatasetMeta.load(cfg.data.root)
