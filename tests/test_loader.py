@@ -231,3 +231,30 @@ def test_split_days_until_and_holdout(tiny_dataset):
     assert split_days(meta, 1, skip_days=1, train_days=1, until=days[1], holdout=True) == ([days[1]], [days[1]])
     with pytest.raises(ValueError, match="data.until=20990101"):
         split_days(meta, 1, until="20990101")
+
+
+def test_the_next_day_is_read_in_the_background_and_the_batches_are_those_read_in_line(tiny_dataset, monkeypatch):
+    import threading
+
+    meta = DatasetMeta.load(tiny_dataset)
+    stream = _stream(meta, days=sorted(meta.days)[:3], reserve_rows=128)
+    readers = []
+    original = ParquetBatchStream._read_day
+
+    def recording(self, day_index):
+        readers.append((day_index, threading.current_thread().name))
+        return original(self, day_index)
+
+    monkeypatch.setattr(ParquetBatchStream, "_read_day", recording)
+    it = iter(stream)
+    next(it)
+    # While the first day's first batch is produced, the second day is already being read, off this thread.
+    assert [d for d, _ in readers] == [0, 1] and all(name.startswith("day-reader") for _, name in readers)
+    pipelined = [next(it) for _ in range(len(stream) - 1)]
+    assert [d for d, _ in readers] == [0, 1, 2]
+    in_line = [stream._make_batch(stream._load_day(i, None), b) for i, day in enumerate(stream.days)
+               for b in range(stream.batches_in_day(day))][1:]
+    assert len(pipelined) == len(in_line)
+    for a, b in zip(pipelined, in_line):
+        assert torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sparse.values(), b.sparse.values()) and torch.equal(a.sparse.lengths(), b.sparse.lengths())

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -368,23 +369,41 @@ class ParquetBatchStream:
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        while self._day_index < len(self.days):
-            day = self.days[self._day_index]
-            n_batches = self.batches_in_day(day)
-            if self._batch_index < n_batches:
-                keep = _part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"]))
-                arrays = self._load_day(self._day_index, keep)
-                while self._batch_index < n_batches:
-                    batch = self._make_batch(arrays, self._batch_index)
-                    self._batch_index += 1
-                    yield batch
-            self._day_index += 1
-            self._batch_index = 0
+        """The batches from the current position on. The next day with batches to read is read and
+        shuffled in a background thread while this one's batches are produced, so a step never waits
+        for a day file (polars and numpy release the GIL for most of it); the arrays, and so the
+        batches, are the same as read in line."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="day-reader") as reader:
+            ahead: Dict[int, Future] = {}
+            while self._day_index < len(self.days):
+                day_index, n_batches = self._day_index, self.batches_in_day(self.days[self._day_index])
+                if self._batch_index < n_batches:
+                    future = ahead.pop(day_index, None) or reader.submit(self._read_day, day_index)
+                    following = next((i for i in range(day_index + 1, len(self.days))
+                                      if self.batches_in_day(self.days[i]) > 0), None)
+                    if following is not None:
+                        ahead[following] = reader.submit(self._read_day, following)
+                    arrays = self._remember(day_index, future.result())
+                    while self._batch_index < n_batches:
+                        batch = self._make_batch(arrays, self._batch_index)
+                        self._batch_index += 1
+                        yield batch
+                self._day_index += 1
+                self._batch_index = 0
+
+    def _read_day(self, day_index: int) -> "_DayArrays":
+        day = self.days[day_index]
+        keep = _part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"]))
+        return _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
+                          drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep)
 
     def _load_day(self, day_index: int, keep: Optional[np.ndarray]) -> "_DayArrays":
         day = self.days[day_index]
         arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
                             drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep)
+        return self._remember(day_index, arrays)
+
+    def _remember(self, day_index: int, arrays: "_DayArrays") -> "_DayArrays":
         if self.reserve_rows:
             # The days a train pipeline may still be training on (it reads up to two batches ahead).
             self._recent_days[day_index] = arrays
