@@ -29,7 +29,7 @@ from recsys_hdet.components.metrics import MetricLogger, peak_rss_mb, read_jsonl
 from recsys_hdet.evaluation.metrics import oracle_metrics, task_metrics
 from recsys_hdet.evaluation.scoring import predict_batches
 from recsys_hdet.components.train_metrics import TrainMetrics
-from recsys_hdet.components.train_pipeline import TrainStep
+from recsys_hdet.components.train_pipeline import TimedBatches, TrainStep
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState, TrainClock
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
 from recsys_hdet.components.replicas import ReplicaAverager
@@ -93,6 +93,8 @@ class Job:
     rollback: Rollback
     checkpoints: CheckpointManager
     resume_from: Optional[str]
+    data_wait: Optional[TimedBatches] = None  # set by train(): the time the step waited for data
+    data_wait_fraction: float = 0.0
 
 
 class Trainer:
@@ -265,7 +267,8 @@ class Trainer:
         status, clock = "completed", TrainClock(loop.train_seconds)
         job.rollback.snapshot(loop.step)  # the state to come back to before the first check
         job.model.train()
-        batches = iter(job.stream)
+        batches = job.data_wait = TimedBatches(iter(job.stream))
+        attempt_start = loop.train_seconds
         while loop.step < total_steps:
             if profiler is not None:
                 profiler.before_step(loop.step)
@@ -313,6 +316,7 @@ class Trainer:
                 break
         job.checkpoints.finish()  # an async checkpoint still being written is published
         seconds = clock.seconds()
+        job.data_wait_fraction = batches.seconds / max(seconds - attempt_start, 1e-9)  # of this attempt's training
         for closing in (profiler, logger, lr_control, tensorboard):
             if closing is not None:
                 closing.close()
@@ -372,6 +376,9 @@ class Trainer:
             "train_loss": train_loss,
             "examples_per_sec": examples / max(train_seconds, 1e-9),
             "train_seconds": train_seconds,
+            # The training thread waiting for the next batch (rank 0), over this attempt's training time.
+            "data_wait_seconds": job.data_wait.seconds if job.data_wait is not None else 0.0,
+            "data_wait_fraction": job.data_wait_fraction,
         }
         if job.rollback.enabled:
             summary["rollback"] = job.rollback.summary()

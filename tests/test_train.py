@@ -36,6 +36,7 @@ def test_two_process_run_writes_the_artifact_contract(two_proc_run):
         assert s["oracle"][task]["logloss"] < m["logloss"] + 0.01
     assert s["eval"]["long_dwell"]["auc"] > 0.6 and s["eval"]["like"]["auc"] > 0.55
     assert s["examples_per_sec"] > 0 and s["wall_seconds"] > 0 and s["peak_rss_mb"] > 50
+    assert 0 < s["data_wait_seconds"] < s["train_seconds"] and 0 < s["data_wait_fraction"] < 1
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records][-1] == s["steps"]
     for r in records:

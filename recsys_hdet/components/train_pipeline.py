@@ -23,6 +23,7 @@ Limits: DMPCollection's own embedding sync is off (the job averages the embeddin
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -73,3 +74,22 @@ class TrainStep:
             yield model
         finally:
             self.pipeline.attach(model, sparse_dist=False)
+
+
+class TimedBatches:
+    """An iterator of batches that counts the seconds the training thread spends waiting for the
+    next one (``seconds``): the pipeline's ``next()`` on it is where a step waits for data."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self.batches = batches
+        self.seconds = 0.0
+
+    def __iter__(self) -> "TimedBatches":
+        return self
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        try:
+            return next(self.batches)
+        finally:
+            self.seconds += time.perf_counter() - start
