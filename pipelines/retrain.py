@@ -180,6 +180,27 @@ def final_hdet_bases(run_dir: str) -> Dict[str, float]:
     return {g: float(v) for g, v in (lr.get("controlled_max_lr") or {}).items()}
 
 
+def preset_lrs(cfg: DictConfig, experiment: str) -> Dict[str, float]:
+    """Each group's max LR as the day's preset sets it (with the job's ``overrides``): what a carried
+    LR is clamped to and shown against."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        train_cfg = hydra_compose(config_name="config",
+                                  overrides=[f"+experiment={experiment}", *[str(o) for o in cfg.overrides]])
+    return {g: float(v) for g, v in train_cfg.optim.lr.items()}
+
+
+def clamp_carried(bases: Dict[str, float], preset: Dict[str, float], factor: Optional[float]) -> Dict[str, float]:
+    """The published model's per-group bases as the next day's max LRs, each kept within
+    [preset / factor, preset x factor] (no bound with ``factor`` null). A controller that drifts
+    one way day after day (short-horizon bias lowers LRs) cannot carry the job away from the
+    preset further than that."""
+    if factor is None:
+        return {g: float(v) for g, v in bases.items()}
+    return {g: min(max(float(v), preset[g] / float(factor)), preset[g] * float(factor)) for g, v in bases.items()}
+
+
 def training_overrides(cfg: DictConfig, plan: DayPlan, all_days: Sequence[str], warm: Optional[str],
                        lrs: Dict[str, float], run_dir: str) -> List[str]:
     experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
@@ -293,7 +314,9 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
                            f"{current}'s {parent_manifest.get('holdout')}: the gate's rows would include rows that "
                            f"model trained on; keep the holdout of the registry (or start a new registry)")
     warm = os.path.join(current_dir, "checkpoint") if current_dir and not plan.cold_start else None
-    carried = dict(parent_manifest.get("hdet_bases") or {}) if (cfg.carry_lr and warm) else {}
+    preset = preset_lrs(cfg, cfg.cold_start_experiment if plan.cold_start else cfg.experiment)
+    carried = clamp_carried(parent_manifest.get("hdet_bases") or {}, preset, cfg.carry_lr_clamp) \
+        if (cfg.carry_lr and warm) else {}
     lr_source = f"carried from {current}" if carried else "the preset's static config"
     run_dir = os.path.join(registry.root, "work", plan.day)
     overrides = training_overrides(cfg, plan, all_days, warm, carried, run_dir)
@@ -325,6 +348,7 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
         "gate": decision,
         "hdet_bases": final_hdet_bases(run_dir) if summary.get("status") == "completed" else {},
         "lr_start": {g: float(v) for g, v in carried.items()} or "static",
+        "lr_preset": preset,
         "metrics": candidate["eval"] if candidate else {},
         "experiment": cfg.cold_start_experiment if plan.cold_start else cfg.experiment,
         "overrides": overrides,
@@ -433,10 +457,15 @@ def status(cfg: DictConfig) -> int:
         ne = " ".join(f"{t}={r['candidate_ne']:.4f}" for t, r in m.get("gate", {}).get("tasks", {}).items()
                       if r.get("candidate_ne") is not None)
         bases = " ".join(f"{g}={x:.3g}" for g, x in (m.get("hdet_bases") or {}).items())
+        start, preset = m.get("lr_start"), m.get("lr_preset") or {}
+        started = (" | started from preset" if start == "static" else
+                   " | started from carried " + " ".join(
+                       f"{g}={x:.3g}" + (f" (x{x / preset[g]:.2f} preset)" if g in preset else "")
+                       for g, x in start.items()) if isinstance(start, dict) else "")
         days = line["train_days"] or []
         print(f"{'*' if line['current'] else ' '} {line['version']} {line['status'] or '?':9s} parent={line['parent']} "
               f"days={days[0] if days else '-'}..{days[-1] if days else '-'} NE {ne or '-'}"
-              + (f" | LRs {bases}" if bases else ""))
+              + started + (f" | ended with {bases}" if bases else ""))
         for r in m.get("gate", {}).get("reasons", []):
             print(f"      rejected: {r}")
     try:
@@ -485,6 +514,9 @@ def compose(overrides: Sequence[str]) -> DictConfig:
         raise ValueError(f"config holdout.fraction={cfg.holdout.fraction}: must be in (0, 1)")
     if float(cfg.gate.ne_tolerance) < 0:
         raise ValueError(f"config gate.ne_tolerance={cfg.gate.ne_tolerance}: must be >= 0")
+    clamp = cfg.get("carry_lr_clamp")
+    if clamp is not None and not (isinstance(clamp, (int, float)) and not isinstance(clamp, bool) and clamp >= 1):
+        raise ValueError(f"config carry_lr_clamp={clamp!r}: must be a number >= 1 or null")
     return cfg
 
 

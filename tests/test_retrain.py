@@ -22,13 +22,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAYS = ["20220408", "20220409", "20220410", "20220411"]
 
 
-def _version(reg: Registry, tmp_path, name, status, parent, days):
+def _version(reg: Registry, tmp_path, name, status, parent, days, **manifest):
     src = tmp_path / "src" / name
     (src / "checkpoint").mkdir(parents=True)
     (src / "checkpoint" / ".metadata").write_text(name)
     reg.add_version(name, {"checkpoint": str(src / "checkpoint")},
                     {"status": status, "parent": parent, "train_days": days, "day": days[-1],
-                     "gate": {"reasons": [] if status == "published" else ["like: NE worse"]}})
+                     "gate": {"reasons": [] if status == "published" else ["like: NE worse"]}, **manifest})
     if status == "published":
         reg.set_current(name)
         reg.log_event({"event": "published", "version": name})
@@ -116,23 +116,42 @@ def _main(tmp_path, *args):
     return R.main([*args, f"registry={tmp_path / 'registry'}", f"data_root={tmp_path / 'data'}"])
 
 
+def test_carried_lrs_stay_within_the_clamp_around_the_daily_preset():
+    cfg = _cfg()
+    preset = R.preset_lrs(cfg, "retrain_daily")
+    assert set(preset) == {"embedding", "transformer", "non_embedding", "no_decay"}
+    assert preset == R.preset_lrs(OmegaConf.merge(cfg, {"overrides": []}), cfg.experiment)
+    changed = OmegaConf.merge(cfg, {"overrides": ["optim.lr.transformer=0.123"]})
+    assert R.preset_lrs(changed, "retrain_daily")["transformer"] == 0.123  # the job's overrides count
+    e, t = preset["embedding"], preset["transformer"]
+    bases = {"embedding": e * 10, "transformer": t / 100, "non_embedding": preset["non_embedding"] * 2}
+    clamped = R.clamp_carried(bases, preset, 4.0)
+    assert clamped["embedding"] == pytest.approx(e * 4) and clamped["transformer"] == pytest.approx(t / 4)
+    assert clamped["non_embedding"] == pytest.approx(preset["non_embedding"] * 2)  # inside: carried as is
+    assert R.clamp_carried(bases, preset, None) == bases
+
+
 def test_command_line_errors_and_statuses(tmp_path, capsys):
     assert R.main(["registry=/x"]) == 2  # data_root missing
     assert "data_root: missing" in capsys.readouterr().err
     assert R.main(["--bogus", "registry=/x", "data_root=/y"]) == 2
     assert R.main(["registry=/x", "data_root=/y", "gate.calibration=[1.2,1.3]"]) == 2
+    assert R.main(["registry=/x", "data_root=/y", "carry_lr_clamp=0.5"]) == 2
+    assert "carry_lr_clamp=0.5: must be a number >= 1 or null" in capsys.readouterr().err
     assert _main(tmp_path) == R.EXIT_FAILED  # no data set there
     assert "meta.json missing" in capsys.readouterr().out
     assert _main(tmp_path, "status") == R.EXIT_NOTHING
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
-    _version(reg, tmp_path, "v0002", "published", "v0001", [DAYS[3]])
+    _version(reg, tmp_path, "v0002", "published", "v0001", [DAYS[3]],
+             lr_start={"embedding": 0.005, "transformer": 0.0001}, lr_preset={"embedding": 0.02, "transformer": 0.001})
     assert _main(tmp_path, "rollback") == R.EXIT_PUBLISHED and reg.current() == "v0001"
     assert _main(tmp_path, "rollback", "--to", "v0002") == R.EXIT_PUBLISHED and reg.current() == "v0002"
     assert _main(tmp_path, "rollback", "--to", "v0009") == R.EXIT_FAILED
     assert _main(tmp_path, "status") == R.EXIT_PUBLISHED
     out = capsys.readouterr().out
     assert "* v0002 published parent=v0001" in out and "  v0001 published" in out
+    assert "started from carried embedding=0.005 (x0.25 preset) transformer=0.0001 (x0.10 preset)" in out
     with reg.lock():  # another job holds the registry
         assert _main(tmp_path, "rollback") == R.EXIT_BUSY
     assert "BUSY" in capsys.readouterr().out
@@ -226,7 +245,8 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     assert current == "v0002"
     registry = Registry(str(tmp_path / "reg"))
     m2 = registry.manifest("v0002")
-    assert m2["lr_start"] == registry.manifest("v0001")["hdet_bases"]  # carried
+    # Carried: v0001's bases, within the clamp around the preset (conf/retrain.yaml: x4).
+    assert m2["lr_start"] == R.clamp_carried(registry.manifest("v0001")["hdet_bases"], m2["lr_preset"], 4.0)
     assert set(m2["hdet_bases"]) == {"embedding", "transformer", "non_embedding", "no_decay"}
     # Every version's runs held out the same slice (the loader never trains on it: test_loader).
     assert {json.dumps(registry.manifest(v)["holdout"]) for v in ("v0001", "v0002", "v0003")} \
