@@ -173,8 +173,10 @@ class DenseNormalization:
         return cls(list(meta.dense), mean, std, [str(d) for d in days])
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        out = (x - np.asarray(self.mean, dtype=np.float64)) / np.asarray(self.std, dtype=np.float64)
-        return np.nan_to_num(out, nan=0.0).astype(np.float32)
+        out = x - np.asarray(self.mean, dtype=np.float64)
+        out /= np.asarray(self.std, dtype=np.float64)
+        np.copyto(out, 0.0, where=np.isnan(out))  # missing -> the mean; +-inf stay inf as float32 (as before)
+        return out.astype(np.float32)
 
     def to_dict(self) -> Dict:
         return {"features": self.features, "mean": self.mean, "std": self.std, "days": self.days}
@@ -264,25 +266,46 @@ class _DayArrays:
             df = df.filter(pl.Series(keep))
         if drop_random:
             df = df.filter(_standard_rows).drop(RAND_COLUMN)
-        if shuffle:
-            rng = np.random.default_rng([seed, int(day)])
-            df = df[rng.permutation(df.height)]
+        # Columns to arrays in file order, then each array permuted at once (np.take on the
+        # contiguous axis: cheaper than permuting the frame's rows in polars, 0.27 s per bench day).
+        order = np.random.default_rng([seed, int(day)]).permutation(df.height) if shuffle else None
+        take = (lambda x, axis=0: np.take(x, order, axis=axis)) if order is not None else \
+            (lambda x, axis=0: np.array(x, order="C"))  # a writable copy (polars' arrays may be read-only)
         self.rows = df.height
-        self.single = torch.from_numpy(df.select(meta.single_features).to_numpy().astype(np.int64))
+        # [F, rows]: a batch's single-valued ids are one slice, already in the KJT's key-major order
+        # (polars gives a column-major [rows, F] array: its transpose is contiguous)
+        single = df.select(meta.single_features).to_numpy().astype(np.int64, copy=False)
+        self.single_t = torch.from_numpy(take(single.T, axis=1))
         self.multi_lengths: List[torch.Tensor] = []
         self.multi_offsets: List[torch.Tensor] = []
         self.multi_values: List[torch.Tensor] = []
         for name in meta.multi_features:
             lengths = torch.from_numpy(df[name].list.len().fill_null(0).to_numpy().astype(np.int64))
-            values = df[name].explode().drop_nulls().to_numpy().astype(np.int64)
+            values = torch.from_numpy(df[name].explode().drop_nulls().to_numpy().astype(np.int64))
+            if order is not None:
+                rows = torch.from_numpy(order)
+                values = _jagged_rows(values, _offsets(lengths), lengths, rows)
+                lengths = lengths[rows]
             self.multi_lengths.append(lengths)
-            self.multi_offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))
-            self.multi_values.append(torch.from_numpy(values))
+            self.multi_offsets.append(_offsets(lengths))
+            self.multi_values.append(values)
         dense = df.select(meta.dense).to_numpy().astype(np.float64)  # null (missing) -> NaN
         dense = normalization.apply(dense) if normalization is not None else np.nan_to_num(dense, nan=0.0)
-        self.dense = torch.from_numpy(dense.astype(np.float32))
-        self.labels = torch.from_numpy(df.select(label_cols).to_numpy().astype(np.float32))
-        self.extras = {c: torch.from_numpy(df[c].to_numpy().copy()) for c in extras}
+        self.dense = torch.from_numpy(take(dense.astype(np.float32, copy=False)))
+        self.labels = torch.from_numpy(take(df.select(label_cols).to_numpy().astype(np.float32, copy=False)))
+        self.extras = {c: torch.from_numpy(take(df[c].to_numpy())) for c in extras}
+
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+
+
+def _jagged_rows(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The values of a jagged array's ``rows``, concatenated in that order."""
+    row_lengths = lengths[rows]
+    # each row's slice: positions offsets[row] + [0, length)
+    rel = torch.arange(int(row_lengths.sum())) - torch.repeat_interleave(row_lengths.cumsum(0) - row_lengths, row_lengths)
+    return values[torch.repeat_interleave(offsets[rows], row_lengths) + rel]
 
 
 class ParquetBatchStream:
@@ -421,47 +444,54 @@ class ParquetBatchStream:
         if a is None:
             day = self.days[day_index]
             a = self._load_day(day_index, _part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"])))
-        rows = torch.arange(a.rows - self.reserve_rows + skip_rows, a.rows)
-        return [self._gather(a, idx, torch.ones(len(idx), dtype=torch.bool)) for idx in rows.split(batch_size)]
+        first = a.rows - self.reserve_rows + skip_rows
+        return [self._slice(a, start, min(start + batch_size, a.rows)) for start in range(first, a.rows, batch_size)]
 
     def _make_batch(self, a: _DayArrays, index: int) -> Batch:
         B = self.batch_size
         start = index * B * self.world_size + self.rank * B
         stop = min(start + B, a.rows)
         start = min(start, a.rows)
+        if stop - start == B:  # a whole batch: slices of the day's arrays (they are in stream order)
+            return self._slice(a, start, stop)
         idx = torch.arange(start, stop)
         pad = B - len(idx)
         mask = torch.ones(B, dtype=torch.bool)
-        if pad:
-            # Padding repeats row 0 of the day (any valid row works) and is masked out.
-            idx = torch.cat([idx, torch.zeros(pad, dtype=torch.int64)])
-            mask[B - pad :] = False
+        # Padding repeats row 0 of the day (any valid row works) and is masked out.
+        idx = torch.cat([idx, torch.zeros(pad, dtype=torch.int64)])
+        mask[B - pad :] = False
         return self._gather(a, idx, mask)
 
-    def _gather(self, a: _DayArrays, idx: torch.Tensor, mask: torch.Tensor) -> Batch:
-        single = a.single[idx]  # [B, F]
-        values = [single.t().reshape(-1)]
-        lengths = [torch.ones(single.numel(), dtype=torch.int32)]
+    def _slice(self, a: _DayArrays, start: int, stop: int) -> Batch:
+        """Rows [start, stop) of the day in stream order, without a gather."""
+        values = [a.single_t[:, start:stop].reshape(-1)]
+        lengths = [torch.ones(a.single_t.shape[0] * (stop - start), dtype=torch.int32)]
         for offsets, vals, lens in zip(a.multi_offsets, a.multi_values, a.multi_lengths):
-            row_lengths = lens[idx]
-            starts = offsets[idx]
-            # Concatenate each row's slice: positions start_i + [0, len_i).
-            rel = torch.arange(int(row_lengths.sum())) - torch.repeat_interleave(
-                row_lengths.cumsum(0) - row_lengths, row_lengths
-            )
-            values.append(vals[torch.repeat_interleave(starts, row_lengths) + rel])
-            lengths.append(row_lengths.to(torch.int32))
+            values.append(vals[int(offsets[start]) : int(offsets[stop])])
+            lengths.append(lens[start:stop].to(torch.int32))
+        return self._batch(a, values, lengths, slice(start, stop), torch.ones(stop - start, dtype=torch.bool))
+
+    def _gather(self, a: _DayArrays, idx: torch.Tensor, mask: torch.Tensor) -> Batch:
+        values = [a.single_t[:, idx].reshape(-1)]
+        lengths = [torch.ones(a.single_t.shape[0] * len(idx), dtype=torch.int32)]
+        for offsets, vals, lens in zip(a.multi_offsets, a.multi_values, a.multi_lengths):
+            values.append(_jagged_rows(vals, offsets, lens, idx))
+            lengths.append(lens[idx].to(torch.int32))
+        return self._batch(a, values, lengths, idx, mask)
+
+    def _batch(self, a: _DayArrays, values: List[torch.Tensor], lengths: List[torch.Tensor], rows, mask) -> Batch:
         sparse = KeyedJaggedTensor(
             keys=self.meta.single_features + self.meta.multi_features,
             values=torch.cat(values),
             lengths=torch.cat(lengths),
         )
+        # dense, labels and extras: copies (a batch never shares memory with the day's arrays)
         return Batch(
-            dense=a.dense[idx],
+            dense=a.dense[rows].clone() if isinstance(rows, slice) else a.dense[rows],
             sparse=sparse,
-            labels=a.labels[idx],
+            labels=a.labels[rows].clone() if isinstance(rows, slice) else a.labels[rows],
             mask=mask,
-            extras={k: v[idx] for k, v in a.extras.items()},
+            extras={k: v[rows].clone() if isinstance(rows, slice) else v[rows] for k, v in a.extras.items()},
         )
 
 
