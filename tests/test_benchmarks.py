@@ -43,5 +43,11 @@ def test_benchmark_harness_runs_in_tiny_mode(tiny_dataset, data_cache):
     assert len(r["converge"]["seconds"]) == len(r["converge"]["sizes_mb"]) >= 2
     # The same model on the same data: the plain-PyTorch reference's loss is in the pipeline's range.
     assert abs(r["train_loss"]["torch_reference"] - r["train_loss"]["torchrec_ddp"]) < 0.05
-    assert "| torchrec_ddp |" in proc.stdout
+    # The same-run GEMM peak and the model's arithmetic, and the ratios built on them.
+    assert set(r["gemm_peak_gflops"]) >= {"1"} and all(v > 0 for v in r["gemm_peak_gflops"].values())
+    assert 0.5e6 < r["flops_per_example"] < 2e6 and r["model_gemm_shapes"]
+    assert 0 < r["peak_fraction_1worker"] < 1 and 0 < r["peak_fraction_1worker_1thread"] < 1
+    assert r["loader_rows_per_sec_one_core"] > 0 and 0 <= r["data_wait_fraction"] < 1
+    assert r["throughput_all"]["scaling_1_1thread"] > 0
+    assert "| torchrec_ddp |" in proc.stdout and "same-run GEMM peak" in proc.stdout
     assert open(bench_md).read() == before  # only --write records into BENCHMARKS.md

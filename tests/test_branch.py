@@ -11,6 +11,10 @@ COMMON = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.shardi
           "data.reserve_rows=1024"]
 
 
+# Branching serves the studies (pipelines/lr_truth.py); slow: the default run's budget. `make test-all` runs it.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def trunk(tmp_path_factory, data_cache, tiny_dataset):
     run_dir = tmp_path_factory.mktemp("trunk") / "run"

@@ -236,7 +236,8 @@ def _planted_lr_run(tmp_path, cfg, scale):
 SCALE_FREE = dict(space="log", alpha=1.0, sync_every=10, controller_start=0, beta=0.9, travel_decades=3.0)
 
 
-@pytest.mark.parametrize("score", [pytest.param("zscore", marks=pytest.mark.slow), "rank",
+# all slow: the effect controller's tests keep a planted controller run in the default suite
+@pytest.mark.parametrize("score", [pytest.param("zscore", marks=pytest.mark.slow), pytest.param("rank", marks=pytest.mark.slow),
                                    pytest.param("regression", marks=pytest.mark.slow)])
 def test_scale_free_controller_finds_each_group_s_optimum_at_any_loss_scale(tmp_path, score):
     runs = {scale: _planted_lr_run(tmp_path, {**SCALE_FREE, "score": score}, scale) for scale in (1.0, 0.01)}
@@ -249,6 +250,7 @@ def test_scale_free_controller_finds_each_group_s_optimum_at_any_loss_scale(tmp_
         assert big == pytest.approx(small, rel=1e-9)
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it
 def test_the_paper_s_softmax_controller_cannot_recover_a_10x_error_at_our_loss_scale(tmp_path):
     """The paper's form (linear spread 1 +- 1/9, softmax with absolute sigma = 0.1, lambda 0.5) on the
     same planted objective at the 0.01 loss scale: the loss differences are far below sigma, the
@@ -395,6 +397,7 @@ def _effect_run(tmp_path, cfg, objective):
     return torch.load(path)
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it
 def test_effect_controller_recovers_a_10x_error_moving_at_most_the_trust_region_per_sync(tmp_path):
     run = _effect_run(tmp_path, {**EFFECT, "score": "effect"}, "real")
     trust = math.log(1.25)

@@ -39,6 +39,7 @@ def _planted_worker(out_path):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it
 def test_controller_steers_the_hparam_that_matters_and_leaves_the_others(tmp_path):
     path = str(tmp_path / "planted.pt")
     spawn(_planted_worker, 4, path)

@@ -206,6 +206,7 @@ def test_warm_start_is_pretrained_on_first_use_and_each_replica_gets_its_own_noi
         assert relative == pytest.approx(nu / math.sqrt(2), rel=0.1), k
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it
 def test_probe_signal_scores_every_replica_on_the_same_rows(tmp_path, data_cache, tiny_dataset):
     """hdet.signal=probe at alpha = 0 on 2 sharding groups x 2 ranks: the two ranks of a sharding
     group hold the same model (identical dense copies, the same tables), so scored on the same probe

@@ -151,5 +151,6 @@ def _mixed_probe_worker():
     assert all(torch.equal(a, b) for a, b in zip(averager.embedding_weights, own_emb))
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it
 def test_mixed_probe_scores_the_pulled_weights_and_restores_them():
     spawn(_mixed_probe_worker, 4)

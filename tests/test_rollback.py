@@ -48,6 +48,7 @@ def test_a_planted_divergence_is_rolled_back_and_the_run_completes(tmp_path, dat
     assert "final model bit-identical on every replica" in proc.stdout
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it
 def test_rollbacks_exhausted_end_the_run_as_diverged_with_the_record(tmp_path, data_cache, tiny_dataset):
     # The spike lasts: the checks at 15 and 20 are rolled back, the one at 25 ends the run.
     run_dir = tmp_path / "exhausted"

@@ -87,6 +87,7 @@ def test_lr_follows_one_cycle_per_group(two_proc_run):
             assert r["lr"][group] == pytest.approx(OneCycle(max_lr, total)(at)[0], rel=1e-12)
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it
 def test_warm_start_loads_the_checkpoint_under_another_layout(two_proc_run, tmp_path, data_cache):
     run_dir, _ = two_proc_run
     proc = run_train(tmp_path / "warm", *FAST, "trainer.nproc=2", "trainer.sharding_group_size=2",
