@@ -108,6 +108,7 @@ def contenders(mode: Dict[str, Any], before: bool = False) -> Dict[str, Callable
                     "peak_rss_mb_per_worker": s.get("peak_rss_mb_per_worker"),
                     "hdet_hook_seconds": s.get("hdet", {}).get("seconds"), "syncs": s.get("hdet", {}).get("syncs"),
                     "train_loss": s["train_loss"]["avg"],
+                    "data_wait_fraction": s.get("data_wait_fraction"),
                     "checkpoints": s.get("periodic_checkpoints")}
         return run
 
@@ -141,6 +142,8 @@ def contenders(mode: Dict[str, Any], before: bool = False) -> Dict[str, Callable
     for k in (1, 2):
         if k < n:
             runs[f"scaling_{k}"] = pipeline([], nproc=k)
+    # One worker with one thread beside scaling_1's default (the usable cores: two here).
+    runs["scaling_1_1thread"] = pipeline(["trainer.threads_per_worker=1"], nproc=1)
     if before:
         runs["torchrec_ddp_before"] = pipeline(BEFORE)
     return runs
@@ -166,6 +169,18 @@ def loader_rows_per_sec(mode: Dict[str, Any]) -> float:
     return rows / (time.perf_counter() - start)
 
 
+def loader_rows_per_sec_one_core(mode: Dict[str, Any]) -> float:
+    """:func:`loader_rows_per_sec` in a subprocess pinned to one core with one thread (the day reader
+    thread shares that core)."""
+    code = ("import os, json, sys\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\nimport torch\n"
+            "torch.set_num_threads(1)\nfrom benchmarks.run import loader_rows_per_sec\n"
+            "print(loader_rows_per_sec(json.loads(sys.argv[1])))")
+    cmd = [sys.executable, "-c", code, json.dumps(mode)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    _check(proc, cmd[:2])
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
 def converge(mode: Dict[str, Any], workdir: str) -> Dict[str, Any]:
     out = os.path.join(workdir, "converge.json")
     cmd = [sys.executable, "-m", "benchmarks.converge", "--nproc", str(mode["nproc"]), "--out", out,
@@ -176,7 +191,8 @@ def converge(mode: Dict[str, Any], workdir: str) -> Dict[str, Any]:
 
 
 def summarize(samples: Dict[str, List[Dict[str, Any]]], loader: List[float], conv: Dict[str, Any],
-              mode_name: str, mode: Dict[str, Any], command: str) -> Dict[str, Any]:
+              mode_name: str, mode: Dict[str, Any], command: str, peaks: Dict[str, List[Dict[str, Any]]] = None,
+              arithmetic: Dict[str, Any] = None, loader_one_core: List[float] = ()) -> Dict[str, Any]:
     med = lambda name, key: statistics.median(s[key] for s in samples[name])
     span = lambda name, key: [min(s[key] for s in samples[name]), max(s[key] for s in samples[name])]
     tput = {n: med(n, "examples_per_sec") for n in samples}
@@ -199,6 +215,24 @@ def summarize(samples: Dict[str, List[Dict[str, Any]]], loader: List[float], con
                       "fraction_of_train_at_default_interval": per / (250 * step_seconds)}
     scaling = {str(k): tput[f"scaling_{k}"] for k in (1, 2) if f"scaling_{k}" in tput}
     scaling[str(mode["nproc"])] = tput["torchrec_ddp"]
+    # The trainer's FLOP rate over the machine's practical GEMM peak measured in the same run (at the
+    # worker's threads): one worker (scaling_1: the usable cores as threads; the 1-thread variant
+    # against the 1-thread peak) and every worker together (torchrec_ddp against the peak at all cores).
+    compute: Dict[str, Any] = {}
+    if peaks and arithmetic:
+        flops = arithmetic["flops_per_example"]
+        peak = {t: statistics.median(p["gflops"] for p in ps) * 1e9 for t, ps in peaks.items()}
+        compute = {"flops_per_example": flops, "gemm_peak_gflops": {t: v / 1e9 for t, v in peak.items()},
+                   "gemm_peak_gflops_min_max": {t: [min(p["gflops"] for p in ps), max(p["gflops"] for p in ps)]
+                                                for t, ps in peaks.items()},
+                   "model_gemm_shapes": arithmetic["gemm_shapes"]}
+        cores = max(int(t) for t in peak)
+        if "scaling_1" in tput:
+            compute["peak_fraction_1worker"] = tput["scaling_1"] * flops / peak[str(cores)]
+        if "scaling_1_1thread" in tput and "1" in peak:
+            compute["peak_fraction_1worker_1thread"] = tput["scaling_1_1thread"] * flops / peak["1"]
+        compute["peak_fraction_all_workers"] = tput["torchrec_ddp"] * flops / peak[str(cores)]
+    waits = [x["data_wait_fraction"] for x in samples["torchrec_ddp"] if x.get("data_wait_fraction") is not None]
     return {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
                    f"torch {__import__('torch').__version__}",
@@ -223,6 +257,9 @@ def summarize(samples: Dict[str, List[Dict[str, Any]]], loader: List[float], con
                   "fraction_of_train_at_T1000": probe_per_sync / (1000 * step_seconds)},
         "checkpoint": checkpoint,
         "syncs": {n: samples[n][0]["syncs"] for n in ("hdet_T1000", "hdet_T100")},
+        **compute,
+        "data_wait_fraction": statistics.median(waits) if waits else None,
+        "loader_rows_per_sec_one_core": statistics.median(loader_one_core) if loader_one_core else None,
         "loader_rows_per_sec": statistics.median(loader),
         "loader_rows_per_sec_min_max": [min(loader), max(loader)],
         "trainer_rows_per_sec_per_rank": per_rank_consumption,
@@ -239,6 +276,8 @@ def table(r: Dict[str, Any]) -> str:
     t, secs = r["throughput_min_max"], r["train_seconds"]
     base = r["throughput"]["torchrec_ddp"]
     all_tput = {**r["throughput"], **{f"scaling_{k}": v for k, v in r["scaling"].items() if k != str(r['setup']['nproc'])}}
+    if "scaling_1_1thread" in r["throughput_all"]:
+        all_tput["scaling_1_1thread"] = r["throughput_all"]["scaling_1_1thread"]
     if "torchrec_ddp_before" in r["train_seconds"]:
         all_tput["torchrec_ddp_before"] = r["throughput_all"]["torchrec_ddp_before"]
     lines = [
@@ -270,6 +309,16 @@ def table(r: Dict[str, Any]) -> str:
          "| periodic checkpoint | not measured (no checkpoint written: too few steps) | report |"),
         f"| input pipeline rows/s (rank 0's stream) / rows/s one rank consumes | {r['loader_rows_per_sec']:,.0f} / "
         f"{r['trainer_rows_per_sec_per_rank']:,.0f} = {ratios['loader_over_per_rank_consumption']:.1f}x | ≥ 5x |",
+        *([f"| trainer FLOP rate / same-run GEMM peak: 1 worker ({max(map(int, r['gemm_peak_gflops']))} threads) / "
+           f"1 worker, 1 thread / all workers | {r['peak_fraction_1worker'] * 100:.1f}% / "
+           f"{r.get('peak_fraction_1worker_1thread', float('nan')) * 100:.1f}% / {r['peak_fraction_all_workers'] * 100:.1f}% "
+           f"(peak " + ", ".join(f"{t} thread(s) {g:.1f}" for t, g in r["gemm_peak_gflops"].items())
+           + f" GFLOP/s; model {r['flops_per_example'] / 1e6:.3f} MFLOP per example) | 1 worker ≥ 30% |"]
+          if r.get("peak_fraction_1worker") is not None else []),
+        *([f"| input pipeline alone on one core (rows/s) | {r['loader_rows_per_sec_one_core']:,.0f} | ≥ 1M |"]
+          if r.get("loader_rows_per_sec_one_core") else []),
+        *([f"| training thread waiting for data / train time (torchrec_ddp, rank 0) | {r['data_wait_fraction'] * 100:.2f}% | < 2% |"]
+          if r.get("data_wait_fraction") is not None else []),
         "| scaling, torchrec_ddp examples/s at 1 / 2 / 4 workers | "
         + " / ".join(f"{r['scaling'][k]:,.0f}" for k in sorted(r["scaling"], key=int)) + " | |",
         f"| converge (average_) time per replicated MB, {conv['nproc']} ranks | {conv['seconds_per_mb'] * 1e3:.2f} ms/MB "
@@ -304,7 +353,9 @@ def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
 
 
 def main(argv=None) -> int:
+    from benchmarks import peak
     from recsys_hdet.components.metrics import write_json_atomic
+    from recsys_hdet.distributed import usable_cores
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     group = ap.add_mutually_exclusive_group()
@@ -330,6 +381,8 @@ def main(argv=None) -> int:
     runs = contenders(mode, args.before)
     samples: Dict[str, List[Dict[str, Any]]] = {n: [] for n in runs}
     loader: List[float] = []
+    loader_one_core: List[float] = []
+    peaks: Dict[str, List[Dict[str, Any]]] = {}
     retries: List[str] = []
     names = list(runs)
     with tempfile.TemporaryDirectory() as workdir:
@@ -346,9 +399,15 @@ def main(argv=None) -> int:
                 print(f"[{rep + 1}/{repeats}] {name}: {s['examples_per_sec']:,.0f} ex/s, {s['train_seconds']:.1f} s, "
                       f"peak RSS {s['peak_rss_mb']:.0f} MB", flush=True)
             loader.append(loader_rows_per_sec(mode))
-            print(f"[{rep + 1}/{repeats}] loader: {loader[-1]:,.0f} rows/s", flush=True)
+            loader_one_core.append(loader_rows_per_sec_one_core(mode))
+            print(f"[{rep + 1}/{repeats}] loader: {loader[-1]:,.0f} rows/s; on one core {loader_one_core[-1]:,.0f}", flush=True)
+            for threads in sorted({1, usable_cores()}):
+                peaks.setdefault(str(threads), []).append(peak.measure("peak", threads))
+            print(f"[{rep + 1}/{repeats}] GEMM peak: " + ", ".join(
+                f"{t} thread(s) {ps[-1]['gflops']:.1f} GFLOP/s" for t, ps in peaks.items()), flush=True)
         conv = converge(mode, workdir)
-    result = summarize(samples, loader, conv, mode_name, mode, command)
+    arithmetic = peak.measure("model", usable_cores(), data=mode["data"], batch=mode["batch_size"])
+    result = summarize(samples, loader, conv, mode_name, mode, command, peaks, arithmetic, loader_one_core)
     result["retried_after_failure"] = retries
     body = table(result)
     print("\n" + body)
