@@ -59,7 +59,12 @@ MULTIPLIERS = (0.5, 1.0, 2.0)
 FRACTIONS = (0.25, 0.5, 0.75)
 DIVERGED_NE = 1.0  # a diverged run scores as the base-rate predictor (docs/lr_recovery.md's rule)
 ALPHA = 0.25  # the product's spread (conf/hdet/enabled.yaml)
-SCORES = ("zscore", "rank", "regression")
+SCORES = ("zscore", "rank", "regression", "effect")
+# score "effect": the product's effect-size controller (conf/hdet/enabled.yaml's effect_scale, min_t
+# and trust region ln(1 + alpha)); its value is the move it makes over the windows, as a fraction of
+# the largest (a whole trust region every sync): 0 where it rests.
+EFFECT = {"effect_scale": 0.005, "min_t": 2.0}
+REST = 0.1  # an effect signal whose mean move is under this many trust regions per sync is at rest
 # A signal run per (start, seed, checkpoint) for each of these hdet.signal values; the scorecard's
 # losses are their sync records' "losses", and the probe run's "train_losses" (the window loss).
 SIGNAL_RUNS = ("probe", "serving", "averaged_probe", "anneal_probe")
@@ -254,7 +259,8 @@ def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, shardi
     see the module)."""
     import torch
 
-    from recsys_hdet.hdet.engine import ReplicaAxis, joint_preferences, new_joint_fit, preference
+    from recsys_hdet.hdet.engine import (ReplicaAxis, effect_move, joint_effects, joint_preferences, new_joint_fit,
+                                         preference)
 
     names = list(syncs[0]["hparams"])
     world = len(syncs[0]["losses"])
@@ -269,9 +275,17 @@ def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, shardi
         rank_loss = torch.tensor([float("nan") if x is None else x for x in raw], dtype=torch.float64)
         rank_ok = torch.isfinite(rank_loss)
         offsets = {n: torch.tensor(_offsets(sync, n), dtype=torch.float64) for n in names}
-        if score == "regression":
+        if score in ("regression", "effect"):
             X = torch.stack([offsets[n][torch.tensor(axes[n].replica_of_rank)] for n in names], dim=1)
-            prefs = joint_preferences(fit, X, rank_loss, rank_ok, list(range(len(names))), 0.9)
+            if score == "regression":
+                prefs = joint_preferences(fit, X, rank_loss, rank_ok, list(range(len(names))), 0.9)
+            else:
+                finite = rank_loss[torch.isfinite(rank_loss) & rank_ok]
+                level = float(finite.abs().mean()) if len(finite) else float("nan")
+                width = math.log(1 + ALPHA)
+                effects = joint_effects(fit, X, rank_loss, rank_ok, list(range(len(names))), 0.9)
+                prefs = {i: effect_move(e, width, level, EFFECT["effect_scale"], EFFECT["min_t"], width) / width
+                         for i, e in effects.items()}
             for i, n in enumerate(names):
                 per_sync[n].append(prefs.get(i, 0.0))
             continue
@@ -281,7 +295,9 @@ def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, shardi
             losses = torch.stack([rank_loss[owner == r].mean() for r in range(replicas)])
             ok = torch.isfinite(losses)
             per_sync[n].append(preference(losses, ok, offsets[n], score, 0.1))
-    value = {n: (v[-1] if score == "regression" else statistics.fmean(v)) for n, v in per_sync.items()}
+    # effect: the mean move per sync over the windows, in trust regions (moves raise the LR when positive)
+    value = {n: (v[-1] if score == "regression" else statistics.fmean(v))
+             for n, v in per_sync.items()}
     return {"embedding": value["lr/embedding"], "dense": statistics.fmean(value[f"lr/{g}"] for g in DENSE)}
 
 
@@ -341,6 +357,11 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
         direction = {"x2": 1, "x0.5": -1}.get(case.get("best") or "")
         for name, value in case["signals"].items():
             entry = signal_table.setdefault(name, {"agree": 0, "cases": 0, "per_start": {}})
+            if name.endswith("/effect") and case.get("best") == "none":
+                # where the truth tells no multiplier apart the controller should rest: a mean move
+                # under a tenth of the trust region per sync counts as resting
+                entry["none_cases"] = entry.get("none_cases", 0) + 1
+                entry["none_at_rest"] = entry.get("none_at_rest", 0) + int(abs(value) < REST)
             if direction:
                 per_start = entry["per_start"].setdefault(case["start"], {"agree": 0, "cases": 0})
                 for tally in (entry, per_start):
@@ -395,11 +416,16 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
               "Agreement of each signal's sign (mean over seeds) with the truth's side, over the cases whose truth is "
               "x0.5 or x2; cases with truth `none` or `x1` are not scored.", "",
               f"The product's default (conf/hdet/enabled.yaml): `{result['chosen']}`.", "",
-              "| signal | agree / cases | " + " | ".join(mode.starts) + " |", "|---|---|" + "---|" * len(mode.starts)]
+              "`<signal>/effect` is the effect-size controller (score=effect) run on the signal's losses: its value is "
+              "its mean move per sync in trust regions (0: at rest). The last column counts the `none` cases where it "
+              f"rests (mean move under {REST} trust region per sync); the other scores never rest.", "",
+              "| signal | agree / cases | " + " | ".join(mode.starts) + " | at rest where the truth is none |",
+              "|---|---|" + "---|" * len(mode.starts) + "---|"]
     for name, entry in sorted(result["scorecard"].items()):
         per_start = [entry.get("per_start", {}).get(start) for start in mode.starts]
+        rest = f"{entry['none_at_rest']} / {entry['none_cases']}" if "none_cases" in entry else "-"
         lines.append(f"| {name} | {entry['agree']} / {entry['cases']} | "
-                     + " | ".join(f"{t['agree']} / {t['cases']}" if t else "-" for t in per_start) + " |")
+                     + " | ".join(f"{t['agree']} / {t['cases']}" if t else "-" for t in per_start) + f" | {rest} |")
     lines += ["", "## Signal values per case", "",
               "Positive: the higher LRs did better in the windows after the checkpoint.", "",
               "| start | checkpoint | group | truth | " + " | ".join(sorted(result["scorecard"])) + " |",

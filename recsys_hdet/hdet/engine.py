@@ -183,6 +183,19 @@ def joint_effects(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Tensor,
     return {i: (float(c), float(e), float(dof)) for i, c, e in zip(usable, coef, se)}
 
 
+def effect_move(effect: Tuple[float, float, float], width: float, loss_level: float, effect_scale: float,
+                min_t: float, trust: float) -> float:
+    """score="effect"'s move of ln(base / schedule) at one sync, from the pooled fit's ``(slope,
+    standard error, dof)`` (:func:`joint_effects`; slope in loss units per offset, an offset of 1
+    being a factor ``exp(width)``): ``-trust * clip(slope / width / loss_level / effect_scale, -1, 1)``,
+    0 where the slope is within ``min_t`` standard errors of zero or the loss level is unknown."""
+    slope, se, _ = effect
+    if not math.isfinite(loss_level) or loss_level <= 0 or se <= 0 or abs(slope) < min_t * se:
+        return 0.0
+    relative = slope / width / loss_level
+    return -trust * min(max(relative / effect_scale, -1.0), 1.0)
+
+
 SCORES = ("softmax", "zscore", "rank", "regression", "effect")
 
 
@@ -561,15 +574,11 @@ class HDETEngine:
         zero: with no real difference the base rests, and no sync moves it further than ``trust``
         (by default the spread itself, ln(1 + alpha): no further than the replicas measured)."""
         cfg = self.config
-        if effect is None or not math.isfinite(self.loss_level) or self.loss_level <= 0:
-            return 0.0
-        slope, se, _ = effect
-        if se <= 0 or abs(slope) < cfg.min_t * se:
+        if effect is None:
             return 0.0
         width = math.log(1.0 + self.widths[h.name])
-        relative = slope / width / self.loss_level
-        trust = width if cfg.trust_region is None else cfg.trust_region
-        return -trust * min(max(relative / cfg.effect_scale, -1.0), 1.0)
+        return effect_move(effect, width, self.loss_level, cfg.effect_scale, cfg.min_t,
+                           width if cfg.trust_region is None else cfg.trust_region)
 
     def _drift(self, h: ScalarHParam, base: float, syncs_left: int) -> float:
         """The additive counterpart of :meth:`_gamma`: the schedule's change over the coming window
