@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conftest import REPO, read_json
+from pipelines.lr_recovery import VARIANTS
 
 
 def _study(out, data_cache):
@@ -16,7 +17,7 @@ def _study(out, data_cache):
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
 
 
-@pytest.mark.slow  # ten training runs; `make test-all` runs it
+@pytest.mark.slow  # 4 grid runs and every contender from 2 starts; `make test-all` runs it
 def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, data_cache):
     out = tmp_path / "study"
     proc = _study(out, data_cache)
@@ -29,7 +30,7 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     assert r["optimum_interior"] is False  # a 2 x 2 grid is all edge
     assert set(r["starts"]) == {"tuned", "all_low"}
     for start in r["starts"].values():
-        assert set(start["variants"]) == {"plain", "hdet", "hdet_paper"} and isinstance(start["misset"], bool)
+        assert set(start["variants"]) == set(VARIANTS) and isinstance(start["misset"], bool)
         hdet = start["variants"]["hdet"]
         assert hdet["seeds"] == 1 and hdet["diverged"] == 0 and hdet["paired_diff"]["ci95"] is None
         assert hdet["lr_area"][0]["embedding"] > 0 and hdet["lr_area"][0]["dense"] > 0
@@ -39,7 +40,7 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     assert "| all_low |" in (out / "lr_recovery.md").read_text()
     again = _study(out, data_cache)
     assert again.returncode == 0 and "CRASHED" not in again.stdout
-    assert again.stdout.count("skipped (finished earlier)") == 10
+    assert again.stdout.count("skipped (finished earlier)") == 4 + 2 * len(VARIANTS)
     assert read_json(out / "lr_recovery.json")["starts"] == r["starts"]
     # --report-only trains nothing and, with every run finished, reports the same.
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
