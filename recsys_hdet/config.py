@@ -59,6 +59,8 @@ def validate_config(cfg: DictConfig) -> None:
              cfg.model.attention_heads, f"must divide model.embedding_dim={cfg.model.embedding_dim}")
     _require(0.0 <= float(cfg.model.dropout) < 1.0, "model.dropout", cfg.model.dropout, "must be in [0, 1)")
     _positive_number(cfg, "model.attention_temperature")
+    _require(isinstance(cfg.model.get("compile_dense", False), bool), "model.compile_dense",
+             cfg.model.get("compile_dense"), "must be true or false")
     _require(0.0 <= float(cfg.loss.label_smoothing) < 1.0, "loss.label_smoothing", cfg.loss.label_smoothing,
              "must be in [0, 1)")
     for group in PARAM_GROUPS:

@@ -199,7 +199,8 @@ FINISHED = "finished"
 # Config keys a resumed run may change: how it logs, evaluates and checkpoints, not what it trains.
 RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.eval_batch_size", "trainer.profile", "trainer.checkpoint",
                     "trainer.periodic_checkpoint", "trainer.resume", "trainer.resume_from", "trainer.max_restarts",
-                    "trainer.tensorboard", "trainer.threads_per_worker", "trainer.branch_from", "trainer.stop_at_step")
+                    "trainer.tensorboard", "trainer.threads_per_worker", "trainer.branch_from", "trainer.stop_at_step",
+                    "model.compile_dense")  # compiled or eager: the same computation
 
 
 def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
@@ -213,7 +214,8 @@ def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
 
 def config_changes(saved: Dict[str, Any], now: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     """(keys that change what a checkpoint means, keys that only change logging/eval/checkpointing)."""
-    a, b = _flatten(saved), _flatten(now)
+    # a key added since the checkpoint was written reads as its default there (ADDED_KEYS)
+    a, b = {**ADDED_KEYS, **_flatten(saved)}, {**ADDED_KEYS, **_flatten(now)}
     changed = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
     safe = [k for k in changed if k.startswith(RESUME_SAFE_KEYS)]
     return [k for k in changed if k not in safe], safe
@@ -268,9 +270,9 @@ BRANCH_FIXED_KEYS = ("data.", "model.", "tasks.", "loss.", "seed", "optim.dense.
                      "optim.schedule.", "trainer.nproc", "trainer.sharding_group_size", "trainer.embedding_sync_every")
 
 
-# Keys added to the schema after checkpoints were written, with the value that trains what the
-# older runs trained: absent in a checkpoint's config, that value is no difference.
-ADDED_KEYS = {"optim.dense.d0": 1e-6}
+# Keys added to the config schema after checkpoints were written without them, with the value that
+# reproduces what those checkpoints trained (a resume or a branch reads an absent key as this).
+ADDED_KEYS = {"optim.dense.d0": 1e-6, "model.compile_dense": False}
 
 
 def resolve_branch(cfg_dict: Dict[str, Any]) -> str:

@@ -204,7 +204,7 @@ def build_model(cfg, meta, device: str = "meta", training: Optional[Mapping[str,
     for the :class:`TrainingRanker` a train pipeline drives (else the plain ranker, for scoring)."""
     m = cfg.model
     cls = TrainingRanker if training is not None else MultiTaskRanker
-    return cls(
+    model = cls(
         sparse_features=[SparseFeature(n, int(s["vocab"]), bool(s.get("multi", False))) for n, s in meta.sparse.items()],
         num_dense=len(meta.dense),
         tasks=list(cfg.tasks),
@@ -216,3 +216,11 @@ def build_model(cfg, meta, device: str = "meta", training: Optional[Mapping[str,
         device=device,
         **(training or {}),
     )
+    if m.get("compile_dense", False):
+        # torch.compile of the dense modules in place (nn.Module.compile: parameter names, checkpoints
+        # and groups unchanged); the embedding collection stays eager (TorchRec shards it). The
+        # attention temperature is a Python float the compiled block guards on: an HDET run exploring
+        # it recompiles at every new value.
+        for module in (model.dense_proj, model.interaction, model.trunk, *model.towers.values()):
+            module.compile(dynamic=False)
+    return model
