@@ -12,8 +12,10 @@ A study with a known answer, on the benchmark data set, cold start (no warm-star
    trained) and four misset starts (every group 10x too low; 10x too high; embedding 10x low with
    dense 10x high; the reverse), seeds 0 1 2 each:
    - the plain run at that point (the gap HDET should close),
-   - full HDET with the scale-free controller (``HDET_NEW``),
-   - full HDET in the paper's form (softmax, sigma 0.1, training-loss signal: ``HDET_PAPER``).
+   - ``hdet``: the candidate default, anneal-then-probe with the effect controller (``HDET_ANNEAL_EFFECT``),
+   - ``hdet_previous``: the previous defaults, probe signal and regression score (``HDET_NEW``),
+   - ``hdet_paper``: HDET in the paper's form (softmax, sigma 0.1, training-loss signal: ``HDET_PAPER``),
+   - ``prodigy`` and ``schedulefree``: plain runs with a parameter-free dense optimizer.
 3. ``lr_recovery.json`` and ``lr_recovery.md``, on a well-posed target (:func:`plateau_analysis`):
    the plateau (the cells within one paired std of the best cell, half a decade away from any
    diverged cell), whether the optimum is interior, which starts are misset (plain runs worse than
@@ -104,14 +106,17 @@ HDET_ANNEAL_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hd
 
 # variant -> the hdet overrides added to the start's LRs, or a function of the start's LRs giving
 # every override
-VARIANTS = {"plain": (), "hdet": HDET_NEW, "hdet_paper": HDET_PAPER, "hdet_anneal_effect": HDET_ANNEAL_EFFECT,
+VARIANTS = {"plain": (), "hdet": HDET_ANNEAL_EFFECT, "hdet_previous": HDET_NEW, "hdet_paper": HDET_PAPER,
             "prodigy": prodigy, "schedulefree": schedulefree}
+# The contender "hdet" is the candidate for the product's default; its runs and the previous
+# defaults' keep the names they were trained under in results.jsonl (start/<run name>).
+RUN_NAMES = {"hdet": "hdet_anneal_effect", "hdet_previous": "hdet"}
 # Schedule-Free's LR is constant after its warm-up where the preset's schedule decays to ~0: its LR
 # area against that schedule says nothing of the LR it settles on; not reported.
 NO_LR_AREA = ("schedulefree",)
 
 
-HDET_VARIANTS = ("hdet", "hdet_paper", "hdet_anneal_effect")
+HDET_VARIANTS = ("hdet", "hdet_previous", "hdet_paper")
 
 
 def variant_overrides(variant: str, embedding: float, dense: float) -> List[str]:
@@ -427,7 +432,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: i
             overrides = variant_overrides(variant, anchor[0] * fe, anchor[1] * fd)
             runs = []
             for seed in seeds:
-                name = f"{start}/{variant}"
+                name = f"{start}/{RUN_NAMES.get(variant, variant)}"
                 # A variant not asked for is only read (e.g. while its controller is being changed).
                 s = _run(out, name, seed, overrides, extra, report_only or variant not in variants)
                 missing = "not run yet" if report_only or variant not in variants else "crashed"
@@ -451,7 +456,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: i
     grid_walls = [r["wall_seconds"] for r in grid_records if r["wall_seconds"]]
     completed_walls = lambda variant: [r["wall_seconds"] for s in results.values() for r in s["runs"][variant]
                                        if r["wall_seconds"] and r["status"] == "completed"]
-    hdet_walls = completed_walls("hdet")
+    hdet_walls = completed_walls("hdet") or completed_walls("hdet_previous")
     # The grid ran in earlier sessions, some of its runs beside other work; the completed plain runs of
     # the starts ran beside the HDET runs, so their ratio is the like-for-like per-run cost.
     plain_walls = completed_walls("plain")
@@ -600,8 +605,8 @@ def hdet_overrides(record: Dict[str, Any]) -> List[str]:
 # ----------------------------------------------------------------------------------------------
 # The report.
 
-LABELS = {"plain": "plain", "hdet": "HDET (previous defaults)", "hdet_paper": "paper form",
-          "hdet_anneal_effect": "HDET anneal-then-probe, effect controller", "prodigy": "Prodigy (dense)",
+LABELS = {"plain": "plain", "hdet": "HDET anneal-then-probe, effect controller", "hdet_previous": "HDET previous defaults",
+          "hdet_paper": "paper form", "prodigy": "Prodigy (dense)",
           "schedulefree": "Schedule-Free AdamW (dense)"}
 
 
@@ -699,8 +704,8 @@ def render_markdown(result: Dict[str, Any]) -> str:
               "logged step), in max-LR units, geometric mean over the completed seeds (dense: the three dense groups' "
               "geometric mean); in plateau: completed seeds whose LR area lies in the plateau's LR range, embedding / dense.",
               *(f"{label}: `{' '.join(result['forms'][v])}`." for v, label in
-                (("hdet", "HDET, previous defaults (probe signal, regression score)"), ("hdet_paper", "Paper form"),
-                 ("hdet_anneal_effect", "HDET anneal-then-probe with the effect controller"))
+                (("hdet", "HDET anneal-then-probe with the effect controller"),
+                 ("hdet_previous", "HDET, previous defaults (probe signal, regression score)"), ("hdet_paper", "Paper form"))
                 if result.get("forms", {}).get(v)),
               "Prodigy (dense): the start's dense LR is Prodigy's initial estimate d0, the dense groups' LR multiplier "
               "1 under the same schedule, its LR area that of lr x d; Schedule-Free AdamW (dense): the start's dense LR, "
@@ -790,7 +795,7 @@ def plot(result: Dict[str, Any], records: Dict[str, Dict[str, Any]], path: str) 
         for colour, (name, s) in zip(colours, result["starts"].items()):
             # Every completed HDET run of the start, one line per seed; a diverged run has no base to end on.
             # the candidate's runs where it has any, else the previous defaults'
-            plotted = "hdet_anneal_effect" if any(r["bases"] for r in s["runs"].get("hdet_anneal_effect", [])) else "hdet"
+            plotted = "hdet" if any(r["bases"] for r in s["runs"]["hdet"]) else "hdet_previous"
             done = [r for r in s["runs"][plotted] if r["bases"]]
             for k, run in enumerate(done):
                 trajectory = record_trajectory(records[run["run"]])
