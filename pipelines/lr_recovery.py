@@ -180,6 +180,33 @@ def _trajectory(records, schedules, steps: int) -> List[Tuple[int, Dict[str, flo
     return out
 
 
+ORDERING_AT = (0.25, 0.5, 0.75, 1.0)
+
+
+def orderings(records: List[Dict[str, Any]], start_lr: Dict[str, float]) -> Optional[Dict[str, Any]]:
+    """The decay ordering the controller chose per reported group over the pass (issue 23, item 4):
+    at each fraction of the syncs in :data:`ORDERING_AT`, the controlled max LR over the start's LR
+    (dense: the geometric mean of the three dense groups), per completed run and as the geometric
+    mean over them; ``same_direction_as_dense``: whether the embedding group ended on the same side
+    of its start (above or below) as the dense groups, per run; ``stable``: per group, whether every
+    run ended on the same side."""
+    if not records:
+        return None
+    per_run = []
+    for record in records:
+        trajectory = record_trajectory(record)
+        at = [trajectory[max(0, math.ceil(f * len(trajectory)) - 1)][1] for f in ORDERING_AT]
+        per_run.append({axis: [_geomean([v[g] for g in REPORTED[axis]]) / start_lr[axis] for v in at]
+                        for axis in REPORTED})
+    side = lambda x: (x > 1) - (x < 1)
+    return {"at": list(ORDERING_AT), "seeds": len(per_run),
+            "ratio_geomean": {axis: [_geomean([r[axis][k] for r in per_run]) for k in range(len(ORDERING_AT))]
+                              for axis in REPORTED},
+            "per_run": per_run,
+            "same_direction_as_dense": [side(r["embedding"][-1]) == side(r["dense"][-1]) for r in per_run],
+            "stable": {axis: len({side(r[axis][-1]) for r in per_run}) == 1 for axis in REPORTED}}
+
+
 def final_bases(record: Dict[str, Any]) -> Dict[str, float]:
     """Each LR group's controlled base in max-LR units (:func:`record_trajectory`) of a results line,
     geometric mean over the last quarter of the syncs."""
@@ -445,8 +472,10 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: i
                     # the form a variant's runs were trained with, read from a run, not assumed
                     forms[variant] = hdet_overrides(s)
             per_variant[variant] = runs
-        results[start] = summarize_start(per_variant, cells, an, plateau["lr_range"],
-                                         {"embedding": anchor[0] * fe, "dense": anchor[1] * fd})
+        start_lr = {"embedding": anchor[0] * fe, "dense": anchor[1] * fd}
+        results[start] = summarize_start(per_variant, cells, an, plateau["lr_range"], start_lr)
+        results[start]["orderings"] = {v: orderings([out.results[r["run"]] for r in per_variant[v] if r["bases"]], start_lr)
+                                       for v in ("hdet", "hdet_previous")}
     unfinished = sum(r["status"] == "not run yet" for s in results.values() for v in s["runs"].values() for r in v)
     if unfinished:
         partial["partial"] = f"{unfinished} runs of the starts not run yet"
@@ -726,6 +755,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
                          f"{_f(c['gap_closed'], 2)} | {_lr(a['embedding'])} / {_lr(a['dense'])} | "
                          f"{'-' if ip['embedding'] is None else ip['embedding']} / {'-' if ip['dense'] is None else ip['dense']}"
                          f" of {c['completed']} |")
+    lines += _orderings_table(result)
     w = result.get("wall_time") or {}
     if w.get("grid25_over_one_hdet_run"):
         lines += ["", f"Wall time: a plain grid run took {w['grid_run_mean_seconds']:.0f} s on average, one HDET run "
@@ -751,6 +781,25 @@ def render_markdown(result: Dict[str, Any]) -> str:
                          + " | " + ", ".join(str(n) for n in c["rollbacks_per_seed"].values()) + " |")
     lines += [""] + _grid_table(result) + ["", "![each group's base over the pass](lr_recovery.png)", ""]
     return "\n".join(lines) + "\n"
+
+
+def _orderings_table(result: Dict[str, Any]) -> List[str]:
+    rows = [(name, v, o) for name, s in result["starts"].items() for v, o in (s.get("orderings") or {}).items() if o]
+    if not rows:
+        return []
+    lines = ["", "### Decay orderings per group", "",
+             "The controlled max LR over the start's LR at 25 / 50 / 75 / 100% of the pass (geometric mean over the "
+             "completed seeds; dense: the three dense groups' geometric mean); above 1: the controller raised the "
+             "group. Same side: runs whose embedding group ended on the same side of its start as the dense groups; "
+             "stable: every seed ended on the same side, embedding / dense. Whether following the ordering beats the "
+             "static schedule is the contender's paired difference above.", "",
+             "| start | contender | embedding | dense | same side | stable emb / dense |", "|---|---|---|---|---|---|"]
+    for name, v, o in rows:
+        fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)
+        lines.append(f"| {name} | {LABELS[v]} | {fmt(o['ratio_geomean']['embedding'])} | {fmt(o['ratio_geomean']['dense'])} | "
+                     f"{sum(o['same_direction_as_dense'])} of {o['seeds']} | "
+                     f"{'yes' if o['stable']['embedding'] else 'no'} / {'yes' if o['stable']['dense'] else 'no'} |")
+    return lines
 
 
 def _grid_table(result: Dict[str, Any]) -> List[str]:
