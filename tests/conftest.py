@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,11 +27,26 @@ def tiny_dataset(data_cache):
     return root
 
 
+def run_command(cmd, *, timeout, cwd=REPO, env=None):
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), except that a timeout
+    kills the command's whole process group: a launcher's spawned workers (grandchildren) die with
+    it instead of living on and slowing every later test on the 2 cores."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_train(run_dir, *overrides, data_cache, timeout=300):
     """Runs ``python -m recsys_hdet.train`` as a user would; returns the CompletedProcess."""
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", *overrides]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_command(cmd, env=env, timeout=timeout)
 
 
 def read_json(path):

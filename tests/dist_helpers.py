@@ -1,6 +1,9 @@
 """Helpers for tests that run real multi-process (gloo) jobs with torch.multiprocessing."""
+import faulthandler
 import os
+import signal
 import socket
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -16,10 +19,16 @@ NUM_DENSE = 4
 def _entry(rank, world, port, fn, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    # spawn() asks a rank that outlives its deadline for its threads' stacks (into the test's output).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     import warnings
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    fn(*args)
+    # What fn returns lives until os._exit: a worker may return the objects that hold its process
+    # group (a DDP model) so that no gloo process group is destroyed on this thread while gloo's
+    # thread still releases a work it ran. That release can need the GIL, which the destructor's
+    # thread holds while it joins gloo's thread: a deadlock (seen: the comm-hook test hung CI).
+    kept = fn(*args)  # noqa: F841
     # As the launcher does (recsys_hdet.distributed._worker_entry): skip C++ teardown, where a
     # background thread's destructor can abort a process whose work has finished.
     import sys
@@ -28,12 +37,30 @@ def _entry(rank, world, port, fn, args):
     os._exit(0)
 
 
-def spawn(fn, world, *args):
-    """Runs ``fn(*args)`` on ``world`` gloo ranks; a failing rank fails the test with its traceback."""
+def spawn(fn, world, *args, timeout_s=600.0):
+    """Runs ``fn(*args)`` on ``world`` gloo ranks; a failing rank fails the test with its traceback.
+
+    A job still running after ``timeout_s`` fails the test instead of hanging the suite (a gloo
+    collective waits 30 minutes by default): its live ranks print their threads' stacks, then are
+    killed."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_entry, args=(world, port, fn, args), nprocs=world, start_method="spawn")
+    context = mp.start_processes(_entry, args=(world, port, fn, args), nprocs=world, start_method="spawn",
+                                 join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1.0):
+        if time.monotonic() < deadline:
+            continue
+        alive = [p for p in context.processes if p.is_alive()]
+        for p in alive:  # one at a time, so their stacks do not interleave
+            os.kill(p.pid, signal.SIGUSR1)
+            time.sleep(1.0)
+        for p in alive:
+            p.kill()
+        raise AssertionError(f"{fn.__name__} on {world} gloo ranks was still running after {timeout_s:.0f} s "
+                             f"(ranks {[context.processes.index(p) for p in alive]} alive; their stacks are in "
+                             "the captured stderr)")
 
 
 def tiny_sharded_model(pgs, lr=0.1):

@@ -2,19 +2,18 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, read_json
+from conftest import REPO, read_json, run_command
 
 
 def run_ablation(out, seeds, *overrides, data_cache):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "pipelines.ablation", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2",
            *overrides, "--out", str(out), "--configs", "baseline_low", "--no-report", "--seeds", *seeds]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return run_command(cmd, env=env, timeout=600)
 
 
 @pytest.mark.slow  # several training runs end to end; `make test-all` runs it

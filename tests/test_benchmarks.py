@@ -6,12 +6,11 @@ is asserted (the numbers of a tiny run on a loaded CI machine mean nothing).
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_command
 
 
 @pytest.mark.slow  # several training runs end to end; `make test-all` runs it
@@ -24,8 +23,7 @@ def test_benchmark_harness_runs_in_tiny_mode(tiny_dataset, data_cache):
     committed = os.path.join(REPO, "benchmarks", "results.json")
     before, committed_before = open(bench_md).read(), open(committed).read()
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--tiny"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = run_command([sys.executable, "-m", "benchmarks.run", "--tiny"], env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert open(committed).read() == committed_before
     with open(out) as f:

@@ -49,7 +49,10 @@ def _hook_worker():
     # Every future was complete when the hook returned, on the thread that ran backward.
     assert calls and all(done for done, _ in calls), calls
     assert {t for _, t in calls} == {threading.get_ident()}
-    dist.destroy_process_group()
+    # Kept alive until the worker's os._exit (dist_helpers._entry): freeing the model here, right
+    # after a backward's all-reduce, destroyed the process group while gloo's thread was still
+    # releasing that work, and the two threads deadlocked on the GIL.
+    return model
 
 
 def test_the_comm_hook_averages_the_finite_ranks_in_float64_and_leaves_no_callback_to_gloos_thread():

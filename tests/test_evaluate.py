@@ -7,7 +7,6 @@ report is opened in headless Chromium (skipped only where Chromium is not instal
 
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -15,7 +14,7 @@ import polars as pl
 import pytest
 import torch
 
-from conftest import REPO, read_json, read_jsonl, run_train
+from conftest import REPO, read_json, read_jsonl, run_command, run_train
 
 TASKS = ["contribution", "like", "long_dwell"]
 FAST = ["data=tiny", "trainer.log_every=10"]
@@ -23,8 +22,7 @@ FAST = ["data=tiny", "trainer.log_every=10"]
 
 def run_evaluate(*args, data_cache, timeout=300):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "recsys_hdet.evaluate", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_command([sys.executable, "-m", "recsys_hdet.evaluate", *args], env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

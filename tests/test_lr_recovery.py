@@ -1,12 +1,11 @@
 """The learning-rate recovery pipeline end to end on tiny data: its artifacts and its resumability."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, read_json
+from conftest import REPO, read_json, run_command
 from pipelines.lr_recovery import VARIANTS
 
 
@@ -14,7 +13,7 @@ def _study(out, data_cache):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "pipelines.lr_recovery", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1",
            "--out", str(out), "--docs", str(out), "--grid-points", "2", "--max-extensions", "0", "--starts", "tuned", "all_low", "--seeds", "0"]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    return run_command(cmd, env=env, timeout=1200)
 
 
 @pytest.mark.slow  # 4 grid runs and every contender from 2 starts; `make test-all` runs it
@@ -44,10 +43,10 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     assert read_json(out / "lr_recovery.json")["starts"] == r["starts"]
     # --report-only trains nothing and, with every run finished, reports the same.
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    report = subprocess.run([sys.executable, "-m", "pipelines.lr_recovery", "--out", str(out), "--docs", str(tmp_path),
+    report = run_command([sys.executable, "-m", "pipelines.lr_recovery", "--out", str(out), "--docs", str(tmp_path),
                              "--grid-points", "2", "--max-extensions", "0", "--starts", "tuned", "all_low", "--seeds", "0",
                              "--report-only"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                            env=env, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "partial" not in report.stdout
     assert read_json(tmp_path / "lr_recovery.json")["starts"] == r["starts"]

@@ -2,12 +2,11 @@
 on records with known answers, and the harness end to end on tiny data (slow)."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_command
 from pipelines import lr_truth as L
 from pipelines import study_results as SR
 
@@ -94,7 +93,7 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "pipelines.lr_truth", "--mode", "tiny", "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), "--data-cache", data_cache]
-    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    first = run_command(cmd, env=env, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     results = tmp_path / "out" / "lr_truth_tiny" / "results.jsonl"
     lines = [json.loads(x) for x in results.read_text().splitlines()]
@@ -113,14 +112,14 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
                                         "averaged_probe/regression", "anneal_probe/rank"}
     # Resume: every run has its line, none trains again; report-only rebuilds the same report.
     md = (tmp_path / "out" / "lr_truth_tiny.md").read_text()
-    second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    second = run_command(cmd, env=env, timeout=300)
     assert second.returncode == 0 and "completed" not in second.stdout, second.stdout
     assert results.read_text().count("\n") == len(lines)
     import shutil
 
     shutil.rmtree(tmp_path / "work")
-    third = subprocess.run([*cmd, "--report-only"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    third = run_command([*cmd, "--report-only"], env=env, timeout=300)
     assert third.returncode == 0 and (tmp_path / "out" / "lr_truth_tiny.md").read_text() == md
     # A start whose plain run diverges is refused, named.
-    bad = subprocess.run([*cmd, "--start", "wild:500:5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    bad = run_command([*cmd, "--start", "wild:500:5"], env=env, timeout=300)
     assert bad.returncode == 2 and "start 'wild'" in bad.stderr and "diverged" in bad.stderr, bad.stderr[-2000:]

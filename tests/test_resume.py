@@ -5,13 +5,12 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO, read_json, read_jsonl, run_train
+from conftest import REPO, read_json, read_jsonl, run_command, run_train
 
 # Checkpoints every 5 steps, replicas averaged every 3 (plain) or synced every 6 (HDET): most
 # checkpoints fall between averages, when the replicas differ.
@@ -132,7 +131,7 @@ def test_torchrun_max_restarts_resumes_and_completes(uninterrupted, tmp_path, da
            "RECSYS_HDET_FAULTS": "kill@step=10:rank=1"}
     cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc-per-node=2", "--max-restarts=1",
            "-m", "recsys_hdet.train", *FAST, *LAYOUTS["plain"], f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_command(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _assert_same_run(uninterrupted["plain"], run_dir)
 
