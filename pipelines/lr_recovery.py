@@ -12,7 +12,8 @@ A study with a known answer, on the benchmark data set, cold start (no warm-star
    trained) and four misset starts (every group 10x too low; 10x too high; embedding 10x low with
    dense 10x high; the reverse), seeds 0 1 2 each:
    - the plain run at that point (the gap HDET should close),
-   - ``hdet``: the candidate default, anneal-then-probe with the effect controller (``HDET_ANNEAL_EFFECT``),
+   - ``hdet``: the product's default (conf/hdet/enabled.yaml), anneal-then-probe with the effect
+     controller (``HDET_ANNEAL_EFFECT``),
    - ``hdet_previous``: the previous defaults, probe signal and regression score (``HDET_NEW``),
    - ``hdet_paper``: HDET in the paper's form (softmax, sigma 0.1, training-loss signal: ``HDET_PAPER``),
    - ``prodigy`` and ``schedulefree``: plain runs with a parameter-free dense optimizer.
@@ -93,7 +94,7 @@ def schedulefree(embedding: float, dense: float) -> List[str]:
             "optim.schedule.final_div_factor=0.04", "optim.schedule.cycle_momentum=false"]
 
 
-# Issue 23's candidate: the anneal-then-probe signal (4 cooldown steps to LR 0 on reserved rows,
+# The product's default since this study (conf/hdet/enabled.yaml): the anneal-then-probe signal (4 cooldown steps to LR 0 on reserved rows,
 # probed, restored) under the effect-size controller (moves by the fitted NE slope per ln LR relative
 # to the loss, clipped to a trust region of ln 1.25 per sync, resting where the slope is within 2
 # standard errors of zero). Chosen by docs/lr_truth.md before any of its recovery runs: anneal_probe
@@ -108,7 +109,7 @@ HDET_ANNEAL_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hd
 # every override
 VARIANTS = {"plain": (), "hdet": HDET_ANNEAL_EFFECT, "hdet_previous": HDET_NEW, "hdet_paper": HDET_PAPER,
             "prodigy": prodigy, "schedulefree": schedulefree}
-# The contender "hdet" is the candidate for the product's default; its runs and the previous
+# The contender "hdet" is the product's default; its runs and the previous
 # defaults' keep the names they were trained under in results.jsonl (start/<run name>).
 RUN_NAMES = {"hdet": "hdet_anneal_effect", "hdet_previous": "hdet"}
 # Schedule-Free's LR is constant after its warm-up where the preset's schedule decays to ~0: its LR

@@ -65,6 +65,9 @@ SCORES = ("zscore", "rank", "regression", "effect")
 # the largest (a whole trust region every sync): 0 where it rests.
 EFFECT = {"effect_scale": 0.005, "min_t": 2.0}
 REST = 0.1  # an effect signal whose mean move is under this many trust regions per sync is at rest
+# a mean of scores that cancel (e.g. +1/3 and -1/3 over three seeds) has no sign: left at rounding
+# noise (1e-17), its sign depends on the summation order of the numerical library
+SIGN_TOLERANCE = 1e-9
 # A signal run per (start, seed, checkpoint) for each of these hdet.signal values; the scorecard's
 # losses are their sync records' "losses", and the probe run's "train_losses" (the window loss).
 SIGNAL_RUNS = ("probe", "serving", "averaged_probe", "anneal_probe")
@@ -366,7 +369,7 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
                 per_start = entry["per_start"].setdefault(case["start"], {"agree": 0, "cases": 0})
                 for tally in (entry, per_start):
                     tally["cases"] += 1
-                    tally["agree"] += int(value * direction > 0)
+                    tally["agree"] += int(value * direction > SIGN_TOLERANCE)
     trunks_again = [{"trunk": n[:-len("_again")], "recorded": results[n[:-len("_again")]]["mean_ne"],
                      "again": line["mean_ne"]}
                     for n, line in sorted(results.items()) if n.endswith("/trunk_again") and n[:-len("_again")] in results]

@@ -1,6 +1,7 @@
 """``python -m pipelines.retrain_compare``: carried learning rates vs the static config, day by day.
 
-One cold start (version 1, on the first 3 days of the retrain_demo data set) is copied into two
+Per seed (``--seeds``, paired: both arms of a seed share its cold start and the job's ``seed``), one
+cold start (version 1, on the first 3 days of the retrain_demo data set) is copied into two
 registries; then for each of ``--days`` new days (appended to the shared data set, same ground
 truth, drift continued) both run the scheduled job: ``carried`` with ``carry_lr=true`` (each day
 starts every group's max LR from the bases the published model's controller ended with) and
@@ -8,9 +9,14 @@ starts every group's max LR from the bases the published model's controller ende
 per day and arm, the candidate's held-out NE per task (the day's held-out slice), the oracle's NE
 on the same rows, the gate's decision and the LRs the day started from.
 
-Resumable: the data set is appended only up to the days asked for, and the job itself skips days
-already trained, so a rerun continues where it stopped. Options: ``--out DIR`` (default
-``outputs/retrain_compare``), ``--days N`` (default 5), ``--nproc N`` (default 2), ``--docs DIR``.
+The report gives, per day, each seed's carried - static difference of the mean held-out NE, and
+over the pass the mean difference with two 95% t-intervals: over the seeds' means (the honest one:
+a seed's days are chained through its registry) and over every (seed, day) pair as if independent.
+
+Resumable: the data set (shared by the seeds) is appended only up to the days asked for, and the
+job itself skips days already trained, so a rerun continues where it stopped. Options: ``--out DIR``
+(default ``outputs/retrain_compare``), ``--days N`` (default 5), ``--seeds S ...`` (default 0 1),
+``--nproc N`` (default 2), ``--docs DIR``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 from typing import Any, Dict, List
 
 from pipelines import retrain as R
+from pipelines.lr_recovery import paired
 from pipelines.registry import Registry
 from pipelines.retrain_demo import retrain_command
 
@@ -50,6 +57,7 @@ def _max_lrs(version_dir: str) -> Dict[str, float]:
 
 
 def collect(out: str) -> Dict[str, Any]:
+    """{day: {arm: row}} from one seed's two registries."""
     rows: Dict[str, Dict[str, Any]] = {}
     for arm in ARMS:
         reg = Registry(os.path.join(out, arm))
@@ -68,54 +76,81 @@ def collect(out: str) -> Dict[str, Any]:
     return rows
 
 
-def write_docs(out: str, docs: str, days_asked: int) -> None:
-    rows = collect(out)
-    days = sorted(d for d, r in rows.items() if set(r) == set(ARMS))
-    mean = lambda d: statistics.fmean(d[t] for t in TASKS)
-    table = ["| day | carried NE (mean) | static NE (mean) | carried - static | oracle NE (mean) | carried: published? "
-             "| static: published? | carried max LR embedding / transformer | static max LR embedding / transformer "
-             "| carried: bases it ended with |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    diffs = []
+def seed_dir(out: str, seed: int) -> str:
+    return os.path.join(out, f"seed{seed}")
+
+
+def _ci(p: Any) -> str:
+    if p is None:
+        return "-"
+    ci = p["ci95"]
+    return f"{p['mean']:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+
+
+def write_docs(out: str, docs: str, days_asked: int, seeds: List[int]) -> None:
+    per_seed = {s: collect(seed_dir(out, s)) for s in seeds}
+    days = sorted({d for rows in per_seed.values() for d in rows})
+    both = lambda s, d: set(per_seed[s].get(d, {})) == set(ARMS)
+    mean = lambda r: statistics.fmean(r["ne"][t] for t in TASKS)
+    diff = {(s, d): mean(per_seed[s][d]["carried"]) - mean(per_seed[s][d]["static"])
+            for s in seeds for d in days if both(s, d)}
+    complete_days = [d for d in days if all(both(s, d) for s in seeds)]
+    table = ["| day | seed | carried NE (mean) | static NE (mean) | carried - static | oracle NE (mean) "
+             "| carried: published? | static: published? | carried max LR embedding / transformer "
+             "| static max LR embedding / transformer | carried: bases it ended with |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lrs = lambda r: f"{r['max_lr']['embedding']:.3g} / {r['max_lr']['transformer']:.3g}"
+    decision = lambda r: r["status"] + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else "")
     for d in days:
-        c, s = rows[d]["carried"], rows[d]["static"]
-        diffs.append(mean(c["ne"]) - mean(s["ne"]))
-        lrs = lambda r: f"{r['max_lr']['embedding']:.3g} / {r['max_lr']['transformer']:.3g}"
-        ended = f"{c['hdet_bases']['embedding']:.3g} / {c['hdet_bases']['transformer']:.3g}" if c["hdet_bases"] else "-"
-        decision = lambda r: r["status"] + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else "")
-        table.append(f"| {d} | {mean(c['ne']):.4f} | {mean(s['ne']):.4f} | {diffs[-1]:+.4f} | {mean(c['oracle_ne']):.4f} "
-                     f"| {decision(c)} | {decision(s)} | {lrs(c)} | {lrs(s)} | {ended} |")
-    per_task = ["| day | arm | " + " | ".join(TASKS) + " |", "|---|---|" + "---|" * len(TASKS)]
+        for s in seeds:
+            if not both(s, d):
+                continue
+            c, st = per_seed[s][d]["carried"], per_seed[s][d]["static"]
+            ended = f"{c['hdet_bases']['embedding']:.3g} / {c['hdet_bases']['transformer']:.3g}" if c["hdet_bases"] else "-"
+            table.append(f"| {d} | {s} | {mean(c):.4f} | {mean(st):.4f} | {diff[(s, d)]:+.4f} | "
+                         f"{statistics.fmean(c['oracle_ne'][t] for t in TASKS):.4f} "
+                         f"| {decision(c)} | {decision(st)} | {lrs(c)} | {lrs(st)} | {ended} |")
+    per_task = ["| day | seed | arm | " + " | ".join(TASKS) + " |", "|---|---|---|" + "---|" * len(TASKS)]
     for d in days:
-        for arm in ARMS:
-            per_task.append(f"| {d} | {arm} | " + " | ".join(f"{rows[d][arm]['ne'][t]:.4f}" for t in TASKS) + " |")
-        per_task.append(f"| {d} | oracle | " + " | ".join(f"{rows[d]['carried']['oracle_ne'][t]:.4f}" for t in TASKS)
-                        + " |")
-    published = {arm: sum(rows[d][arm]["status"] == "published" for d in days) for arm in ARMS}
-    verdict = ("no day finished in both arms yet" if not diffs else
-               f"published days: carried {published['carried']} of {len(days)}, static {published['static']} of "
-               f"{len(days)}; " +
-               f"over {len(diffs)} day(s), carried minus static mean NE: {statistics.fmean(diffs):+.4f} "
-               f"(per day: {', '.join(f'{x:+.4f}' for x in diffs)}; negative = carried better)")
-    partial = "" if len(days) >= days_asked else (
-        f"**PARTIAL: {len(days)} of {days_asked} days finished in both arms;** rerun the command to continue.\n\n")
+        for s in seeds:
+            if both(s, d):
+                for arm in ARMS:
+                    per_task.append(f"| {d} | {s} | {arm} | "
+                                    + " | ".join(f"{per_seed[s][d][arm]['ne'][t]:.4f}" for t in TASKS) + " |")
+    seed_means = [statistics.fmean(diff[(s, d)] for d in complete_days) for s in seeds] if complete_days else []
+    over_seeds, over_pairs = paired(seed_means), paired([diff[(s, d)] for s in seeds for d in complete_days])
+    published = {arm: sum(per_seed[s][d][arm]["status"] == "published" for s in seeds for d in complete_days)
+                 for arm in ARMS}
+    runs = len(seeds) * len(complete_days)
+    verdict = ("no day finished in both arms of every seed yet" if not complete_days else
+               f"Over {len(complete_days)} day(s) x {len(seeds)} seed(s): published days carried {published['carried']} "
+               f"of {runs}, static {published['static']} of {runs}. Carried minus static mean NE (negative = carried "
+               f"better): {_ci(over_seeds)} (95% t-interval over the seeds' means: the honest one, a seed's days are "
+               f"chained); {_ci(over_pairs)} over the {runs} (seed, day) pairs taken as independent. Per seed: "
+               + ", ".join(f"seed {s} {m:+.4f}" for s, m in zip(seeds, seed_means)) + ".")
+    partial = "" if len(complete_days) >= days_asked else (
+        f"**PARTIAL: {len(complete_days)} of {days_asked} days finished in both arms of every seed;** rerun the "
+        "command to continue.\n\n")
+    from omegaconf import OmegaConf
+
+    job = OmegaConf.load(os.path.join(R.CONF_DIR, "retrain.yaml"))
     md = f"""# Scheduled retraining: carried learning rates vs the static config
 
-{partial}Produced by `python -m pipelines.retrain_compare` on {platform.machine()}, {os.cpu_count()} cores,
-{time.strftime('%Y-%m-%d')}. Data: the retrain_demo synthetic set (`conf/data/retrain_demo.yaml`), 3 days for
-the shared cold start (version 1), then one day appended at a time. Each day both registries run
-`python -m pipelines.retrain` (experiment `retrain_daily`: HDET with the scale-free controller,
-2 workers); `carried` starts each group's max LR from the bases the published model's controller
-ended its day with, `static` from the preset's LRs every day. NE: the day's held-out slice (10% of
-the day, never trained on), scored by the candidate of that day; the oracle is the generator's true
-probabilities on the same rows. One seed per arm and about 1,600 held-out rows per day: the
-differences include seed and sampling noise that this comparison does not measure.
+{partial}Produced by `python -m pipelines.retrain_compare --seeds {' '.join(map(str, seeds))}` on {platform.machine()},
+{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. Data: the retrain_demo synthetic set (`conf/data/retrain_demo.yaml`), 3
+days for each seed's cold start (version 1), then one day appended at a time. Each day both registries
+of a seed run `python -m pipelines.retrain seed=S` (experiment `retrain_daily`: HDET with
+conf/hdet/enabled.yaml's controller, 2 workers); `carried` starts each group's max LR from the bases the
+published model's controller ended its day with, clamped to [preset / {job.carry_lr_clamp}, preset x
+{job.carry_lr_clamp}] (`carry_lr_clamp`), `static` from the preset's LRs every day. NE: the day's held-out
+slice (10% of the day, about 1,600 rows, never trained on), scored by the candidate of that day; the
+oracle is the generator's true probabilities on the same rows.
 
 {verdict}
 
 {chr(10).join(table)}
 
-Per task (held-out NE of each day's candidate, and the oracle's):
+Per task (held-out NE of each day's candidate):
 
 {chr(10).join(per_task)}
 
@@ -123,7 +158,10 @@ Raw figures: `docs/retraining.json`.
 """
     os.makedirs(docs, exist_ok=True)
     with open(os.path.join(docs, "retraining.json"), "w") as f:
-        json.dump({"days": rows, "mean_ne_difference_carried_minus_static": diffs}, f, indent=1)
+        json.dump({"seeds": {str(s): per_seed[s] for s in seeds},
+                   "difference_carried_minus_static": {"per_seed_day": {f"{s}/{d}": v for (s, d), v in diff.items()},
+                                                       "over_seeds": over_seeds, "over_pairs": over_pairs}},
+                  f, indent=1)
     with open(os.path.join(docs, "retraining.md"), "w") as f:
         f.write(md)
 
@@ -136,13 +174,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="outputs/retrain_compare")
     ap.add_argument("--days", type=int, default=5)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--docs", default="docs")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
     out = os.path.abspath(args.out)
     if args.report_only:
-        write_docs(out, args.docs, args.days)
+        write_docs(out, args.docs, args.days, args.seeds)
         return 0
     data = os.path.join(out, "data")
     log = os.path.join(out, "compare.log")
@@ -151,30 +190,33 @@ def main(argv=None) -> int:
     base_days = int(spec.generator.days)
     if not os.path.isfile(os.path.join(data, "meta.json")):
         ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
-    cold = os.path.join(out, "cold")
-    if not Registry(cold).current():
-        code = _run(retrain_command(cold, data, args.nproc, ["--until", sorted(json.load(
-            open(os.path.join(data, "meta.json")))["days"])[base_days - 1]]), log)
-        if code != R.EXIT_PUBLISHED:
-            print(f"the cold start failed (exit {code}); see {log}")
-            return 1
-    for arm in ARMS:
-        if not os.path.isdir(os.path.join(out, arm)):
-            shutil.copytree(cold, os.path.join(out, arm), symlinks=True)
+    for seed in args.seeds:
+        cold = os.path.join(seed_dir(out, seed), "cold")
+        if not Registry(cold).current():
+            code = _run(retrain_command(cold, data, args.nproc, ["--until", sorted(json.load(
+                open(os.path.join(data, "meta.json")))["days"])[base_days - 1]]) + [f"seed={seed}"], log)
+            if code != R.EXIT_PUBLISHED:
+                print(f"the cold start of seed {seed} failed (exit {code}); see {log}")
+                return 1
+        for arm in ARMS:
+            if not os.path.isdir(os.path.join(seed_dir(out, seed), arm)):
+                shutil.copytree(cold, os.path.join(seed_dir(out, seed), arm), symlinks=True)
     for k in range(args.days):
         have = len(json.load(open(os.path.join(data, "meta.json")))["days"])
         if have < base_days + k + 1:
             append_synthetic_days(data, 1)
         day = sorted(json.load(open(os.path.join(data, "meta.json")))["days"])[base_days + k]
-        for arm, setting in ARMS.items():
-            t0 = time.time()
-            code = _run(retrain_command(os.path.join(out, arm), data, args.nproc, ["--until", day]) + [setting], log)
-            print(f"day {day} {arm}: exit {code}, {time.time() - t0:.0f} s", flush=True)
-            if code not in (R.EXIT_PUBLISHED, R.EXIT_REJECTED, R.EXIT_NOTHING):
-                print(f"failed; see {log}")
-                return 1
-        write_docs(out, args.docs, args.days)
-    write_docs(out, args.docs, args.days)
+        for seed in args.seeds:
+            for arm, setting in ARMS.items():
+                t0 = time.time()
+                code = _run(retrain_command(os.path.join(seed_dir(out, seed), arm), data, args.nproc,
+                                            ["--until", day]) + [setting, f"seed={seed}"], log)
+                print(f"day {day} seed {seed} {arm}: exit {code}, {time.time() - t0:.0f} s", flush=True)
+                if code not in (R.EXIT_PUBLISHED, R.EXIT_REJECTED, R.EXIT_NOTHING):
+                    print(f"failed; see {log}")
+                    return 1
+        write_docs(out, args.docs, args.days, args.seeds)
+    write_docs(out, args.docs, args.days, args.seeds)
     print(f"wrote {args.docs}/retraining.md and .json")
     return 0
 

@@ -94,10 +94,11 @@ def _fault_run(run_dir, faults, data_cache, *overrides):
     env_faults = {"RECSYS_HDET_FAULTS": faults}
     os.environ.update(env_faults)
     try:
-        # The default controller (probe signal) with 1024 probe rows: the default 4096 would take a third
-        # of the tiny data set's training rows.
+        # The default controller (anneal-then-probe) with 1024 reserved rows, 2 x 256 of them for the
+        # cooldown: the default 4096 would take a third of the tiny data set's training rows.
         return run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
-                         "hdet.sync_every=4", "hdet.controller_start=0", "hdet.probe_rows=1024", *overrides,
+                         "hdet.sync_every=4", "hdet.controller_start=0", "hdet.probe_rows=1024",
+                         "hdet.anneal_probe.steps=2", *overrides,
                          data_cache=data_cache)
     finally:
         del os.environ["RECSYS_HDET_FAULTS"]
