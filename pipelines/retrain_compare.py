@@ -9,9 +9,9 @@ starts every group's max LR from the bases the published model's controller ende
 per day and arm, the candidate's held-out NE per task (the day's held-out slice), the oracle's NE
 on the same rows, the gate's decision and the LRs the day started from.
 
-The report gives, per day, each seed's carried - static difference of the mean held-out NE, and
-over the pass the mean difference with two 95% t-intervals: over the seeds' means (the honest one:
-a seed's days are chained through its registry) and over every (seed, day) pair as if independent.
+The report gives, per day, each seed's carried - static difference of the mean held-out NE, each
+seed's mean over its days, and the mean over every (seed, day) pair with a 95% t-interval taking
+the pairs as independent (a seed's days are chained through its registry: the true one is wider).
 
 Resumable: the data set (shared by the seeds) is appended only up to the days asked for, and the
 job itself skips days already trained, so a rerun continues where it stopped. Options: ``--out DIR``
@@ -125,9 +125,9 @@ def write_docs(out: str, docs: str, days_asked: int, seeds: List[int]) -> None:
     verdict = ("no day finished in both arms of every seed yet" if not complete_days else
                f"Over {len(complete_days)} day(s) x {len(seeds)} seed(s): published days carried {published['carried']} "
                f"of {runs}, static {published['static']} of {runs}. Carried minus static mean NE (negative = carried "
-               f"better): {_ci(over_seeds)} (95% t-interval over the seeds' means: the honest one, a seed's days are "
-               f"chained); {_ci(over_pairs)} over the {runs} (seed, day) pairs taken as independent. Per seed: "
-               + ", ".join(f"seed {s} {m:+.4f}" for s, m in zip(seeds, seed_means)) + ".")
+               "better), per seed over its days: " + ", ".join(f"seed {s} {m:+.4f}" for s, m in zip(seeds, seed_means))
+               + f"; over the {runs} (seed, day) pairs {_ci(over_pairs)} (95% t-interval taking the pairs as "
+               "independent: a seed's days are chained through its registry, so the true interval is wider).")
     partial = "" if len(complete_days) >= days_asked else (
         f"**PARTIAL: {len(complete_days)} of {days_asked} days finished in both arms of every seed;** rerun the "
         "command to continue.\n\n")

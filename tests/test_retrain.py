@@ -219,14 +219,15 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     assert code == R.EXIT_PUBLISHED and "resum" in open(
         Registry(str(tmp_path / "reg2")).version_dir("v0001") + "/train.log").read(), out
 
-    # Day 2: published (v0002, warm start, carried LRs); reg2 is killed mid-publish, then finished.
+    # Day 2: published (v0002, warm start, carried LRs: carry_lr is off by default); reg2 is killed
+    # mid-publish, then finished.
     (day4,) = append_synthetic_days(data, 1)
-    code, out = _finish(_job(tmp_path, "reg", data))
+    code, out = _finish(_job(tmp_path, "reg", data, "carry_lr=true"))
     assert code == R.EXIT_PUBLISHED, out
-    code, out = _finish(_job(tmp_path, "reg2", data, env={R.FAULT_ENV: "kill_before_current"}))
+    code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true", env={R.FAULT_ENV: "kill_before_current"}))
     assert code == -signal.SIGKILL, out
     assert Registry(str(tmp_path / "reg2")).current() == "v0001"  # never pointed at an incomplete version
-    code, out = _finish(_job(tmp_path, "reg2", data))
+    code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true"))
     assert code == R.EXIT_NOTHING and "finished the interrupted publish of v0002" in out, out
 
     # Day 3: a planted bad day (labels shuffled) is rejected; a rerun does nothing.
