@@ -37,6 +37,39 @@ def test_ranks_read_disjoint_slices_of_one_pass(tiny_dataset):
     assert total_rows - len(meta.days) * 64 * world < seen <= total_rows
 
 
+def test_a_rank_that_reads_only_its_rows_gets_the_rows_one_rank_reads_at_their_positions(tiny_dataset):
+    """Rank r of W keeps only its own rows of a day; its batch i must be, bit for bit, the one-rank
+    stream's batch i * W + r (the same stream order), and its reserved rows the one-rank stream's."""
+    meta = DatasetMeta.load(tiny_dataset)
+    days, _ = split_days(meta, eval_days=1)
+    reserve = 100
+
+    def fields(b):
+        return [b.dense, b.labels, b.sparse.values(), b.sparse.lengths(), *(b.extras[k] for k in KEYS)]
+
+    one = _stream(meta, days=days, extras=KEYS, reserve_rows=reserve)
+    one_batches, one_reserved, step = {}, {}, 0
+    for day_index, day in enumerate(days):
+        for i, b in enumerate(one._make_batch(one._load_day(day_index, None), j) for j in range(one.batches_in_day(day))):
+            one_batches[(day, i)] = b
+        step += one.batches_in_day(day)
+        one_reserved[day] = one.reserved_batches(64, trained_steps=step)
+    world = 3
+    for r in range(world):
+        s = _stream(meta, rank=r, world=world, days=days, extras=KEYS, reserve_rows=reserve)
+        step, it = 0, iter(s)
+        for day in days:
+            n = s.batches_in_day(day)
+            assert n > 0
+            for i in range(n):
+                b, ref = next(it), one_batches[(day, i * world + r)]
+                assert all(torch.equal(x, y) for x, y in zip(fields(b), fields(ref))), (r, day, i)
+            step += n
+            got = s.reserved_batches(64, trained_steps=step)
+            assert len(got) == len(one_reserved[day])
+            assert all(torch.equal(x, y) for g, o in zip(got, one_reserved[day]) for x, y in zip(fields(g), fields(o)))
+
+
 def test_eval_padding_scores_every_row_once(tiny_dataset):
     meta = DatasetMeta.load(tiny_dataset)
     day = list(meta.days)[-1]

@@ -6,7 +6,8 @@ Design:
   day by a generator seeded from ``(seed, day)``, and cut into global batches of
   ``batch_size x world_size`` rows; rank ``r`` takes rows ``[r*B, (r+1)*B)`` of each global batch,
   so the ranks' slices are disjoint and every rank runs the same number of steps (collectives in
-  the sharded model need that). The remainder of a day that does not fill a global batch is
+  the sharded model need that). A training rank reads the whole day file but permutes, gathers and
+  normalizes only its own rows (and the reserved ones). The remainder of a day that does not fill a global batch is
   dropped in training; in evaluation it is padded, with a mask, so every row is scored.
 - Features are read only from the names listed in ``meta.json`` under ``sparse`` and ``dense``;
   labels from ``label_<task>``. Columns such as ``oracle_*`` and raw ids are never model inputs;
@@ -252,11 +253,17 @@ def _part_mask(holdout: Optional[RowHoldout], part: str, day: str, rows: int) ->
 
 
 class _DayArrays:
-    """A day's rows as contiguous tensors, in stream order."""
+    """A day's rows as contiguous tensors, in stream order; with ``positions`` (ascending positions
+    in the day's stream order) only those rows, in that order, ``rows`` then counting them.
+
+    A training rank keeps only its own batches' rows and the reserved tail (every rank scores
+    those): the permutation, the jagged gathers and the dense normalization then touch a
+    ``1 / world_size`` share of the day. The rows it keeps are the ones it would have sliced from
+    the whole day, bit for bit (the normalization is elementwise)."""
 
     def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str],
                  drop_random: bool = False, normalization: Optional[DenseNormalization] = None,
-                 keep: Optional[np.ndarray] = None) -> None:
+                 keep: Optional[np.ndarray] = None, positions: Optional[np.ndarray] = None) -> None:
         label_cols = [LABEL_PREFIX + t for t in meta.tasks]
         columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
         df = pl.read_parquet(meta.day_path(day), columns=columns + ([RAND_COLUMN] if drop_random else []))
@@ -269,9 +276,11 @@ class _DayArrays:
         # Columns to arrays in file order, then each array permuted at once (np.take on the
         # contiguous axis: cheaper than permuting the frame's rows in polars, 0.27 s per bench day).
         order = np.random.default_rng([seed, int(day)]).permutation(df.height) if shuffle else None
+        if positions is not None:  # the file rows at those stream positions
+            order = order[positions] if order is not None else positions
         take = (lambda x, axis=0: np.take(x, order, axis=axis)) if order is not None else \
             (lambda x, axis=0: np.array(x, order="C"))  # a writable copy (polars' arrays may be read-only)
-        self.rows = df.height
+        self.rows = len(order) if order is not None else df.height
         # [F, rows]: a batch's single-valued ids are one slice, already in the KJT's key-major order
         # (polars gives a column-major [rows, F] array: its transpose is contiguous)
         single = df.select(meta.single_features).to_numpy().astype(np.int64, copy=False)
@@ -289,9 +298,10 @@ class _DayArrays:
             self.multi_lengths.append(lengths)
             self.multi_offsets.append(_offsets(lengths))
             self.multi_values.append(values)
-        dense = df.select(meta.dense).to_numpy().astype(np.float64)  # null (missing) -> NaN
+        # null (missing) -> NaN; taken first: the normalization is elementwise, so only the kept rows pay
+        dense = take(df.select(meta.dense).to_numpy().astype(np.float64, copy=False))
         dense = normalization.apply(dense) if normalization is not None else np.nan_to_num(dense, nan=0.0)
-        self.dense = torch.from_numpy(take(dense.astype(np.float32, copy=False)))
+        self.dense = torch.from_numpy(np.ascontiguousarray(dense.astype(np.float32, copy=False)))
         self.labels = torch.from_numpy(take(df.select(label_cols).to_numpy().astype(np.float32, copy=False)))
         self.extras = {c: torch.from_numpy(take(df[c].to_numpy())) for c in extras}
 
@@ -418,13 +428,27 @@ class ParquetBatchStream:
         day = self.days[day_index]
         keep = _part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"]))
         return _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
-                          drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep)
+                          drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep,
+                          positions=self._rank_positions(day))
 
     def _load_day(self, day_index: int, keep: Optional[np.ndarray]) -> "_DayArrays":
         day = self.days[day_index]
         arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
-                            drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep)
+                            drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep,
+                            positions=self._rank_positions(day))
         return self._remember(day_index, arrays)
+
+    def _rank_positions(self, day: str) -> Optional[np.ndarray]:
+        """The stream positions this rank reads of ``day`` when it reads only its own (several ranks,
+        training: no padded last batch): its rows of each global batch, then the reserved tail.
+        None: the whole day (one rank, or evaluation's padded batches)."""
+        if self.world_size == 1 or self.pad_last:
+            return None
+        B, n = self.batch_size, self.batches_in_day(day)
+        firsts = np.arange(n, dtype=np.int64) * (B * self.world_size) + self.rank * B
+        own = (firsts[:, None] + np.arange(B, dtype=np.int64)).reshape(-1)
+        rows = self.rows_in_day(day)
+        return np.concatenate([own, np.arange(rows - self.reserve_rows, rows, dtype=np.int64)])
 
     def _remember(self, day_index: int, arrays: "_DayArrays") -> "_DayArrays":
         if self.reserve_rows:
@@ -449,7 +473,9 @@ class ParquetBatchStream:
 
     def _make_batch(self, a: _DayArrays, index: int) -> Batch:
         B = self.batch_size
-        start = index * B * self.world_size + self.rank * B
+        # the arrays hold this rank's batches one after another when it read only its own rows
+        own_rows = self.world_size > 1 and not self.pad_last
+        start = index * B if own_rows else index * B * self.world_size + self.rank * B
         stop = min(start + B, a.rows)
         start = min(start, a.rows)
         if stop - start == B:  # a whole batch: slices of the day's arrays (they are in stream order)
