@@ -12,6 +12,7 @@ CLI: ``python -m data_tools.validate DIR`` (exit status 2 and the message on bad
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import os
@@ -63,16 +64,43 @@ def scan_raw_csv(path: str) -> pl.LazyFrame:
 
 
 def expand_files(spec) -> list[str]:
-    """A glob pattern, a path, or a list of them -> sorted list of files (DataError if none)."""
+    """A glob pattern, a path, or a list of them -> sorted list of files (DataError if none, or if
+    one file is named twice: a glob and its own name, or two spellings of one path, would read
+    every row of it twice)."""
     specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
     files: list[str] = []
+    given: dict[str, str] = {}  # real path -> the spec that named it first
     for s in specs:
         s = os.fspath(s)
         hits = sorted(glob.glob(s)) if glob.has_magic(s) else [s]
         if not hits:
             raise DataError(f"{s}: no file matches this pattern")
+        for h in hits:
+            real = os.path.realpath(h)
+            if real in given:
+                raise DataError(f"{h}: given twice (by {given[real]!r} and by {s!r}): its rows would be read "
+                                "twice; name each file once")
+            given[real] = s
         files.extend(hits)
     return files
+
+
+def _check_utf8(path: str, chunk_bytes: int = 1 << 24) -> None:
+    """The whole file decodes as UTF-8 (polars stops at a bad byte with no file or line named)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line = 1
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(chunk_bytes)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                at = line + chunk.count(b"\n", 0, max(e.start, 0))
+                raise data_error(path, None, f"line {at}: byte {chunk[e.start:e.start + 1]!r} is not UTF-8 "
+                                             "(save the file as UTF-8)") from None
+            if not chunk:
+                return
+            line += chunk.count(b"\n")
 
 
 # ---- raw ----------------------------------------------------------------------------------------
@@ -88,6 +116,7 @@ def _header(path: str) -> list[str]:
             # last line (a truncated value, a row missing fields) would be read as data.
             raise data_error(path, None, "the file does not end with a newline: its last line is cut off "
                                          "(truncated file?)")
+    _check_utf8(path)
     try:
         return list(scan_raw_csv(path).collect_schema().names())
     except Exception as e:  # noqa: BLE001 - any parser failure is a data problem
@@ -100,7 +129,14 @@ def _check_field_counts(path: str, header: list[str]) -> None:
     separators outside quotes on every line instead (one extra pass over the file)."""
     lines = pl.scan_csv(path, has_header=False, separator="\x1f", quote_char=None, schema={"line": pl.String})
     fields = pl.col("line").str.replace_all('"[^"]*"', "").str.count_matches(",") + 1
-    bad = lines.with_row_index("index").filter((fields != len(header)) & (pl.col("line").str.len_bytes() > 0))
+    indexed = lines.with_row_index("index")
+    # polars reads a blank line as a row of nulls (a misleading "1 missing value" later)
+    blank = indexed.filter(pl.col("line").is_null() | (pl.col("line").str.len_bytes() == 0))
+    st = blank.select(pl.len().alias("n"), pl.col("index").first().alias("first")).collect().row(0, named=True)
+    if st["n"]:
+        raise data_error(path, None, f"{st['n']} blank lines (first at line {st['first'] + 1}): a blank line "
+                                     "would be read as a row of missing values; remove it")
+    bad = indexed.filter((fields != len(header)) & (pl.col("line").str.len_bytes() > 0))
     st = bad.select(pl.len().alias("n"), pl.col("index").first().alias("first"),
                     fields.first().alias("fields")).collect(engine="streaming").row(0, named=True)
     if st["n"]:
@@ -129,21 +165,26 @@ def _check_csv(path: str, kind: str, dtypes: dict, required, not_null, nonneg,
         else:
             parsed = parse_expr(c, dtypes[c], lenient_int)
         stage1 += [raw.is_null().alias(f"{c}__isnull"), parsed.alias(f"{c}__p")]
-    lf = scan_raw_csv(path).select(checked).select(stage1)
+    # every line of the file is a row here (blank lines were refused above): row i is line i + 2
+    stage1.append(pl.col("__index"))
+    lf = scan_raw_csv(path).with_row_index("__index").select(checked + ["__index"]).select(stage1)
     aggs = [pl.len().alias("__rows")]
     for c in checked:
         isnull, p = pl.col(f"{c}__isnull"), pl.col(f"{c}__p")
         bad = ~isnull & p.is_null()
+        first_line = lambda cond, name: (pl.col("__index").filter(cond).first() + 2).alias(name)
         aggs += [isnull.sum().alias(f"{c}__null"),
                  bad.sum().alias(f"{c}__bad"),
-                 pl.col(c).filter(bad).first().alias(f"{c}__badval")]
+                 pl.col(c).filter(bad).first().alias(f"{c}__badval"), first_line(bad, f"{c}__badline"),
+                 first_line(isnull, f"{c}__nullline")]
         if c in nonneg:
-            aggs += [(p < 0).sum().alias(f"{c}__neg"), p.min().alias(f"{c}__min")]
+            aggs += [(p < 0).sum().alias(f"{c}__neg"), p.min().alias(f"{c}__min"), first_line(p < 0, f"{c}__negline")]
         if c in floats_finite:
-            aggs += [p.is_nan().sum().alias(f"{c}__nan"), p.is_infinite().sum().alias(f"{c}__inf")]
+            aggs += [p.is_nan().sum().alias(f"{c}__nan"), p.is_infinite().sum().alias(f"{c}__inf"),
+                     first_line(p.is_nan() | p.is_infinite(), f"{c}__nanline")]
         if c == "tag":
             aggs += [p.sum().alias("tag__badtag"),
-                     pl.col(c).filter(p).first().alias("tag__badtagval")]
+                     pl.col(c).filter(p).first().alias("tag__badtagval"), first_line(p, "tag__badtagline")]
     if extra_checks:
         aggs += extra_checks
     try:
@@ -156,17 +197,21 @@ def _check_csv(path: str, kind: str, dtypes: dict, required, not_null, nonneg,
         if st[f"{c}__bad"]:
             want = "a YYYY-MM-DD date" if c == "upload_dt" else str(dtypes[c])
             raise data_error(path, c, f"{st[f'{c}__bad']} values not parsable as {want} "
-                                      f"(e.g. {st[f'{c}__badval']!r})")
+                                      f"(first at line {st[f'{c}__badline']}: {st[f'{c}__badval']!r})")
         if c in not_null and st[f"{c}__null"]:
-            raise data_error(path, c, f"{st[f'{c}__null']} missing (null/empty) values")
+            raise data_error(path, c, f"{st[f'{c}__null']} missing (null/empty) values (first at line "
+                                      f"{st[f'{c}__nullline']})")
         if c in nonneg and st[f"{c}__neg"]:
             what = "ids" if c in (S.LOG_ID_COLUMNS + S.USER_ID_COLUMNS + S.VIDEO_ID_COLUMNS) else "values"
-            raise data_error(path, c, f"{st[f'{c}__neg']} negative {what} (min {st[f'{c}__min']})")
+            raise data_error(path, c, f"{st[f'{c}__neg']} negative {what} (min {st[f'{c}__min']}), first at line "
+                                      f"{st[f'{c}__negline']}")
         if c in floats_finite and (st[f"{c}__nan"] or st[f"{c}__inf"]):
-            raise data_error(path, c, f"{st[f'{c}__nan']} NaN and {st[f'{c}__inf']} infinite values")
+            raise data_error(path, c, f"{st[f'{c}__nan']} NaN and {st[f'{c}__inf']} infinite values (first at line "
+                                      f"{st[f'{c}__nanline']})")
         if c == "tag" and st["tag__badtag"]:
             raise data_error(path, c, f"{st['tag__badtag']} rows with tag ids that are not "
-                                      f"non-negative integers (e.g. {st['tag__badtagval']!r})")
+                                      f"non-negative integers (first at line {st['tag__badtagline']}: "
+                                      f"{st['tag__badtagval']!r})")
     st["__columns"] = cols
     return st
 
@@ -192,31 +237,37 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
         calendar = d.cast(pl.String).str.to_date("%Y%m%d", strict=False)
         baddate = d.is_not_null() & (calendar.is_null() | (y < 1900) | (y > 2200))
         badhm = (hm < 0) | (hm > 2359) | (hm % 100 > 59)
+        line = lambda cond, name: (pl.col("__index").filter(cond).first() + 2).alias(name)  # header: line 1
         extra = [
             baddate.sum().alias("__baddate"), d.filter(baddate).first().alias("__baddateval"),
-            badhm.sum().alias("__badhm"), hm.filter(badhm).first().alias("__badhmval"),
+            line(baddate, "__baddateline"),
+            badhm.sum().alias("__badhm"), hm.filter(badhm).first().alias("__badhmval"), line(badhm, "__badhmline"),
             d.unique().implode().alias("__dates"),
         ]
         for c in oracle_cols:
             o = pl.col(f"{c}__p")
-            extra.append(((o <= 0) | (o >= 1) | o.is_null()).sum().alias(f"{c}__range"))
+            outside = (o <= 0) | (o >= 1) | o.is_null()
+            extra += [outside.sum().alias(f"{c}__range"), line(outside, f"{c}__rangeline")]
         for c in rand_cols:
             r = pl.col(f"{c}__p")
-            extra += [(r > 1).sum().alias("__badrand"), r.filter(r > 1).first().alias("__badrandval")]
+            extra += [(r > 1).sum().alias("__badrand"), r.filter(r > 1).first().alias("__badrandval"),
+                      line(r > 1, "__badrandline")]
         st = _check_csv(f, "log", dtypes, S.LOG_REQUIRED, S.LOG_NOT_NULL + tuple(oracle_cols) + tuple(rand_cols),
                         S.LOG_ID_COLUMNS + tuple(label_cols) + ("time_ms",) + tuple(rand_cols), tuple(oracle_cols),
                         extra, lenient_int=False)
         if rand_cols and st["__badrand"]:
-            raise data_error(f, "is_rand", f"{st['__badrand']} values not 0 or 1 (e.g. {st['__badrandval']!r})")
+            raise data_error(f, "is_rand", f"{st['__badrand']} values not 0 or 1 (first at line "
+                                           f"{st['__badrandline']}: {st['__badrandval']!r})")
         if st["__baddate"]:
             raise data_error(f, "date", f"{st['__baddate']} values not calendar dates in YYYYMMDD form "
-                                        f"(e.g. {st['__baddateval']!r})")
+                                        f"(first at line {st['__baddateline']}: {st['__baddateval']!r})")
         if st["__badhm"]:
             raise data_error(f, "hourmin", f"{st['__badhm']} values not an HHMM time of day "
-                                           f"(e.g. {st['__badhmval']!r})")
+                                           f"(first at line {st['__badhmline']}: {st['__badhmval']!r})")
         for c in oracle_cols:
             if st[f"{c}__range"]:
-                raise data_error(f, c, f"{st[f'{c}__range']} probabilities outside (0, 1)")
+                raise data_error(f, c, f"{st[f'{c}__range']} probabilities outside (0, 1) (first at line "
+                                       f"{st[f'{c}__rangeline']})")
         has_oracle = has_oracle and len(oracle_cols) == len(S.ORACLE_COLUMNS)
         dates.update(int(x) for x in st["__dates"] if x is not None)
         rows += st["__rows"]

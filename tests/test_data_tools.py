@@ -387,6 +387,47 @@ def test_a_ragged_row_is_refused_with_its_line(raw_copy, tmp_path, which):
     assert "1 lines do not have the header's" in str(e.value) and "first at line 6" in str(e.value)
 
 
+@pytest.mark.parametrize("which", [0, 1, 2])  # the log, the user features, the video features
+def test_a_byte_that_is_not_utf8_is_refused_with_its_file_and_line(raw_copy, tmp_path, which):
+    path = _raw(raw_copy)[which]
+    lines = open(path, "rb").read().split(b"\n")
+    lines[6] = lines[6][:3] + b"\xff" + lines[6][3:]  # line 7 (a Latin-1 byte, say)
+    open(path, "wb").write(b"\n".join(lines))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, path, None)
+    assert "line 7" in str(e.value) and "not UTF-8" in str(e.value)
+
+
+def test_a_log_file_named_twice_is_refused_not_read_twice(raw_copy, tmp_path):
+    log, users, videos = _raw(raw_copy)
+    out = str(tmp_path / "out")
+    for twice in ([os.path.join(raw_copy, "*.csv"), log], [log, os.path.join(raw_copy, ".", os.path.basename(log))]):
+        with pytest.raises(DataError) as e:
+            convert(twice, users, videos, out, MIN_COUNT)
+        assert "given twice" in str(e.value) and os.path.basename(log) in str(e.value)
+        assert not os.path.exists(out)
+
+
+def test_a_blank_line_inside_a_file_is_named(raw_copy, tmp_path):
+    log = _raw(raw_copy)[0]
+    lines = open(log).read().split("\n")
+    lines.insert(9, "")  # line 10 is blank
+    open(log, "w").write("\n".join(lines))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, log, None)
+    assert "1 blank lines (first at line 10)" in str(e.value)
+
+
+def test_value_errors_name_the_first_line(raw_copy, tmp_path):
+    log = _raw(raw_copy)[0]
+    _rewrite(log, lambda d: d.with_columns(
+        pl.when(pl.int_range(pl.len()).is_in([11, 20])).then(pl.lit("-5")).otherwise(pl.col("video_id"))
+        .alias("video_id")))
+    e = _convert_err(raw_copy, tmp_path)
+    _assert_names(e, log, "video_id")
+    assert "first at line 13" in str(e.value)  # row 11 (0-based) under the header: line 13
+
+
 def test_validate_raw_ok(raw_dir):
     info = validate_raw(_raw(raw_dir)[0], *_raw(raw_dir)[1:])
     assert info["dates"] == [20220408, 20220409, 20220410] and info["has_oracle"]
