@@ -23,8 +23,9 @@ idempotent (a day some version was trained on is skipped, and a rerun with nothi
 crash-safe (a day's run trains in ``registry/work/<day>/`` with periodic checkpoints and resumes
 there; a version appears whole or not at all; a publish interrupted between the version's rename
 and ``current``'s is finished by the next run); ``--until DAY`` backfills every missing day up to
-DAY in order; ``--dry-run`` prints the plan; ``rollback [--to VERSION]`` repoints ``current``;
-``status`` prints the lineage. Exit statuses: :data:`EXIT_PUBLISHED`, :data:`EXIT_NOTHING`,
+DAY in order; ``--dry-run`` prints the plan and writes nothing (no lock either); ``rollback [--to
+VERSION]`` repoints ``current``; ``status [--json]`` prints the lineage (neither needs ``data_root``).
+Failures go to stderr. Exit statuses: :data:`EXIT_PUBLISHED`, :data:`EXIT_NOTHING`,
 :data:`EXIT_REJECTED`, :data:`EXIT_FAILED`, :data:`EXIT_BUSY`, 2 for a usage or config error.
 
 Limits: one machine (flock and rename on a local filesystem); the day's training runs as a
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import math
 import os
 import signal
@@ -115,7 +117,7 @@ def check_registry(registry: Registry) -> None:
     if current is not None and current not in registry.list_versions():
         raise RetrainError(f"{registry.current_link} points at versions/{current}, which is missing or incomplete; "
                            f"the registry is damaged: repoint it with `python -m pipelines.retrain rollback --to "
-                           f"VERSION registry={registry.root} data_root=...` (versions: "
+                           f"VERSION registry={registry.root}` (versions: "
                            f"{registry.list_versions() or 'none'})")
 
 
@@ -123,6 +125,17 @@ def finish_interrupted_publish(registry: Registry) -> Optional[str]:
     """A job killed between a published version's rename and ``current``'s leaves the newest version
     published but not current; nothing after it (no rollback, no publish event) says otherwise.
     Repoints ``current`` and returns the version, else None."""
+    newest = interrupted_publish(registry)
+    if newest is None:
+        return None
+    registry.set_current(newest)
+    registry.log_event({"event": "published", "version": newest, "day": registry.manifest(newest).get("day"),
+                        "note": "finished an interrupted publish"})
+    return newest
+
+
+def interrupted_publish(registry: Registry) -> Optional[str]:
+    """The version :func:`finish_interrupted_publish` would make current (reads only), or None."""
     versions = registry.list_versions()
     if not versions:
         return None
@@ -135,9 +148,6 @@ def finish_interrupted_publish(registry: Registry) -> Optional[str]:
         return None
     if m.get("parent") != registry.current():
         return None
-    registry.set_current(newest)
-    registry.log_event({"event": "published", "version": newest, "day": m.get("day"),
-                        "note": "finished an interrupted publish"})
     return newest
 
 
@@ -390,10 +400,13 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
 
     registry = Registry(str(cfg.registry))
     log = lambda msg: print(f"[retrain] {msg}", flush=True)
+    fail = lambda msg: print(f"[retrain] {msg}", file=sys.stderr, flush=True)
     root = os.path.abspath(str(cfg.data_root))
     if not os.path.isfile(os.path.join(root, "meta.json")):
-        log(f"FAILED: data_root={root}: no processed data set there (meta.json missing)")
+        fail(f"FAILED: data_root={root}: no processed data set there (meta.json missing)")
         return EXIT_FAILED
+    if dry_run:
+        return print_plan(registry, list(DatasetMeta.load(root).days), until, force, log, fail)
     os.makedirs(registry.root, exist_ok=True)
     try:
         with registry.lock():
@@ -404,7 +417,7 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
             meta = DatasetMeta.load(root)
             all_days = list(meta.days)
             if until is not None and str(until) not in meta.days:
-                log(f"FAILED: --until {until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
+                fail(f"FAILED: --until {until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
                 return EXIT_FAILED
             plans = plan_days(registry, all_days, until, force)
             if not plans:
@@ -413,16 +426,10 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
                     f"{done[-1] if done else '-'}; current: {registry.current()})")
                 registry.log_event({"event": "nothing_to_do", "until": until or all_days[-1]})
                 return EXIT_NOTHING
-            if dry_run:
-                for p in plans:
-                    start = "cold start" if p.cold_start else "warm start from the version current then"
-                    log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
-                        f"held-out rows, publish or reject")
-                return EXIT_NOTHING
             try:  # the days about to be trained on, before anything trains
                 validate_processed(root, {d for p in plans for d in p.train_days})
             except DataError as e:
-                log(f"FAILED before training: {e}; the registry is unchanged")
+                fail(f"FAILED before training: {e}; the registry is unchanged")
                 registry.log_event({"event": "failed", "day": plans[0].day, "reason": str(e)})
                 return EXIT_FAILED
             outcome = None
@@ -430,7 +437,7 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
                 try:
                     outcome = process_day(cfg, registry, p, all_days, log)
                 except (RetrainError, RegistryError) as e:
-                    log(f"FAILED: {e}")
+                    fail(f"FAILED: {e}")
                     registry.log_event({"event": "failed", "day": p.day, "reason": str(e)})
                     return EXIT_FAILED
             work = os.path.join(registry.root, "work")
@@ -438,19 +445,57 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
                 os.rmdir(work)
             return EXIT_PUBLISHED if outcome == "published" else EXIT_REJECTED
     except RegistryBusy as e:
-        log(f"BUSY: {e}; exiting without doing anything")
+        fail(f"BUSY: {e}; exiting without doing anything")
         return EXIT_BUSY
     except RetrainError as e:
-        log(f"FAILED: {e}")
+        fail(f"FAILED: {e}")
         return EXIT_FAILED
 
 
-def status(cfg: DictConfig) -> int:
+def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log, fail) -> int:
+    """``--dry-run``: what the job would do, reading the registry only (no lock, no file written: a
+    plan can differ from the run's if another job runs in between)."""
+    if until is not None and str(until) not in all_days:
+        fail(f"FAILED: --until {until}: not a day of the data set (days {all_days[0]}..{all_days[-1]})")
+        return EXIT_FAILED
+    pending = interrupted_publish(registry) if os.path.isdir(registry.root) else None
+    if pending:
+        log(f"would finish the interrupted publish of {pending}: current -> {pending}")
+    plans = plan_days(registry, all_days, until, force)
+    if not plans:
+        log(f"nothing to do: every day up to {until or all_days[-1]} was trained on")
+    for p in plans:
+        start = "cold start" if p.cold_start else "warm start from the version current then"
+        log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
+            f"held-out rows, publish or reject")
+    return EXIT_NOTHING
+
+
+def status(cfg: DictConfig, as_json: bool = False) -> int:
+    """The registry's lineage (``as_json``: one JSON object on stdout, for scripts and dashboards).
+    Exit 0; 1 when the registry is damaged; 2 when there is no registry at that path."""
     registry = Registry(str(cfg.registry))
     if not os.path.isdir(registry.root):
-        print(f"{registry.root}: no registry yet (the first run creates it)")
-        return EXIT_NOTHING
+        print(f"[retrain] registry={registry.root}: no registry there (the first run of the job creates it)",
+              file=sys.stderr)
+        return 2
     lineage = registry.status()
+    try:
+        check_registry(registry)
+        damaged = None
+    except RetrainError as e:
+        damaged = str(e)
+    if as_json:
+        print(json.dumps({"registry": registry.root, "current": registry.current(), "damaged": damaged,
+                          "versions": [{"version": line["version"], "status": line["status"],
+                                        "parent": line["parent"], "current": line["current"],
+                                        "train_days": line["train_days"], **{k: line["manifest"].get(k) for k in (
+                                            "day", "lr_start", "lr_preset", "hdet_bases")},
+                                        "candidate_ne": {t: r.get("candidate_ne") for t, r in
+                                                         line["manifest"].get("gate", {}).get("tasks", {}).items()},
+                                        "reasons": line["manifest"].get("gate", {}).get("reasons", [])}
+                                       for line in lineage]}, indent=1))
+        return EXIT_FAILED if damaged else EXIT_PUBLISHED
     print(f"registry {registry.root}: {len(lineage)} version(s), current: {registry.current()}")
     for line in lineage:
         m = line["manifest"]
@@ -468,10 +513,8 @@ def status(cfg: DictConfig) -> int:
               + started + (f" | ended with {bases}" if bases else ""))
         for r in m.get("gate", {}).get("reasons", []):
             print(f"      rejected: {r}")
-    try:
-        check_registry(registry)
-    except RetrainError as e:
-        print(f"DAMAGED: {e}")
+    if damaged:
+        print(f"DAMAGED: {damaged}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_PUBLISHED
 
@@ -483,10 +526,10 @@ def rollback(cfg: DictConfig, to: Optional[str]) -> int:
             before = registry.current()
             now = registry.rollback(to)
     except RegistryBusy as e:
-        print(f"[retrain] BUSY: {e}")
+        print(f"[retrain] BUSY: {e}", file=sys.stderr)
         return EXIT_BUSY
     except RegistryError as e:
-        print(f"[retrain] FAILED: {e}")
+        print(f"[retrain] FAILED: {e}", file=sys.stderr)
         return EXIT_FAILED
     print(f"[retrain] current: {before} -> {now}")
     return EXIT_PUBLISHED
@@ -495,16 +538,20 @@ def rollback(cfg: DictConfig, to: Optional[str]) -> int:
 # ----------------------------------------------------------------------------------------------
 # Command line
 
-USAGE = ("usage: python -m pipelines.retrain [status | rollback [--to VERSION]] [--until DAY] [--dry-run] "
-         "[--force] registry=DIR data_root=DIR [key=value ...]")
+USAGE = ("usage: python -m pipelines.retrain [--until DAY] [--dry-run] [--force] registry=DIR data_root=DIR "
+         "[key=value ...]\n"
+         "       python -m pipelines.retrain status [--json] registry=DIR\n"
+         "       python -m pipelines.retrain rollback [--to VERSION] registry=DIR")
 
 
-def compose(overrides: Sequence[str]) -> DictConfig:
+def compose(overrides: Sequence[str], needs_data: bool = True) -> DictConfig:
+    """The job's config; ``needs_data``: ``data_root`` is required (``status`` and ``rollback``
+    read the registry only)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = hydra_compose(config_name="retrain", overrides=list(overrides))
-    for key in ("registry", "data_root"):
+    for key in ("registry", "data_root") if needs_data else ("registry",):
         if OmegaConf.is_missing(cfg, key):
             raise ValueError(f"config {key}: missing (pass {key}=DIR)")
     low, high = (float(x) for x in cfg.gate.calibration)
@@ -523,7 +570,7 @@ def compose(overrides: Sequence[str]) -> DictConfig:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args and args[0] in ("status", "rollback", "run") else "run"
-    flags: Dict[str, Any] = {"until": None, "to": None, "dry_run": False, "force": False}
+    flags: Dict[str, Any] = {"until": None, "to": None, "dry_run": False, "force": False, "json": False}
     overrides: List[str] = []
     while args:
         a = args.pop(0)
@@ -535,7 +582,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"{a} needs a value\n{USAGE}", file=sys.stderr)
                 return 2
             flags[a[2:]] = args.pop(0)
-        elif a in ("--dry-run", "--force"):
+        elif a in ("--dry-run", "--force") or (a == "--json" and command == "status"):
             flags[a[2:].replace("-", "_")] = True
         elif a.startswith("--"):
             print(f"unknown option {a}\n{USAGE}", file=sys.stderr)
@@ -543,12 +590,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             overrides.append(a)
     try:
-        cfg = compose(overrides)
+        cfg = compose(overrides, needs_data=command == "run")
     except Exception as e:  # noqa: BLE001 - Hydra's and ours: a config error, named
         print(f"[retrain] config error: {e}\n{USAGE}", file=sys.stderr)
         return 2
     if command == "status":
-        return status(cfg)
+        return status(cfg, flags["json"])
     if command == "rollback":
         return rollback(cfg, flags["to"])
     return run_job(cfg, flags["until"], flags["dry_run"], flags["force"])

@@ -139,8 +139,13 @@ def test_command_line_errors_and_statuses(tmp_path, capsys):
     assert R.main(["registry=/x", "data_root=/y", "carry_lr_clamp=0.5"]) == 2
     assert "carry_lr_clamp=0.5: must be a number >= 1 or null" in capsys.readouterr().err
     assert _main(tmp_path) == R.EXIT_FAILED  # no data set there
-    assert "meta.json missing" in capsys.readouterr().out
-    assert _main(tmp_path, "status") == R.EXIT_NOTHING
+    assert "meta.json missing" in capsys.readouterr().err
+    # status and rollback read the registry only: no data_root needed
+    assert R.main(["status", f"registry={tmp_path / 'registry'}"]) == 2  # no registry at that path
+    assert "no registry there" in capsys.readouterr().err
+    os.makedirs(tmp_path / "registry")
+    assert R.main(["status", f"registry={tmp_path / 'registry'}"]) == 0  # an empty one
+    assert "0 version(s), current: None" in capsys.readouterr().out
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
     _version(reg, tmp_path, "v0002", "published", "v0001", [DAYS[3]],
@@ -152,9 +157,15 @@ def test_command_line_errors_and_statuses(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "* v0002 published parent=v0001" in out and "  v0001 published" in out
     assert "started from carried embedding=0.005 (x0.25 preset) transformer=0.0001 (x0.10 preset)" in out
+    assert R.main(["status", "--json", f"registry={tmp_path / 'registry'}"]) == R.EXIT_PUBLISHED
+    status = json.loads(capsys.readouterr().out)
+    assert status["current"] == "v0002" and status["damaged"] is None
+    assert [(v["version"], v["parent"], v["current"]) for v in status["versions"]] == [
+        ("v0001", None, False), ("v0002", "v0001", True)]
+    assert status["versions"][1]["lr_start"] == {"embedding": 0.005, "transformer": 0.0001}
     with reg.lock():  # another job holds the registry
         assert _main(tmp_path, "rollback") == R.EXIT_BUSY
-    assert "BUSY" in capsys.readouterr().out
+    assert "BUSY" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,7 +284,7 @@ def test_a_new_day_that_fails_validation_is_not_trained_on(tmp_path, tiny_datase
     df.with_columns(pl.when(pl.int_range(pl.len()) == 7).then(2.0).otherwise(pl.col("label_like"))
                     .cast(df.schema["label_like"]).alias("label_like")).write_parquet(path)
     assert _main(tmp_path) == R.EXIT_FAILED
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "FAILED before training" in out and path.name in out and "label_like" in out, out
     assert (reg.list_versions(), reg.current()) == before[:2]
     assert not (tmp_path / "registry" / "work").exists()
@@ -287,13 +298,14 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path, tiny_dataset, cap
     days = sorted(json.loads((tmp_path / "data" / "meta.json").read_text())["days"])
     assert _main(tmp_path, "--dry-run") == R.EXIT_NOTHING
     assert f"would train day {days[-1]} on {days[0]}..{days[-1]} (cold start)" in capsys.readouterr().out
+    assert not (tmp_path / "registry").exists()  # a dry run writes nothing, not even the registry
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, days[:1])
-    listing = lambda: sorted(set(os.listdir(tmp_path / "registry")) - {".lock"})
+    listing = lambda: sorted(os.listdir(tmp_path / "registry"))  # no lock file either
     before = listing()
     assert _main(tmp_path, "--dry-run", "--until", days[1]) == R.EXIT_NOTHING
     out = capsys.readouterr().out
     assert f"would train day {days[1]} on {days[1]}..{days[1]} (warm start" in out and days[2] not in out
     assert listing() == before and reg.list_versions() == ["v0001"]
     assert _main(tmp_path, "--until", "20990101") == R.EXIT_FAILED
-    assert "--until 20990101: not a day of" in capsys.readouterr().out
+    assert "--until 20990101: not a day of" in capsys.readouterr().err
