@@ -1,13 +1,20 @@
 """Checks of the composed config, run before any worker starts.
 
-Hydra and OmegaConf check structure (unknown groups, missing files); these check values, and each
+Hydra and OmegaConf check structure (unknown groups, missing files, a key set without ``+`` that no
+file defines); these check values, and keys added with ``+`` that no config file knows, and each
 error names the config key, the value and what is allowed.
+
+Limits: the known keys are those some file under ``conf/`` sets (the groups' options and the
+experiment presets), not a typed schema: a key a preset adds is known everywhere.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
-from typing import Any
+import os
+from typing import Any, Iterator, Set
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -49,7 +56,52 @@ def probe_rows(cfg: DictConfig) -> int:
     return int(h.probe_rows) if h.enabled and h.get("signal") in PROBE_SIGNALS else 0
 
 
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+FREE_FORM = ("tasks", "hydra")  # mappings whose keys are the user's (task names) or Hydra's own
+
+
+def _key_paths(node: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path
+            yield from _key_paths(value, path)
+
+
+@functools.lru_cache(maxsize=1)
+def known_keys() -> Set[str]:
+    """Every key path some training config file sets: conf/config.yaml, each group's options (under
+    the group's name) and the experiment presets (global)."""
+    known: Set[str] = set(_key_paths(OmegaConf.to_container(OmegaConf.load(os.path.join(CONF_DIR, "config.yaml")))))
+    for group in sorted(os.listdir(CONF_DIR)):
+        folder = os.path.join(CONF_DIR, group)
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".yaml"):
+                tree = OmegaConf.to_container(OmegaConf.load(os.path.join(folder, name)))
+                known.update(_key_paths(tree, "" if group == "experiment" else group))
+    return known
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """A key no config file sets (added with ``+``, e.g. ``+hdet.alpah=0.1``) is a typo, not a
+    setting: nothing would read it."""
+    known = known_keys()
+    for path in _key_paths(OmegaConf.to_container(cfg, resolve=False)):
+        if path.split(".")[0] in FREE_FORM or path in known:
+            continue
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        siblings = sorted(k.rsplit(".", 1)[-1] for k in known
+                          if (k.rsplit(".", 1)[0] if "." in k else "") == parent)
+        close = difflib.get_close_matches(path.rsplit(".", 1)[-1], siblings, n=1)
+        raise ConfigError(f"config {path}: unknown key (no config file sets it, so nothing would read it)"
+                          + (f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "")
+                          + (f" Keys of {parent}: {', '.join(siblings)}" if parent and siblings else ""))
+
+
 def validate_config(cfg: DictConfig) -> None:
+    check_known_keys(cfg)
     for key in ("trainer.nproc", "trainer.sharding_group_size", "trainer.log_every", "trainer.eval_batch_size", "trainer.embedding_sync_every",
                 "data.batch_size", "data.eval_days", "model.embedding_dim", "model.attention_heads"):
         _positive_int(cfg, key)
@@ -107,6 +159,17 @@ def validate_config(cfg: DictConfig) -> None:
              "must be null or a day YYYYMMDD")
     _require(cfg.optim.dense.type in ("adam", "adamw", "prodigy", "schedulefree_adamw"), "optim.dense.type",
              cfg.optim.dense.type, "one of 'adam', 'adamw', 'prodigy', 'schedulefree_adamw'")
+    from recsys_hdet.components.optimizer import CUDA_ONLY_EMBEDDING_OPTIMIZERS, EMBEDDING_OPTIMIZERS
+
+    kind = cfg.optim.embedding.type
+    _require(kind in EMBEDDING_OPTIMIZERS, "optim.embedding.type", kind,
+             "one of " + ", ".join(repr(k) for k in EMBEDDING_OPTIMIZERS))
+    if kind in CUDA_ONLY_EMBEDDING_OPTIMIZERS:
+        import torch
+
+        _require(torch.cuda.is_available(), "optim.embedding.type", kind,
+                 "fbgemm's CPU kernels have no fused " + kind + " and this machine has no CUDA device: choose one of "
+                 + ", ".join(repr(k) for k in EMBEDDING_OPTIMIZERS if k not in CUDA_ONLY_EMBEDDING_OPTIMIZERS))
     if cfg.optim.dense.type == "prodigy":
         _positive_number(cfg, "optim.dense.d0")
     s = cfg.optim.schedule
