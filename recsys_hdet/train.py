@@ -8,6 +8,7 @@ with a message naming the field or file (exit status 2); a diverged run exits wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from recsys_hdet.components.console_log import ConsoleLog
 from recsys_hdet.config import ConfigError, validate_config
 
 EXIT_BAD_INPUT = 2
@@ -343,25 +345,28 @@ def main(cfg: DictConfig) -> None:
             print(f"error: {e}", file=sys.stderr)
             _remove_hydra_leftovers(run_dir)
             sys.exit(EXIT_BAD_INPUT)
-    print(f"run directory: {run_dir}", flush=True)
     lock = _run_dir_lock(run_dir)  # a second job on the same run directory refuses to start
-    max_restarts = 0 if under_torchrun() else int(cfg.trainer.max_restarts)  # torchrun restarts on its own
-    for attempt in range(max_restarts + 1):
-        try:
-            resume_from = resolve_resume(cfg_dict, run_dir)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(EXIT_BAD_INPUT)
-        if resume_from == FINISHED:
-            return
-        cfg_dict["trainer"]["resume_from"] = resume_from
-        code = launch(_worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
-        if code in (0, EXIT_DIVERGED, EXIT_BAD_INPUT) or attempt == max_restarts:
-            break
-        print(f"the job failed (exit status {code}): restart {attempt + 1} of trainer.max_restarts={max_restarts}, "
-              "from the newest complete checkpoint", file=sys.stderr, flush=True)
-    if code:
-        sys.exit(code)
+    # the console, workers included, is copied into the run's train.log (torchrun keeps its own logs)
+    console = contextlib.nullcontext() if under_torchrun() else ConsoleLog(os.path.join(run_dir, "train.log"))
+    with console:
+        print(f"run directory: {run_dir}", flush=True)
+        max_restarts = 0 if under_torchrun() else int(cfg.trainer.max_restarts)  # torchrun restarts on its own
+        for attempt in range(max_restarts + 1):
+            try:
+                resume_from = resolve_resume(cfg_dict, run_dir)
+            except ConfigError as e:
+                print(f"error: {e}", file=sys.stderr)
+                sys.exit(EXIT_BAD_INPUT)
+            if resume_from == FINISHED:
+                return
+            cfg_dict["trainer"]["resume_from"] = resume_from
+            code = launch(_worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
+            if code in (0, EXIT_DIVERGED, EXIT_BAD_INPUT) or attempt == max_restarts:
+                break
+            print(f"the job failed (exit status {code}): restart {attempt + 1} of trainer.max_restarts={max_restarts}, "
+                  "from the newest complete checkpoint", file=sys.stderr, flush=True)
+        if code:
+            sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ def two_proc_run(tmp_path_factory, data_cache, tiny_dataset):
 
 def test_two_process_run_writes_the_artifact_contract(two_proc_run):
     run_dir, proc = two_proc_run
+    # train.log holds the run's console output, the workers' lines included
+    log = (run_dir / "train.log").read_text()
+    console = [line for line in proc.stdout.splitlines() if not line.startswith("[data_tools]")]
+    assert console and "held-out" in proc.stdout and log.splitlines() == console, log[-2000:]
     s = read_json(run_dir / "summary.json")
     assert s["experiment"] == "two_proc" and s["status"] == "completed"
     assert s["steps"] > 0 and s["examples"] == s["steps"] * 256 * 2

@@ -1,0 +1,88 @@
+"""The run's console output, copied into ``<run_dir>/train.log``.
+
+The launcher and its workers write to the console with ``print`` (the workers are spawned
+processes, outside the launcher's ``logging`` setup), so Hydra's job log stayed empty. A
+:class:`ConsoleLog` copies at the file-descriptor level, as ``tee`` does: descriptors 1 and 2 of the
+launcher become pipes, which the spawned workers inherit, and one thread per pipe writes what
+arrives to the original stdout (stderr) and to ``train.log``. The console shows exactly what it
+showed before, stdout and stderr stay apart, and the log holds both in the order they arrived,
+tracebacks of crashed workers included.
+
+Limits: the local launcher only (under torchrun every rank is its own process tree: torchrun's
+``--tee``/``--log-dir`` keep its logs); if the launcher is killed alone, its workers lose their
+console and stop at their next write (a scheduler kills the whole process group).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from typing import List, Optional
+
+
+class ConsoleLog:
+    """Copies this process's and its children's stdout and stderr into ``path`` (appending) until
+    :meth:`close`. Use as a context manager."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "ab")
+        self._lock = threading.Lock()
+        self._saved: List[int] = []
+        self._threads: List[threading.Thread] = []
+        _drop_file_handlers(path)  # Hydra's handler on the same file would write over the copy
+        for fd in (1, 2):
+            (sys.stdout if fd == 1 else sys.stderr).flush()
+            read, write = os.pipe()
+            self._saved.append(os.dup(fd))
+            os.dup2(write, fd)
+            os.close(write)
+            thread = threading.Thread(target=self._copy, args=(read, self._saved[-1]), name=f"console-log-{fd}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _copy(self, read: int, console: int) -> None:
+        with os.fdopen(read, "rb", buffering=0) as pipe:
+            while True:
+                chunk = pipe.read(65536)
+                if not chunk:
+                    return
+                os.write(console, chunk)
+                with self._lock:
+                    self._file.write(chunk)
+                    self._file.flush()
+
+    def close(self, timeout_s: Optional[float] = 5.0) -> None:
+        """Puts the console back and waits for the copies to drain (a writer that outlives the
+        launcher's children, if any, is not waited for beyond ``timeout_s``)."""
+        if not self._saved:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self._saved):
+            os.dup2(saved, fd)  # closes this process's end of the pipe: its reader sees the end
+        for thread in self._threads:
+            thread.join(timeout_s)
+        for saved in self._saved:
+            os.close(saved)
+        self._saved = []
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> "ConsoleLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _drop_file_handlers(path: str) -> None:
+    target = os.path.abspath(path)
+    for logger in [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]:
+        for handler in list(getattr(logger, "handlers", [])):
+            if isinstance(handler, logging.FileHandler) and os.path.abspath(handler.baseFilename) == target:
+                logger.removeHandler(handler)
+                handler.close()
