@@ -6,7 +6,8 @@ processes, outside the launcher's ``logging`` setup), so Hydra's job log stayed 
 launcher become pipes, which the spawned workers inherit, and one thread per pipe writes what
 arrives to the original stdout (stderr) and to ``train.log``. The console shows exactly what it
 showed before, stdout and stderr stay apart, and the log holds both in the order they arrived,
-tracebacks of crashed workers included.
+tracebacks of crashed workers included. A descriptor that already writes to ``train.log`` (a job
+that runs training with its output redirected there, as the retraining job does) is left as is.
 
 Limits: the local launcher only (under torchrun every rank is its own process tree: torchrun's
 ``--tee``/``--log-dir`` keep its logs); if the launcher is killed alone, its workers lose their
@@ -30,12 +31,16 @@ class ConsoleLog:
         self.path = path
         self._file = open(path, "ab")
         self._lock = threading.Lock()
+        self._fds: List[int] = []
         self._saved: List[int] = []
         self._threads: List[threading.Thread] = []
         _drop_file_handlers(path)  # Hydra's handler on the same file would write over the copy
         for fd in (1, 2):
+            if _writes_to(fd, path):  # already redirected there (a job that runs this one, e.g. retrain)
+                continue
             (sys.stdout if fd == 1 else sys.stderr).flush()
             read, write = os.pipe()
+            self._fds.append(fd)
             self._saved.append(os.dup(fd))
             os.dup2(write, fd)
             os.close(write)
@@ -45,24 +50,37 @@ class ConsoleLog:
             self._threads.append(thread)
 
     def _copy(self, read: int, console: int) -> None:
+        # Drains the pipe until every writer closed it, whatever happens to the console (a closed
+        # reader, e.g. `| head`) or the disk: a copy that stopped draining would block the writers.
+        console_ok, file_ok = True, True
         with os.fdopen(read, "rb", buffering=0) as pipe:
             while True:
                 chunk = pipe.read(65536)
                 if not chunk:
                     return
-                os.write(console, chunk)
-                with self._lock:
-                    self._file.write(chunk)
-                    self._file.flush()
+                if console_ok:
+                    try:
+                        view = memoryview(chunk)
+                        while view:
+                            view = view[os.write(console, view):]
+                    except OSError:
+                        console_ok = False
+                if file_ok:
+                    try:
+                        with self._lock:
+                            self._file.write(chunk)
+                            self._file.flush()
+                    except (OSError, ValueError):
+                        file_ok = False
 
     def close(self, timeout_s: Optional[float] = 5.0) -> None:
         """Puts the console back and waits for the copies to drain (a writer that outlives the
         launcher's children, if any, is not waited for beyond ``timeout_s``)."""
-        if not self._saved:
+        if self._file.closed:
             return
         sys.stdout.flush()
         sys.stderr.flush()
-        for fd, saved in zip((1, 2), self._saved):
+        for fd, saved in zip(self._fds, self._saved):
             os.dup2(saved, fd)  # closes this process's end of the pipe: its reader sees the end
         for thread in self._threads:
             thread.join(timeout_s)
@@ -77,6 +95,13 @@ class ConsoleLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _writes_to(fd: int, path: str) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
 
 
 def _drop_file_handlers(path: str) -> None:
