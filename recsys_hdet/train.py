@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.console_log import ConsoleLog
-from recsys_hdet.config import ConfigError, validate_config
+from recsys_hdet.config import CONF_DIR, ConfigError, validate_config
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3  # recsys_hdet.trainer.EXIT_DIVERGED (not imported here: it loads torchrec)
@@ -314,7 +314,7 @@ def _remove_hydra_leftovers(run_dir: str) -> None:
         pass  # not empty: it held something before this run
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     from data_tools.errors import DataError
 
@@ -369,7 +369,8 @@ def main(cfg: DictConfig) -> None:
             sys.exit(code)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m recsys_hdet.train`` and the ``recsys-hdet-train`` command."""
     try:
         main()
     except SystemExit as e:
@@ -377,3 +378,7 @@ if __name__ == "__main__":
         if e.code == 1 and not _config_composed:
             sys.exit(EXIT_BAD_INPUT)
         raise
+
+
+if __name__ == "__main__":
+    cli()

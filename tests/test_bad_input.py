@@ -24,6 +24,20 @@ def test_an_invalid_config_value_fails_the_launcher_cleanly(tmp_path, data_cache
     _assert_clean_failure(proc, run_dir, "optim.lr.transformer", "-0.001", "> 0")
 
 
+def test_the_installed_commands_read_the_checkouts_conf_from_any_directory(tmp_path):
+    import subprocess
+    import sys
+
+    bin_dir = os.path.dirname(sys.executable)
+    proc = subprocess.run([os.path.join(bin_dir, "recsys-hdet-train"), "data=tiny", "+hdet.alpah=0.1",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run", "hdet.alpah: unknown key", "did you mean hdet.alpha?")
+    proc = subprocess.run([os.path.join(bin_dir, "recsys-hdet-retrain"), "status", f"registry={tmp_path / 'none'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no registry there" in proc.stderr, proc.stdout + proc.stderr
+
+
 def _config_error(*overrides):
     """The ConfigError that validate_config (what the launcher runs first) raises for these overrides."""
     from hydra import compose, initialize_config_dir
