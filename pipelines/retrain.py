@@ -405,8 +405,12 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     if not os.path.isfile(os.path.join(root, "meta.json")):
         fail(f"FAILED: data_root={root}: no processed data set there (meta.json missing)")
         return EXIT_FAILED
+    all_days = list(DatasetMeta.load(root).days)
+    if until is not None and str(until) not in all_days:
+        fail(f"FAILED: --until {until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
+        return EXIT_FAILED
     if dry_run:
-        return print_plan(registry, list(DatasetMeta.load(root).days), until, force, log, fail)
+        return print_plan(registry, all_days, until, force, log)
     os.makedirs(registry.root, exist_ok=True)
     try:
         with registry.lock():
@@ -414,11 +418,6 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
             finished = finish_interrupted_publish(registry)
             if finished:
                 log(f"finished the interrupted publish of {finished}: current -> {finished}")
-            meta = DatasetMeta.load(root)
-            all_days = list(meta.days)
-            if until is not None and str(until) not in meta.days:
-                fail(f"FAILED: --until {until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
-                return EXIT_FAILED
             plans = plan_days(registry, all_days, until, force)
             if not plans:
                 done = trained_days(registry)
@@ -452,12 +451,9 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
         return EXIT_FAILED
 
 
-def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log, fail) -> int:
+def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log) -> int:
     """``--dry-run``: what the job would do, reading the registry only (no lock, no file written: a
     plan can differ from the run's if another job runs in between)."""
-    if until is not None and str(until) not in all_days:
-        fail(f"FAILED: --until {until}: not a day of the data set (days {all_days[0]}..{all_days[-1]})")
-        return EXIT_FAILED
     pending = interrupted_publish(registry) if os.path.isdir(registry.root) else None
     if pending:
         log(f"would finish the interrupted publish of {pending}: current -> {pending}")
