@@ -144,6 +144,12 @@ def _check_field_counts(path: str, header: list[str]) -> None:
                                      f"{st['first'] + 1}, with {st['fields']}): a ragged or cut-off file")
 
 
+def _first_line(cond: pl.Expr, name: str) -> pl.Expr:
+    """The file line of the first row where ``cond`` holds (row ``__index`` i is line i + 2: the
+    header is line 1, and blank lines were refused, so every line is a row)."""
+    return (pl.col("__index").filter(cond).first() + 2).alias(name)
+
+
 def _check_csv(path: str, kind: str, dtypes: dict, required, not_null, nonneg,
                floats_finite, extra_checks=None, lenient_int: bool = True) -> dict:
     cols = _header(path)
@@ -172,19 +178,18 @@ def _check_csv(path: str, kind: str, dtypes: dict, required, not_null, nonneg,
     for c in checked:
         isnull, p = pl.col(f"{c}__isnull"), pl.col(f"{c}__p")
         bad = ~isnull & p.is_null()
-        first_line = lambda cond, name: (pl.col("__index").filter(cond).first() + 2).alias(name)
         aggs += [isnull.sum().alias(f"{c}__null"),
                  bad.sum().alias(f"{c}__bad"),
-                 pl.col(c).filter(bad).first().alias(f"{c}__badval"), first_line(bad, f"{c}__badline"),
-                 first_line(isnull, f"{c}__nullline")]
+                 pl.col(c).filter(bad).first().alias(f"{c}__badval"), _first_line(bad, f"{c}__badline"),
+                 _first_line(isnull, f"{c}__nullline")]
         if c in nonneg:
-            aggs += [(p < 0).sum().alias(f"{c}__neg"), p.min().alias(f"{c}__min"), first_line(p < 0, f"{c}__negline")]
+            aggs += [(p < 0).sum().alias(f"{c}__neg"), p.min().alias(f"{c}__min"), _first_line(p < 0, f"{c}__negline")]
         if c in floats_finite:
             aggs += [p.is_nan().sum().alias(f"{c}__nan"), p.is_infinite().sum().alias(f"{c}__inf"),
-                     first_line(p.is_nan() | p.is_infinite(), f"{c}__nanline")]
+                     _first_line(p.is_nan() | p.is_infinite(), f"{c}__nanline")]
         if c == "tag":
             aggs += [p.sum().alias("tag__badtag"),
-                     pl.col(c).filter(p).first().alias("tag__badtagval"), first_line(p, "tag__badtagline")]
+                     pl.col(c).filter(p).first().alias("tag__badtagval"), _first_line(p, "tag__badtagline")]
     if extra_checks:
         aggs += extra_checks
     try:
@@ -237,21 +242,20 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
         calendar = d.cast(pl.String).str.to_date("%Y%m%d", strict=False)
         baddate = d.is_not_null() & (calendar.is_null() | (y < 1900) | (y > 2200))
         badhm = (hm < 0) | (hm > 2359) | (hm % 100 > 59)
-        line = lambda cond, name: (pl.col("__index").filter(cond).first() + 2).alias(name)  # header: line 1
         extra = [
             baddate.sum().alias("__baddate"), d.filter(baddate).first().alias("__baddateval"),
-            line(baddate, "__baddateline"),
-            badhm.sum().alias("__badhm"), hm.filter(badhm).first().alias("__badhmval"), line(badhm, "__badhmline"),
+            _first_line(baddate, "__baddateline"),
+            badhm.sum().alias("__badhm"), hm.filter(badhm).first().alias("__badhmval"), _first_line(badhm, "__badhmline"),
             d.unique().implode().alias("__dates"),
         ]
         for c in oracle_cols:
             o = pl.col(f"{c}__p")
             outside = (o <= 0) | (o >= 1) | o.is_null()
-            extra += [outside.sum().alias(f"{c}__range"), line(outside, f"{c}__rangeline")]
+            extra += [outside.sum().alias(f"{c}__range"), _first_line(outside, f"{c}__rangeline")]
         for c in rand_cols:
             r = pl.col(f"{c}__p")
             extra += [(r > 1).sum().alias("__badrand"), r.filter(r > 1).first().alias("__badrandval"),
-                      line(r > 1, "__badrandline")]
+                      _first_line(r > 1, "__badrandline")]
         st = _check_csv(f, "log", dtypes, S.LOG_REQUIRED, S.LOG_NOT_NULL + tuple(oracle_cols) + tuple(rand_cols),
                         S.LOG_ID_COLUMNS + tuple(label_cols) + ("time_ms",) + tuple(rand_cols), tuple(oracle_cols),
                         extra, lenient_int=False)

@@ -441,11 +441,16 @@ class ParquetBatchStream:
                             positions=self._rank_positions(day))
         return self._remember(day_index, arrays)
 
+    @property
+    def _reads_own_rows(self) -> bool:
+        """A training rank of several reads only its rows of a day (:meth:`_rank_positions`)."""
+        return self.world_size > 1 and not self.pad_last
+
     def _rank_positions(self, day: str) -> Optional[np.ndarray]:
         """The stream positions this rank reads of ``day`` when it reads only its own (several ranks,
         training: no padded last batch): its rows of each global batch, then the reserved tail.
         None: the whole day (one rank, or evaluation's padded batches)."""
-        if self.world_size == 1 or self.pad_last:
+        if not self._reads_own_rows:
             return None
         B, n = self.batch_size, self.batches_in_day(day)
         firsts = np.arange(n, dtype=np.int64) * (B * self.world_size) + self.rank * B
@@ -477,8 +482,7 @@ class ParquetBatchStream:
     def _make_batch(self, a: _DayArrays, index: int) -> Batch:
         B = self.batch_size
         # the arrays hold this rank's batches one after another when it read only its own rows
-        own_rows = self.world_size > 1 and not self.pad_last
-        start = index * B if own_rows else index * B * self.world_size + self.rank * B
+        start = index * B if self._reads_own_rows else index * B * self.world_size + self.rank * B
         stop = min(start + B, a.rows)
         start = min(start, a.rows)
         if stop - start == B:  # a whole batch: slices of the day's arrays (they are in stream order)
