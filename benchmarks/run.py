@@ -354,7 +354,7 @@ def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
 
 def main(argv=None) -> int:
     from benchmarks import peak
-    from recsys_hdet.components.metrics import write_json_atomic
+    from recsys_hdet.fileio import write_json_atomic
     from recsys_hdet.distributed import usable_cores
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])

@@ -46,7 +46,9 @@ import polars as pl
 
 from data_tools import schema as S
 from data_tools import vocab as V
+from recsys_hdet.exit_status import ExitStatus
 from data_tools.errors import DataError, data_error
+from recsys_hdet.fileio import file_lock
 from data_tools.validate import (_load_meta, parse_date_expr, parse_expr, scan_raw_csv,
                                  tag_list_expr, validate_day_file, validate_processed, validate_raw)
 
@@ -389,7 +391,6 @@ def append_days(log, users: str, videos: str, root: str, *, source: dict | None 
     The new day files are validated before anything is published; an fcntl lock on
     ``root + ".lock"`` (the one ``ensure_dataset`` takes) keeps appenders from interleaving.
     """
-    from data_tools.prepare import file_lock  # prepare imports this module
 
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
@@ -672,7 +673,7 @@ def main(argv=None) -> int:
                         max_conflicting_duplicates=args.max_conflicting_duplicates)
         except DataError as e:
             print(f"ERROR: {e}", file=sys.stderr)
-            return 2
+            return ExitStatus.USAGE
         return 0
     try:
         convert(args.log, args.users, args.videos, args.out, _parse_min_count_args(args.min_count),
@@ -680,7 +681,7 @@ def main(argv=None) -> int:
                 max_conflicting_duplicates=args.max_conflicting_duplicates, extend_vocab=args.extend_vocab)
     except DataError as e:
         print(f"ERROR: {e}", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     return 0
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from recsys_hdet.exit_status import ExitStatus
 from data_tools.errors import DataError
 from data_tools.schema import LOG_COLUMNS, START_DATE, TASKS, USER_COLUMNS, VIDEO_COLUMNS
 
@@ -497,7 +498,7 @@ def main(argv=None):
             new = append_synthetic_days(args.append_to, given.get("days", 1))
         except DataError as e:
             print(f"ERROR: {e}", file=sys.stderr)
-            return 2
+            return ExitStatus.USAGE
         print(f"appended {len(new)} day(s) to {args.append_to}: {', '.join(new)}")
         return 0
     cfg = GeneratorConfig(**given)

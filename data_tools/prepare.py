@@ -20,64 +20,22 @@ generated, or for more than the data set holds, regenerates it as before.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 
 import dataclasses
 import datetime as dt
 import glob
 
-from data_tools import schema as S
 from data_tools.convert import _append_locked, convert, resolve_min_count
 from data_tools.errors import DataError, data_error
 from data_tools.generate import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE,
                                  GeneratorConfig, generate)
 from data_tools.validate import _load_meta, validate_processed
-
-
-@contextmanager
-def file_lock(path: str):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-class LockHeld(RuntimeError):
-    """Another process holds the lock; ``holder`` is what it wrote into the lock file."""
-
-    def __init__(self, path: str, holder: str) -> None:
-        super().__init__(f"{path} is held by {holder}")
-        self.holder = holder
-
-
-def try_exclusive_lock(path: str):
-    """Takes an exclusive flock on ``path`` without waiting and returns the open file that holds
-    it (the OS drops it when the file is closed or the process dies, so a killed holder never
-    leaves a stale lock); writes this process's pid into it for the next one to name. Raises
-    :class:`LockHeld` with the holder's pid when another process has it."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise LockHeld(path, holder) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
-    return f
+from recsys_hdet.fileio import file_lock
 
 
 def _existing(root: str, cfg: GeneratorConfig, voc: dict) -> tuple[bool, str]:
@@ -230,4 +188,4 @@ def load_oracle(root: str) -> dict | None:
         return None
 
 
-__all__ = ["ensure_dataset", "append_synthetic_days", "load_oracle", "file_lock", "try_exclusive_lock", "LockHeld"]
+__all__ = ["ensure_dataset", "append_synthetic_days", "load_oracle"]

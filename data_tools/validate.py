@@ -20,6 +20,7 @@ import sys
 
 import polars as pl
 
+from recsys_hdet.exit_status import ExitStatus
 from data_tools.errors import DataError, data_error
 from data_tools import schema as S
 
@@ -428,7 +429,7 @@ def main(argv=None) -> int:
         meta = validate_processed(args.dir)
     except DataError as e:
         print(f"INVALID: {e}", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     rows = sum(d.get("rows", 0) for d in meta["days"].values())
     print(f"OK: {args.dir}: {len(meta['days'])} days, {rows} rows, "
           f"{len(meta['sparse'])} sparse, {len(meta['dense'])} dense, has_oracle={meta['has_oracle']}")

@@ -31,6 +31,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
+from recsys_hdet.fileio import LockHeld, try_exclusive_lock
+
 MANIFEST = "manifest.json"
 
 
@@ -78,8 +80,6 @@ class Registry:
     # -- writing -------------------------------------------------------------------------------
     @contextmanager
     def lock(self) -> Iterator[None]:
-        from data_tools.prepare import LockHeld, try_exclusive_lock
-
         try:
             held = try_exclusive_lock(os.path.join(self.root, ".lock"))
         except LockHeld as e:

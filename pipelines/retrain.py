@@ -18,15 +18,16 @@ For each day that arrived after the last day a version was trained on, in order:
 4. **Publish**: ``registry/versions/<version>/`` is written whole and renamed into place
    (:class:`pipelines.registry.Registry`), then ``current`` is repointed by an atomic rename.
 
-Operations: one job at a time (the registry's lock: a second job exits with :data:`EXIT_BUSY`);
+Operations: one job at a time (the registry's lock: a second job exits with :attr:`ExitStatus.BUSY`);
 idempotent (a day some version was trained on is skipped, and a rerun with nothing new says so);
 crash-safe (a day's run trains in ``registry/work/<day>/`` with periodic checkpoints and resumes
 there; a version appears whole or not at all; a publish interrupted between the version's rename
 and ``current``'s is finished by the next run); ``--until DAY`` backfills every missing day up to
 DAY in order; ``--dry-run`` prints the plan and writes nothing (no lock either); ``rollback [--to
 VERSION]`` repoints ``current``; ``status [--json]`` prints the lineage (neither needs ``data_root``).
-Failures go to stderr. Exit statuses: :data:`EXIT_PUBLISHED`, :data:`EXIT_NOTHING`,
-:data:`EXIT_REJECTED`, :data:`EXIT_FAILED`, :data:`EXIT_BUSY`, 2 for a usage or config error.
+Failures go to stderr. Exit statuses (:class:`recsys_hdet.exit_status.ExitStatus`): OK (the newest day
+published), NOTHING_TO_DO (``nothing_to_do_exit``, 5 by default: 99 for Airflow's skip, 0 where
+nothing new is success; a dry run exits with it too), REJECTED, FAILED, BUSY, USAGE.
 
 Limits: one machine (flock and rename on a local filesystem); the day's training runs as a
 subprocess of this job, so a scheduler should kill the job's whole process group (systemd does).
@@ -50,14 +51,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines.registry import Registry, RegistryBusy, RegistryError
-from recsys_hdet.components.metrics import read_json, read_jsonl, write_json_atomic
+from recsys_hdet.components.metrics import read_json, read_jsonl
+from recsys_hdet.fileio import write_json_atomic
+from recsys_hdet.exit_status import ExitStatus
 
-EXIT_PUBLISHED = 0   # at least one day published, none failed, the newest day published
-EXIT_FAILED = 1      # a day could not be trained or evaluated (the registry is unchanged for it)
-EXIT_NOTHING = 3     # no new day: nothing done
-EXIT_REJECTED = 4    # the gate rejected the newest day processed (nothing failed)
-EXIT_BUSY = 75       # another job holds the registry's lock (EX_TEMPFAIL: try again later)
-GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
 # Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
 # version's directory is renamed into place and before ``current`` is repointed.
 FAULT_ENV = "RECSYS_HDET_RETRAIN_FAULT"
@@ -404,13 +401,14 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     root = os.path.abspath(str(cfg.data_root))
     if not os.path.isfile(os.path.join(root, "meta.json")):
         fail(f"FAILED: data_root={root}: no processed data set there (meta.json missing)")
-        return EXIT_FAILED
+        return ExitStatus.FAILED
     all_days = list(DatasetMeta.load(root).days)
     if until is not None and str(until) not in all_days:
         fail(f"FAILED: --until {until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
-        return EXIT_FAILED
+        return ExitStatus.FAILED
     if dry_run:
-        return print_plan(registry, all_days, until, force, log)
+        print_plan(registry, all_days, until, force, log)
+        return int(cfg.nothing_to_do_exit)  # a dry run does nothing
     os.makedirs(registry.root, exist_ok=True)
     try:
         with registry.lock():
@@ -424,13 +422,13 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
                 log(f"nothing to do: every day up to {until or all_days[-1]} was trained on (last: "
                     f"{done[-1] if done else '-'}; current: {registry.current()})")
                 registry.log_event({"event": "nothing_to_do", "until": until or all_days[-1]})
-                return EXIT_NOTHING
+                return int(cfg.nothing_to_do_exit)
             try:  # the days about to be trained on, before anything trains
                 validate_processed(root, {d for p in plans for d in p.train_days})
             except DataError as e:
                 fail(f"FAILED before training: {e}; the registry is unchanged")
                 registry.log_event({"event": "failed", "day": plans[0].day, "reason": str(e)})
-                return EXIT_FAILED
+                return ExitStatus.FAILED
             outcome = None
             for p in plans:
                 try:
@@ -438,20 +436,20 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
                 except (RetrainError, RegistryError) as e:
                     fail(f"FAILED: {e}")
                     registry.log_event({"event": "failed", "day": p.day, "reason": str(e)})
-                    return EXIT_FAILED
+                    return ExitStatus.FAILED
             work = os.path.join(registry.root, "work")
             if os.path.isdir(work) and not os.listdir(work):
                 os.rmdir(work)
-            return EXIT_PUBLISHED if outcome == "published" else EXIT_REJECTED
+            return ExitStatus.OK if outcome == "published" else ExitStatus.REJECTED
     except RegistryBusy as e:
         fail(f"BUSY: {e}; exiting without doing anything")
-        return EXIT_BUSY
+        return ExitStatus.BUSY
     except RetrainError as e:
         fail(f"FAILED: {e}")
-        return EXIT_FAILED
+        return ExitStatus.FAILED
 
 
-def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log) -> int:
+def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log) -> None:
     """``--dry-run``: what the job would do, reading the registry only (no lock, no file written: a
     plan can differ from the run's if another job runs in between)."""
     pending = interrupted_publish(registry) if os.path.isdir(registry.root) else None
@@ -464,7 +462,6 @@ def print_plan(registry: Registry, all_days: List[str], until: Optional[str], fo
         start = "cold start" if p.cold_start else "warm start from the version current then"
         log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
             f"held-out rows, publish or reject")
-    return EXIT_NOTHING
 
 
 def status(cfg: DictConfig, as_json: bool = False) -> int:
@@ -474,7 +471,7 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
     if not os.path.isdir(registry.root):
         print(f"[retrain] registry={registry.root}: no registry there (the first run of the job creates it)",
               file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     lineage = registry.status()
     try:
         check_registry(registry)
@@ -491,7 +488,7 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
                                                          line["manifest"].get("gate", {}).get("tasks", {}).items()},
                                         "reasons": line["manifest"].get("gate", {}).get("reasons", [])}
                                        for line in lineage]}, indent=1))
-        return EXIT_FAILED if damaged else EXIT_PUBLISHED
+        return ExitStatus.FAILED if damaged else ExitStatus.OK
     print(f"registry {registry.root}: {len(lineage)} version(s), current: {registry.current()}")
     for line in lineage:
         m = line["manifest"]
@@ -511,8 +508,8 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
             print(f"      rejected: {r}")
     if damaged:
         print(f"DAMAGED: {damaged}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_PUBLISHED
+        return ExitStatus.FAILED
+    return ExitStatus.OK
 
 
 def rollback(cfg: DictConfig, to: Optional[str]) -> int:
@@ -523,12 +520,12 @@ def rollback(cfg: DictConfig, to: Optional[str]) -> int:
             now = registry.rollback(to)
     except RegistryBusy as e:
         print(f"[retrain] BUSY: {e}", file=sys.stderr)
-        return EXIT_BUSY
+        return ExitStatus.BUSY
     except RegistryError as e:
         print(f"[retrain] FAILED: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return ExitStatus.FAILED
     print(f"[retrain] current: {before} -> {now}")
-    return EXIT_PUBLISHED
+    return ExitStatus.OK
 
 
 # ----------------------------------------------------------------------------------------------
@@ -557,6 +554,11 @@ def compose(overrides: Sequence[str], needs_data: bool = True) -> DictConfig:
         raise ValueError(f"config holdout.fraction={cfg.holdout.fraction}: must be in (0, 1)")
     if float(cfg.gate.ne_tolerance) < 0:
         raise ValueError(f"config gate.ne_tolerance={cfg.gate.ne_tolerance}: must be >= 0")
+    nothing = cfg.nothing_to_do_exit
+    taken = {int(e) for e in ExitStatus if e not in (ExitStatus.OK, ExitStatus.NOTHING_TO_DO)}
+    if isinstance(nothing, bool) or not isinstance(nothing, int) or not 0 <= nothing <= 255 or nothing in taken:
+        raise ValueError(f"config nothing_to_do_exit={nothing!r}: must be an exit status 0..255 other than "
+                         f"{sorted(taken)} (those mean something else)")
     clamp = cfg.get("carry_lr_clamp")
     if clamp is not None and not (isinstance(clamp, (int, float)) and not isinstance(clamp, bool) and clamp >= 1):
         raise ValueError(f"config carry_lr_clamp={clamp!r}: must be a number >= 1 or null")
@@ -576,20 +578,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if a in ("--until", "--to"):
             if not args:
                 print(f"{a} needs a value\n{USAGE}", file=sys.stderr)
-                return 2
+                return ExitStatus.USAGE
             flags[a[2:]] = args.pop(0)
         elif a in ("--dry-run", "--force") or (a == "--json" and command == "status"):
             flags[a[2:].replace("-", "_")] = True
         elif a.startswith("--"):
             print(f"unknown option {a}\n{USAGE}", file=sys.stderr)
-            return 2
+            return ExitStatus.USAGE
         else:
             overrides.append(a)
     try:
         cfg = compose(overrides, needs_data=command == "run")
     except Exception as e:  # noqa: BLE001 - Hydra's and ours: a config error, named
         print(f"[retrain] config error: {e}\n{USAGE}", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     if command == "status":
         return status(cfg, flags["json"])
     if command == "rollback":

@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from pipelines import retrain as R
+from recsys_hdet.exit_status import ExitStatus
 
 DEMO_OVERRIDES = ("data=retrain_demo", "trainer.sharding_group_size=1", "hdet.probe_rows=1024", "hdet.sync_every=10",
                   "trainer.periodic_checkpoint.every_steps=25")
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
     if "out" not in args:
         print(__doc__)
-        return 2
+        return ExitStatus.USAGE
     out = os.path.abspath(args["out"])
     nproc = int(args.get("nproc", 2))
     data, registry = os.path.join(out, "data"), os.path.join(out, "registry")
@@ -85,15 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not os.path.isfile(os.path.join(data, "meta.json")):
         ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
     job = lambda *extra: retrain_command(registry, data, nproc, extra) + [DEMO_GATE]
-    ok = step("1. first run: cold start on the first 3 days, publish version 1", job(), R.EXIT_PUBLISHED)
+    ok = step("1. first run: cold start on the first 3 days, publish version 1", job(), ExitStatus.OK)
     (new_day,) = append_synthetic_days(data, 1)
     print(f"\nappended day {new_day} to {data}")
-    ok &= step(f"2. a new day ({new_day}): warm start, gate, publish version 2", job(), R.EXIT_PUBLISHED)
+    ok &= step(f"2. a new day ({new_day}): warm start, gate, publish version 2", job(), ExitStatus.OK)
     (bad_day,) = append_synthetic_days(data, 1)
     shuffle_labels(data, bad_day)
     print(f"\nappended day {bad_day} with its labels shuffled (a planted bad day)")
-    ok &= step(f"3. the bad day ({bad_day}): the gate must reject it", job(), R.EXIT_REJECTED)
-    ok &= step("4. a rerun: nothing to do", job(), R.EXIT_NOTHING)
+    ok &= step(f"3. the bad day ({bad_day}): the gate must reject it", job(), ExitStatus.REJECTED)
+    ok &= step("4. a rerun: nothing to do", job(), ExitStatus.NOTHING_TO_DO)
     print()
     subprocess.call(retrain_command(registry, data, nproc, ["status"]))
     print(f"\nretrain_demo: {'every step ended as expected' if ok else 'A STEP DID NOT END AS EXPECTED'}; "

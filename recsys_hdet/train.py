@@ -20,9 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.console_log import ConsoleLog
 from recsys_hdet.config import CONF_DIR, ConfigError, validate_config
+from recsys_hdet.exit_status import ExitStatus
 
-EXIT_BAD_INPUT = 2
-EXIT_DIVERGED = 3  # recsys_hdet.trainer.EXIT_DIVERGED (not imported here: it loads torchrec)
 # Set once Hydra has composed the config and entered main(): an exit before that is Hydra's own
 # report of a config it cannot compose (unknown preset or group option, malformed override).
 _config_composed = False
@@ -135,7 +134,7 @@ def _stale_warm_start(path: str, data_root: str) -> str:
 def ensure_warm_start(cfg: DictConfig) -> str | None:
     """The absolute warm-start checkpoint path; trains it first with ``trainer.warm_start_preset``
     when it is missing (once: concurrent jobs wait on a lock), so a preset is self-contained."""
-    from data_tools.prepare import file_lock
+    from recsys_hdet.fileio import file_lock
 
     from recsys_hdet.distributed import launch, under_torchrun
 
@@ -183,7 +182,7 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
 def _run_dir_lock(run_dir: str):
     """An exclusive lock on ``run_dir/.lock`` held for the job's life (the open file). Under
     torchrun, rank 0's process holds it. Exits with status 2 when another job holds it."""
-    from data_tools.prepare import LockHeld, try_exclusive_lock
+    from recsys_hdet.fileio import LockHeld, try_exclusive_lock
 
     from recsys_hdet.distributed import under_torchrun
 
@@ -194,7 +193,7 @@ def _run_dir_lock(run_dir: str):
     except LockHeld as e:
         print(f"error: {run_dir} is in use by another training job ({e.holder}); wait for it, or use another "
               "hydra.run.dir", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(ExitStatus.USAGE)
 
 
 FINISHED = "finished"
@@ -334,7 +333,7 @@ def main(cfg: DictConfig) -> None:
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         _remove_hydra_leftovers(run_dir)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(ExitStatus.USAGE)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["data"]["root"] = root
     cfg_dict["trainer"]["warm_start"] = warm_start
@@ -344,7 +343,7 @@ def main(cfg: DictConfig) -> None:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             _remove_hydra_leftovers(run_dir)
-            sys.exit(EXIT_BAD_INPUT)
+            sys.exit(ExitStatus.USAGE)
     lock = _run_dir_lock(run_dir)  # a second job on the same run directory refuses to start
     # the console, workers included, is copied into the run's train.log (torchrun keeps its own logs)
     console = contextlib.nullcontext() if under_torchrun() else ConsoleLog(os.path.join(run_dir, "train.log"))
@@ -356,12 +355,12 @@ def main(cfg: DictConfig) -> None:
                 resume_from = resolve_resume(cfg_dict, run_dir)
             except ConfigError as e:
                 print(f"error: {e}", file=sys.stderr)
-                sys.exit(EXIT_BAD_INPUT)
+                sys.exit(ExitStatus.USAGE)
             if resume_from == FINISHED:
                 return
             cfg_dict["trainer"]["resume_from"] = resume_from
             code = launch(_worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
-            if code in (0, EXIT_DIVERGED, EXIT_BAD_INPUT) or attempt == max_restarts:
+            if code in (0, ExitStatus.DIVERGED, ExitStatus.USAGE) or attempt == max_restarts:
                 break
             print(f"the job failed (exit status {code}): restart {attempt + 1} of trainer.max_restarts={max_restarts}, "
                   "from the newest complete checkpoint", file=sys.stderr, flush=True)
@@ -376,7 +375,7 @@ def cli() -> None:
     except SystemExit as e:
         # Hydra prints why it cannot compose the config and exits 1; that is bad config: status 2.
         if e.code == 1 and not _config_composed:
-            sys.exit(EXIT_BAD_INPUT)
+            sys.exit(ExitStatus.USAGE)
         raise
 
 

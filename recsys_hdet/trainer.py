@@ -2,7 +2,7 @@
 
 Read top to bottom: :meth:`Trainer.run` is the whole job. Rank 0 writes the artifacts of
 product.md (``metrics.jsonl``, ``summary.json``, ``checkpoint/``); every rank trains.
-Exit statuses: 0 completed, 3 diverged (see :data:`EXIT_DIVERGED`).
+Exit statuses: 0 completed, 3 diverged (see :attr:`ExitStatus.DIVERGED`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, Dense
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_control import LRControl, build_lr_control, weighted_task_mean
 from recsys_hdet.components.lr_scheduler import build_one_cycle
-from recsys_hdet.components.metrics import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl, write_json_atomic
+from recsys_hdet.components.metrics import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl
+from recsys_hdet.fileio import write_json_atomic
 from recsys_hdet.evaluation.metrics import oracle_metrics, task_metrics
 from recsys_hdet.evaluation.scoring import predict_batches
 from recsys_hdet.components.train_metrics import TrainMetrics
@@ -38,8 +39,8 @@ from recsys_hdet.components.tensorboard import build_tensorboard
 from recsys_hdet.config import probe_rows
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.models.ranker import PARAM_GROUPS, build_model  # noqa: F401 (build_model: re-exported)
+from recsys_hdet.exit_status import ExitStatus
 
-EXIT_DIVERGED = 3
 
 
 class StepProfiler:
@@ -122,7 +123,7 @@ class Trainer:
         if status == "completed":
             summary.update(self.evaluate_and_save(job))
         self.finish(job, summary)
-        return EXIT_DIVERGED if status == "diverged" else 0
+        return ExitStatus.DIVERGED if status == "diverged" else 0
 
     # ------------------------------------------------------------------------------------------
     def build(self) -> Job:

@@ -11,7 +11,7 @@ from conftest import REPO, read_json, run_command
 
 def run_ablation(out, seeds, *overrides, data_cache):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "pipelines.ablation", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2",
+    cmd = [sys.executable, "-m", "studies.ablation", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2",
            *overrides, "--out", str(out), "--configs", "baseline_low", "--no-report", "--seeds", *seeds]
     return run_command(cmd, env=env, timeout=600)
 
@@ -58,7 +58,7 @@ def test_a_failing_run_is_reported_and_the_exit_status_says_so(tmp_path, tiny_da
 
 
 def test_base_vs_schedule_is_one_when_the_controller_follows_the_schedule():
-    from pipelines.ablation import GROUPS, base_vs_schedule
+    from studies.ablation import GROUPS, base_vs_schedule
 
     schedule = lambda step: (0.01 * (1 - step / 1000), 0.9)
     records = [{"step": s, "hparams": {f"lr/{g}": {"next_base": schedule(s)[0] * (0.5 if g == "transformer" else 1.0),
@@ -71,7 +71,7 @@ def test_base_vs_schedule_is_one_when_the_controller_follows_the_schedule():
 
 
 def test_the_report_keeps_the_previous_table_verbatim_and_names_the_controller(tmp_path):
-    from pipelines.ablation import main, previous_table, render_markdown
+    from studies.ablation import main, previous_table, render_markdown
 
     previous = tmp_path / "old.md"
     previous.write_text("# old\n\ntext\n\n| configuration | what |\n|---|---|\n| hdet_full | 0.2024 |\n\n| other | table |\n")

@@ -11,7 +11,7 @@ COMMON = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.shardi
           "data.reserve_rows=1024"]
 
 
-# Branching serves the studies (pipelines/lr_truth.py); slow: the default run's budget. `make test-all` runs it.
+# Branching serves the studies (studies/lr_truth.py); slow: the default run's budget. `make test-all` runs it.
 pytestmark = pytest.mark.slow
 
 

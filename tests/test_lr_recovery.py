@@ -6,12 +6,12 @@ import sys
 import pytest
 
 from conftest import REPO, read_json, run_command
-from pipelines.lr_recovery import VARIANTS
+from studies.lr_recovery import VARIANTS
 
 
 def _study(out, data_cache):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "pipelines.lr_recovery", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1",
+    cmd = [sys.executable, "-m", "studies.lr_recovery", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1",
            "--out", str(out), "--docs", str(out), "--grid-points", "2", "--max-extensions", "0", "--starts", "tuned", "all_low", "--seeds", "0"]
     return run_command(cmd, env=env, timeout=1200)
 
@@ -43,7 +43,7 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
     assert read_json(out / "lr_recovery.json")["starts"] == r["starts"]
     # --report-only trains nothing and, with every run finished, reports the same.
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    report = run_command([sys.executable, "-m", "pipelines.lr_recovery", "--out", str(out), "--docs", str(tmp_path),
+    report = run_command([sys.executable, "-m", "studies.lr_recovery", "--out", str(out), "--docs", str(tmp_path),
                              "--grid-points", "2", "--max-extensions", "0", "--starts", "tuned", "all_low", "--seeds", "0",
                              "--report-only"],
                             env=env, timeout=300)
@@ -58,7 +58,7 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
 
 def _line(i, j, seed, ne, points=5):
     """A plain grid run's results line at grid cell (i, j); ``ne`` None: diverged."""
-    from pipelines.lr_recovery import DENSE, GRID_CENTRE, grid_lr
+    from studies.lr_recovery import DENSE, GRID_CENTRE, grid_lr
 
     e, d = grid_lr(GRID_CENTRE["embedding"], points, i), grid_lr(GRID_CENTRE["dense"], points, j)
     return {"name": f"grid/e{i}_d{j}/seed{seed}", "seed": seed, "status": "diverged" if ne is None else "completed",
@@ -83,7 +83,7 @@ POOLED = ((2 * 0.001 ** 2 + 2 * 0.002 ** 2) / 4) ** 0.5
 
 
 def test_the_plateau_is_within_one_paired_std_of_the_best_cell_and_away_from_divergence():
-    from pipelines.lr_recovery import plain_cells, plateau_analysis
+    from studies.lr_recovery import plain_cells, plateau_analysis
 
     cells = plain_cells(_records(SYNTHETIC))
     assert cells[(3, 4)].diverged and cells[(2, 2)].mean == pytest.approx(0.78)
@@ -104,7 +104,7 @@ def test_the_plateau_is_within_one_paired_std_of_the_best_cell_and_away_from_div
 
 
 def test_the_growth_rule_grows_beyond_the_edge_then_seeds_the_plateau():
-    from pipelines.lr_recovery import next_runs, plain_cells
+    from studies.lr_recovery import next_runs, plain_cells
 
     def grid(best, extra=None):
         """A 3 x 3 grid, one seed, NE rising with the distance from ``best``."""
@@ -137,7 +137,7 @@ def test_the_growth_rule_grows_beyond_the_edge_then_seeds_the_plateau():
 
 
 def test_paired_intervals():
-    from pipelines.lr_recovery import paired
+    from studies.lr_recovery import paired
 
     p = paired([0.01, 0.02, 0.03])
     half = 4.303 * 0.01 / 3 ** 0.5
@@ -152,7 +152,7 @@ def _runs(*nes, lr=None):
 
 
 def test_misset_paired_differences_and_gap_closed_against_the_plateau():
-    from pipelines.lr_recovery import plain_cells, plateau_analysis, summarize_start
+    from studies.lr_recovery import plain_cells, plateau_analysis, summarize_start
 
     best = [0.78, 0.79, 0.77]
     cells = plain_cells(_records({(2, 2): best, (1, 2): [0.79, 0.802, 0.784]}))  # paired diffs .010 .012 .014
@@ -187,8 +187,8 @@ def test_misset_paired_differences_and_gap_closed_against_the_plateau():
 
 def test_the_committed_study_report_from_its_results_file(tmp_path):
     """docs/lr_recovery_f2/results.jsonl rebuilds the committed report's key figures (no training)."""
-    from pipelines.lr_recovery import render_markdown, study
-    from pipelines.study_results import StudyFiles
+    from studies.lr_recovery import render_markdown, study
+    from studies.harness import StudyFiles
 
     files = StudyFiles.open(os.path.join(REPO, "docs", "lr_recovery_f2"), str(tmp_path))
     r = study(files, [0, 1, 2], [], report_only=True)

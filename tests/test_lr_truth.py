@@ -1,4 +1,4 @@
-"""The learning-rate ground-truth harness (pipelines/lr_truth.py): its truth rule and signal scores
+"""The learning-rate ground-truth harness (studies/lr_truth.py): its truth rule and signal scores
 on records with known answers, and the harness end to end on tiny data (slow)."""
 import json
 import os
@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from conftest import REPO, run_command
-from pipelines import lr_truth as L
-from pipelines import study_results as SR
+from studies import lr_truth as L
+from studies import harness as SR
 
 
 def test_the_truth_is_the_best_multiplier_only_where_its_paired_interval_excludes_zero():
@@ -41,7 +41,7 @@ def _sync(step, rank_losses, dense_u, emb_u, base=0.01):
 
 
 def _signal_line(syncs, at):
-    """A signal run's results line (pipelines.study_results' columns) branched at step ``at``."""
+    """A signal run's results line (studies.harness' columns) branched at step ``at``."""
     return {"syncs": SR.compact_syncs(syncs), "overrides": [f"trainer.branch_from=/x/checkpoint/step-{at}"]}
 
 
@@ -91,7 +91,7 @@ def test_the_scorecard_scores_only_decided_cases():
 @pytest.mark.slow  # ~11 tiny 2-rank runs: about 2 min on 2 cores
 def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_path, data_cache, tiny_dataset):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "pipelines.lr_truth", "--mode", "tiny", "--out", str(tmp_path / "out"),
+    cmd = [sys.executable, "-m", "studies.lr_truth", "--mode", "tiny", "--out", str(tmp_path / "out"),
            "--work", str(tmp_path / "work"), "--data-cache", data_cache]
     first = run_command(cmd, env=env, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

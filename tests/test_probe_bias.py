@@ -1,10 +1,10 @@
-"""pipelines.probe_bias's reading of a run's signal: the joint slope fit recovers planted effects."""
+"""studies.probe_bias's reading of a run's signal: the joint slope fit recovers planted effects."""
 import json
 
 import numpy as np
 import pytest
 
-from pipelines.probe_bias import GROUPS, probe_slopes
+from studies.probe_bias import GROUPS, probe_slopes
 
 
 def test_probe_slopes_recover_each_group_s_planted_effect(tmp_path):

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from pipelines import retrain as R
 from pipelines.registry import Registry
+from recsys_hdet.exit_status import ExitStatus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAYS = ["20220408", "20220409", "20220410", "20220411"]
@@ -138,7 +139,7 @@ def test_command_line_errors_and_statuses(tmp_path, capsys):
     assert R.main(["registry=/x", "data_root=/y", "gate.calibration=[1.2,1.3]"]) == 2
     assert R.main(["registry=/x", "data_root=/y", "carry_lr_clamp=0.5"]) == 2
     assert "carry_lr_clamp=0.5: must be a number >= 1 or null" in capsys.readouterr().err
-    assert _main(tmp_path) == R.EXIT_FAILED  # no data set there
+    assert _main(tmp_path) == ExitStatus.FAILED  # no data set there
     assert "meta.json missing" in capsys.readouterr().err
     # status and rollback read the registry only: no data_root needed
     assert R.main(["status", f"registry={tmp_path / 'registry'}"]) == 2  # no registry at that path
@@ -150,21 +151,21 @@ def test_command_line_errors_and_statuses(tmp_path, capsys):
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
     _version(reg, tmp_path, "v0002", "published", "v0001", [DAYS[3]],
              lr_start={"embedding": 0.005, "transformer": 0.0001}, lr_preset={"embedding": 0.02, "transformer": 0.001})
-    assert _main(tmp_path, "rollback") == R.EXIT_PUBLISHED and reg.current() == "v0001"
-    assert _main(tmp_path, "rollback", "--to", "v0002") == R.EXIT_PUBLISHED and reg.current() == "v0002"
-    assert _main(tmp_path, "rollback", "--to", "v0009") == R.EXIT_FAILED
-    assert _main(tmp_path, "status") == R.EXIT_PUBLISHED
+    assert _main(tmp_path, "rollback") == ExitStatus.OK and reg.current() == "v0001"
+    assert _main(tmp_path, "rollback", "--to", "v0002") == ExitStatus.OK and reg.current() == "v0002"
+    assert _main(tmp_path, "rollback", "--to", "v0009") == ExitStatus.FAILED
+    assert _main(tmp_path, "status") == ExitStatus.OK
     out = capsys.readouterr().out
     assert "* v0002 published parent=v0001" in out and "  v0001 published" in out
     assert "started from carried embedding=0.005 (x0.25 preset) transformer=0.0001 (x0.10 preset)" in out
-    assert R.main(["status", "--json", f"registry={tmp_path / 'registry'}"]) == R.EXIT_PUBLISHED
+    assert R.main(["status", "--json", f"registry={tmp_path / 'registry'}"]) == ExitStatus.OK
     status = json.loads(capsys.readouterr().out)
     assert status["current"] == "v0002" and status["damaged"] is None
     assert [(v["version"], v["parent"], v["current"]) for v in status["versions"]] == [
         ("v0001", None, False), ("v0002", "v0001", True)]
     assert status["versions"][1]["lr_start"] == {"embedding": 0.005, "transformer": 0.0001}
     with reg.lock():  # another job holds the registry
-        assert _main(tmp_path, "rollback") == R.EXIT_BUSY
+        assert _main(tmp_path, "rollback") == ExitStatus.BUSY
     assert "BUSY" in capsys.readouterr().err
 
 
@@ -217,9 +218,9 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     while not (tmp_path / "reg" / ".lock").exists() and time.time() < deadline:
         time.sleep(0.2)
     code, out = _finish(_job(tmp_path, "reg", data), timeout=120)
-    assert code == R.EXIT_BUSY and "locked by another retraining job" in out, out
+    assert code == ExitStatus.BUSY and "locked by another retraining job" in out, out
     code, out = _finish(first)
-    assert code == R.EXIT_PUBLISHED, out
+    assert code == ExitStatus.OK, out
     killed = _job(tmp_path, "reg2", data)
     deadline = time.time() + 600
     while time.time() < deadline and not list((tmp_path / "reg2" / "work").glob("*/checkpoint/step-*/manifest.json")):
@@ -228,28 +229,28 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     killed.wait()
     assert Registry(str(tmp_path / "reg2")).list_versions() == []
     code, out = _finish(_job(tmp_path, "reg2", data))
-    assert code == R.EXIT_PUBLISHED and "resum" in open(
+    assert code == ExitStatus.OK and "resum" in open(
         Registry(str(tmp_path / "reg2")).version_dir("v0001") + "/train.log").read(), out
 
     # Day 2: published (v0002, warm start, carried LRs: carry_lr is off by default); reg2 is killed
     # mid-publish, then finished.
     (day4,) = append_synthetic_days(data, 1)
     code, out = _finish(_job(tmp_path, "reg", data, "carry_lr=true"))
-    assert code == R.EXIT_PUBLISHED, out
+    assert code == ExitStatus.OK, out
     code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true", env={R.FAULT_ENV: "kill_before_current"}))
     assert code == -signal.SIGKILL, out
     assert Registry(str(tmp_path / "reg2")).current() == "v0001"  # never pointed at an incomplete version
     code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true"))
-    assert code == R.EXIT_NOTHING and "finished the interrupted publish of v0002" in out, out
+    assert code == ExitStatus.NOTHING_TO_DO and "finished the interrupted publish of v0002" in out, out
 
     # Day 3: a planted bad day (labels shuffled) is rejected; a rerun does nothing.
     (day5,) = append_synthetic_days(data, 1)
     shuffle_labels(data, day5)
     for reg in ("reg", "reg2"):
         code, out = _finish(_job(tmp_path, reg, data))
-        assert code == R.EXIT_REJECTED and "REJECTED" in out, out
+        assert code == ExitStatus.REJECTED and "REJECTED" in out, out
     code, out = _finish(_job(tmp_path, "reg", data))
-    assert code == R.EXIT_NOTHING and "nothing to do" in out, out
+    assert code == ExitStatus.NOTHING_TO_DO and "nothing to do" in out, out
 
     lineage, current = _lineage(tmp_path / "reg")
     assert [(v, s, p, d[-1]) for v, s, p, d, *_ in lineage] == [
@@ -283,7 +284,7 @@ def test_a_new_day_that_fails_validation_is_not_trained_on(tmp_path, tiny_datase
     df = pl.read_parquet(path)
     df.with_columns(pl.when(pl.int_range(pl.len()) == 7).then(2.0).otherwise(pl.col("label_like"))
                     .cast(df.schema["label_like"]).alias("label_like")).write_parquet(path)
-    assert _main(tmp_path) == R.EXIT_FAILED
+    assert _main(tmp_path) == ExitStatus.FAILED
     out = capsys.readouterr().err
     assert "FAILED before training" in out and path.name in out and "label_like" in out, out
     assert (reg.list_versions(), reg.current()) == before[:2]
@@ -296,16 +297,20 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path, tiny_dataset, cap
 
     shutil.copytree(tiny_dataset, tmp_path / "data")
     days = sorted(json.loads((tmp_path / "data" / "meta.json").read_text())["days"])
-    assert _main(tmp_path, "--dry-run") == R.EXIT_NOTHING
+    assert _main(tmp_path, "--dry-run") == ExitStatus.NOTHING_TO_DO
     assert f"would train day {days[-1]} on {days[0]}..{days[-1]} (cold start)" in capsys.readouterr().out
     assert not (tmp_path / "registry").exists()  # a dry run writes nothing, not even the registry
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, days[:1])
     listing = lambda: sorted(os.listdir(tmp_path / "registry"))  # no lock file either
     before = listing()
-    assert _main(tmp_path, "--dry-run", "--until", days[1]) == R.EXIT_NOTHING
+    assert _main(tmp_path, "--dry-run", "--until", days[1]) == ExitStatus.NOTHING_TO_DO
     out = capsys.readouterr().out
     assert f"would train day {days[1]} on {days[1]}..{days[1]} (warm start" in out and days[2] not in out
     assert listing() == before and reg.list_versions() == ["v0001"]
-    assert _main(tmp_path, "--until", "20990101") == R.EXIT_FAILED
+    # "nothing to do" is the scheduler's choice (Airflow skips a task on 99); the other codes are taken
+    assert _main(tmp_path, "--dry-run", "nothing_to_do_exit=99") == 99
+    assert _main(tmp_path, "--dry-run", "nothing_to_do_exit=4") == ExitStatus.USAGE
+    assert "nothing_to_do_exit=4" in capsys.readouterr().err
+    assert _main(tmp_path, "--until", "20990101") == ExitStatus.FAILED
     assert "--until 20990101: not a day of" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""pipelines.study_results: the results file (round trip, a cut-off last line, skip-finished) and a
+"""studies.harness: the results file (round trip, a cut-off last line, skip-finished) and a
 run directory's line (LR areas, the syncs' columns and their inverse)."""
 import json
 import math
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pipelines import study_results as SR
+from studies import harness as SR
 
 
 def _line(name, status="completed", **keys):
@@ -68,7 +68,7 @@ def test_skip_finished_and_the_recorded_overrides(tmp_path):
 
 
 def test_the_ablation_runner_skips_a_run_with_a_line_and_refuses_other_overrides(tmp_path):
-    from pipelines.ablation import AblationConfig, StudyMismatch, run_one
+    from studies.harness import AblationConfig, StudyMismatch, run_one
 
     study = SR.StudyFiles.open(str(tmp_path))
     study.add(_line("baseline_low/seed0"))

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any, Dict, IO, List, Mapping, Optional
 
+from recsys_hdet.fileio import write_text_atomic  # noqa: F401 - also imported from here by report.py (to move)
+
 
 class MetricLogger:
     """Writes ``metrics.jsonl`` (one object per logging interval) and a console line.
@@ -61,18 +63,6 @@ def truncate_jsonl(path: str, last_step: int) -> int:
     kept = [line for line in lines if step_of(line) <= last_step]
     write_text_atomic(path, "".join(kept))
     return len(lines) - len(kept)
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    """Writes a file so that readers never see it half-written: a temporary name, then a rename."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: str, obj: object) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=True) + "\n")
 
 
 def read_json(path: str) -> Optional[Any]:

@@ -22,14 +22,14 @@ import sys
 from typing import List, Optional, Sequence
 
 from omegaconf import DictConfig
+from recsys_hdet.exit_status import ExitStatus
 
-EXIT_BAD_INPUT = 2
 
 
 def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Optional[str] = None,
                  batch_size: int = 4096, nproc: int = 1, rescore: bool = True) -> dict:
     """Evaluates one run directory; returns eval.json's content."""
-    from recsys_hdet.components.metrics import write_json_atomic
+    from recsys_hdet.fileio import write_json_atomic
     from recsys_hdet.evaluation import evaluate_frame, load_run, predictions_frame, score_run
     from recsys_hdet.evaluation.report import RunArtifacts, render_run, write_report
 
@@ -124,5 +124,5 @@ def main(cfg: DictConfig) -> None:
             compare_runs(runs, os.path.abspath(str(cfg.out or ".")), list(cfg.labels) if cfg.labels else None, **common)
     except EvaluationError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(ExitStatus.USAGE)
 

@@ -1,4 +1,4 @@
-"""HDET: Hyperparameter-Divergent Ensemble Training (see shared/docs/hdet-method.md)."""
+"""HDET: Hyperparameter-Divergent Ensemble Training (see docs/method.md)."""
 
 from recsys_hdet.hdet.engine import HDETConfig, HDETEngine, ReplicaAxis, ScalarHParam, spread_multipliers
 from recsys_hdet.hdet.scheduler import HDETOneCycleLR

@@ -1,4 +1,4 @@
-"""Hyperparameter-Divergent Ensemble Training: the engine (``shared/docs/hdet-method.md``).
+"""Hyperparameter-Divergent Ensemble Training: the engine (``docs/method.md``).
 
 The engine knows nothing of models. It sees:
 - a list of :class:`ScalarHParam`: a name, the replicas it is spread over (a :class:`ReplicaAxis`),

@@ -7,7 +7,7 @@ the callables it is built with (score the probe rows, copy the state, take one t
 which the job provides (``recsys_hdet.hdet.integration``) and a test can provide for a toy
 objective.
 
-Why more than the last iterate (shared/docs/hdet-method.md, "what the controller must overcome"):
+Why more than the last iterate (docs/method.md, "what the controller must overcome"):
 scored right after a window, a replica with a higher learning rate carries more of the gradient
 noise in its weights (its oscillation across the valley), so a lower LR looks better over one
 window even where a higher one ends the pass better (short-horizon bias; Wu et al. 2018). Two

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PoolingType
 
-PARAM_GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
+from recsys_hdet.constants import PARAM_GROUPS
 
 
 @dataclass(frozen=True)

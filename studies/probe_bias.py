@@ -1,4 +1,4 @@
-"""``python -m pipelines.probe_bias``: which way does the probe signal push, and why? (issue 10)
+"""``python -m studies.probe_bias``: which way does the probe signal push, and why? (issue 10)
 
 In the first recovery study (docs/lr_recovery/lr_recovery.md, format-1 data) the scale-free controller lowered every group's base
 from every start, the 10x-too-low one included. This diagnostic asks whether the bias comes from
@@ -43,10 +43,9 @@ import sys
 import time
 from typing import Any, Dict, List, Tuple
 
-from pipelines import study_results as SR
-from pipelines.ablation import AblationConfig, StudyMismatch, run_one
-from pipelines.lr_recovery import DENSE, final_bases, lr_overrides, mean_ne
-from pipelines.study_results import StudyFiles
+from studies import harness as SR
+from studies.lr_recovery import DENSE, final_bases, lr_overrides, mean_ne
+from studies.harness import AblationConfig, StudyFiles, StudyMismatch, run_one
 
 STARTS: Dict[str, Tuple[float, float]] = {"tuned": (6.0, 0.03), "all_low": (0.6, 0.003)}
 # The controller every form below varies: the recovery study's first scale-free form (probe signal,
@@ -117,7 +116,7 @@ GROUPS = ("embedding", *DENSE)
 
 def probe_slopes(syncs: List[Dict[str, Any]]) -> List[Dict[str, float]]:
     """What the controller saw in a finished HDET run (its sync records, hdet.jsonl's form, e.g.
-    :func:`pipelines.study_results.sync_records` of its results line): per half of the pass, the least-squares slope
+    :func:`studies.harness.sync_records` of its results line): per half of the pass, the least-squares slope
     of the replicas' probe losses on every group's log2 multiplier, fitted jointly (the four groups'
     permutations are independent, so one joint fit separates their effects), with each sync's
     losses and multipliers centred. In loss units per doubling of that group's LR: positive, the
@@ -202,7 +201,7 @@ def write(rows: List[Dict[str, Any]], docs: str, slopes: List[Dict[str, Any]] = 
                      + " | ".join(fmt(f.get(g), 3) for g in ("embedding", *DENSE)) + " |")
     md = f"""# Which way does the probe signal push? (issue 10 diagnostic)
 
-Produced by `python -m pipelines.probe_bias` on {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}.
+Produced by `python -m studies.probe_bias` on {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}.
 Benchmark data set (format 2), `baseline_low` preset, seed 0, the recovery study's scale-free controller
 (`RANK_X2`, the study's first scale-free form: probe signal, centred ranks, log space, x2 spread, from step 0) with
 the forms listed in the pipeline's docstring (what each replica's probe scores, the joint fit, the

@@ -1,6 +1,6 @@
 """A study's results file: one JSON line per finished run, instead of committed run directories.
 
-Each study (``pipelines.ablation``, ``lr_recovery``, ``probe_bias``, ``signal_noise``) keeps
+Each study (``studies.ablation``, ``lr_recovery``, ``probe_bias``, ``signal_noise``) keeps
 ``<out>/results.jsonl``: when a run finishes, its line (:func:`record_from_run_dir`) is appended
 (:func:`append`: one write, flushed and fsynced); a run whose line exists is not trained again
 (:func:`is_finished`); every report is rebuilt from the file alone. The run directories themselves
@@ -38,7 +38,7 @@ exactly)::
                     replica]...]}}, "excluded": [[...]...] only where some sync excluded a rank}
     rollback        summary.json's rollback record, where present
 
-Run as a tool, ``python -m pipelines.study_results --convert RUNS_DIR RESULTS`` records every
+Run as a tool, ``python -m studies.harness --convert RUNS_DIR RESULTS`` records every
 finished run directory under RUNS_DIR (how the committed studies' run directories were replaced).
 """
 
@@ -51,13 +51,16 @@ import os
 import re
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from recsys_hdet.components.metrics import read_json
+from recsys_hdet.constants import PARAM_GROUPS as GROUPS, TASKS
+from recsys_hdet.fileio import write_json_atomic, write_text_atomic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = "results.jsonl"
-TASKS = ("contribution", "like", "long_dwell")
-GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
 FINISHED = ("completed", "diverged", "stopped")
 SIG = 6
 LOSS_SIG = 10  # the replicas' losses differ by ~1e-4 at ~0.2: their noise needs the digits
@@ -412,8 +415,136 @@ def convert(runs: str, results: str) -> int:
     return added
 
 
+# ----------------------------------------------------------------------------------------------
+# Running a study's training runs (every study trains through run_one)
+
+
+@dataclass(frozen=True)
+class AblationConfig:
+    name: str                   # row name (and run directory)
+    preset: str                 # conf/experiment preset
+    what: str                   # one line for the table
+    paper_avg_lr: Optional[str]
+    paper_train_loss: Optional[str]
+
+
+
+class StudyMismatch(ValueError):
+    """A finished run in the study directory was made with other overrides than this invocation's."""
+
+
+def run_dir(out: str, config: str, seed: int) -> str:
+    return os.path.join(out, "runs", config, f"seed{seed}")
+
+
+def run_dir_finished(path: str) -> bool:
+    """A run directory holds its ``summary.json`` (completed or diverged: both are results)."""
+    return os.path.isfile(os.path.join(path, "summary.json"))
+
+
+def recorded_overrides(path: str) -> Optional[List[str]]:
+    """The overrides a finished study run was launched with (its ``ablation_run.json``); None when the
+    run has no record."""
+    recorded = os.path.join(path, "ablation_run.json")
+    if not os.path.isfile(recorded):
+        return None
+    info = read_json(recorded)
+    return list(info.get("overrides", info["command"][6:]))  # older records: the command's tail
+
+
+def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: Sequence[str],
+            report_only: bool = False) -> Dict[str, Any]:
+    """Trains one (config, seed) unless its line is in the study's results file, and appends its line.
+    Returns {"skipped", "record"} (record None: not run yet, with ``report_only``, or crashed) and,
+    for a run trained now, "exit_status", "process_seconds" and, if it crashed, "crashed" and "log"."""
+    name = run_name(cfg.name, seed)
+    if is_finished(study.results, name):
+        record = study.results[name]
+        previous = study_overrides(record)
+        if previous != list(extra_overrides) and not report_only:  # a report reads what the line records
+            raise StudyMismatch(f"{name}: finished with overrides {previous}, not {list(extra_overrides)} "
+                                f"({study.results_path}); use another --out, or delete its line to redo it")
+        return {"skipped": True, "record": record}
+    if report_only:
+        return {"skipped": True, "record": None}
+    final = run_dir(study.work, cfg.name, seed)
+    if run_dir_finished(final):  # trained, but its line was not appended (a crash in between): record it now
+        previous = recorded_overrides(final)
+        if previous is not None and previous != list(extra_overrides):
+            raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
+                                "use another --out, or delete that run to redo it")
+        return {"skipped": True, "record": study.add(record_from_run_dir(final, name))}
+    cmd = [sys.executable, "-m", "recsys_hdet.train", f"+experiment={cfg.preset}", f"seed={seed}", *extra_overrides]
+    run = train_run(final, cmd, info={"overrides": list(extra_overrides)})  # for the mismatch check
+    if run["finished"]:
+        record = study.add(record_from_run_dir(final, name))
+        return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
+                "record": record}
+    return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
+            "crashed": True, "record": None, "log": run["log"]}
+
+
+def run_schedules(path: str, steps: int) -> Dict[str, Any]:
+    """A run directory's OneCycle per group (its resolved config) over ``steps`` steps."""
+    from omegaconf import OmegaConf
+
+    from recsys_hdet.components.lr_scheduler import build_one_cycle
+
+    cfg = OmegaConf.load(os.path.join(path, ".hydra", "config.yaml"))
+    return {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), steps) for g in GROUPS}
+
+
+
+def write_reports(directory: str, stem: str, result: Dict[str, Any], markdown: str) -> None:
+    """A study's ``<stem>.json`` and ``<stem>.md`` in ``directory``, each written atomically."""
+    os.makedirs(directory, exist_ok=True)
+    write_json_atomic(os.path.join(directory, f"{stem}.json"), result)
+    write_text_atomic(os.path.join(directory, f"{stem}.md"), markdown)
+
+
+def fmt(x: Optional[float], digits: int = 4) -> str:
+    """A number for a study table; "-" for a missing one."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def machine_line() -> str:
+    import platform
+
+    return f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Paired differences (every study compares contenders on paired seeds)
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t95(dof: int) -> float:
+    """The quantile for ``dof`` degrees of freedom (the nearest tabulated dof below: conservative)."""
+    return T95[max(k for k in T95 if k <= dof)] if dof <= 30 else 1.96
+
+
+def paired(diffs: Sequence[float]) -> Optional[Dict[str, Any]]:
+    """Mean of paired differences and its 95% t-interval (None for the interval with one pair)."""
+    if not diffs:
+        return None
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return {"mean": mean, "ci95": None, "n": 1}
+    half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "n": len(diffs)}
+
+
+def paired_ci95(diffs: Sequence[float]) -> Optional[Tuple[float, float, float]]:
+    """(mean, low, high) of :func:`paired`; None with fewer than 2 pairs."""
+    p = paired(diffs)
+    return None if p is None or p["ci95"] is None else (p["mean"], *p["ci95"])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.study_results", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m studies.harness", description=__doc__.split("\n\n")[0])
     ap.add_argument("--convert", nargs=2, metavar=("RUNS_DIR", "RESULTS"), required=True,
                     help="record every finished run directory under RUNS_DIR (named by its path there) in RESULTS")
     args = ap.parse_args(argv)

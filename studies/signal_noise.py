@@ -1,4 +1,4 @@
-"""``python -m pipelines.signal_noise``: how noisy is each HDET signal, against the effect it measures?
+"""``python -m studies.signal_noise``: how noisy is each HDET signal, against the effect it measures?
 
 Four HDET runs of one preset (default: ``baseline_low`` on the benchmark data, cold start), the
 controller off so that every run follows the same schedule:
@@ -23,7 +23,6 @@ rebuilds the report from that file alone. Run directories go to ``--work`` (defa
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -31,12 +30,11 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
-from pipelines import study_results as SR
-from pipelines.ablation import AblationConfig, StudyMismatch, fmt as _f, machine_line, run_one, write_reports
-from pipelines.study_results import StudyFiles
+from studies import harness as SR
+from studies.harness import AblationConfig, StudyFiles, StudyMismatch, fmt as _f, machine_line, run_one, write_reports
+from recsys_hdet.constants import PARAM_GROUPS as GROUPS
 from recsys_hdet.hdet.engine import preference, spread_offsets
 
-GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
 COMMON = ("hdet=enabled", "hdet.autolr=false", "hdet.space=log", "hdet.score=rank")
 RUNS = {
     "train_alpha0": (*COMMON, "hdet.alpha=0.0", "hdet.signal=train"),
@@ -94,7 +92,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.signal_noise", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m studies.signal_noise", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="baseline_low")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="docs/signal_noise",
@@ -130,7 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result["runs"][name] = m
         print(f"{name}: noise std {_f(m['noise_std'], 5)}, preference "
               + " ".join(f"{g}={_f(v, 3)}" for g, v in m["preference"].items()), flush=True)
-    result["command"] = "python -m pipelines.signal_noise " + " ".join(sys.argv[1:] if argv is None else argv)
+    result["command"] = "python -m studies.signal_noise " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
     docs = os.path.abspath(args.docs)
     write_reports(docs, "signal_noise", result, render_markdown(result))

@@ -1,4 +1,4 @@
-"""``python -m pipelines.lr_recovery``: can one HDET run find each group's learning rate?
+"""``python -m studies.lr_recovery``: can one HDET run find each group's learning rate?
 
 A study with a known answer, on the benchmark data set, cold start (no warm-start checkpoint):
 
@@ -26,8 +26,8 @@ A study with a known answer, on the benchmark data set, cold start (no warm-star
    base over the pass with the best cell and the plateau's range drawn.
 
 Every run is an ordinary ``python -m recsys_hdet.train +experiment=baseline_low ...`` job trained
-by :func:`pipelines.ablation.run_one`, so the study is resumable exactly as the ablation is: each
-finished run appends its line to ``<out>/results.jsonl`` (:mod:`pipelines.study_results`), a run
+by :func:`studies.ablation.run_one`, so the study is resumable exactly as the ablation is: each
+finished run appends its line to ``<out>/results.jsonl`` (:mod:`studies.harness`), a run
 with a line is skipped, a crashed one is redone, and the reports are rebuilt from that file alone
 (``--report-only``). Run directories go to ``--work`` (for a study under docs/, the git-ignored
 ``outputs/studies/<study>``). Phase 2 needs phase 1's best cell, so a rerun after an interrupted grid
@@ -43,13 +43,12 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from pipelines import study_results as SR
-from pipelines.ablation import (AblationConfig, StudyMismatch, run_schedules, fmt as _f, machine_line,
-                                run_one, write_reports)
-from pipelines.study_results import StudyFiles
+from studies import harness as SR
+from studies.harness import (AblationConfig, StudyFiles, StudyMismatch, fmt as _f, machine_line, run_one,
+                             paired, run_schedules, write_reports)
 from recsys_hdet.components.metrics import read_json, read_jsonl
+from recsys_hdet.constants import TASKS
 
-TASKS = ("contribution", "like", "long_dwell")
 DENSE = ("transformer", "non_embedding", "no_decay")
 # The two LRs the study reports per start: the embedding group's, and the dense groups' geometric mean.
 REPORTED = {"embedding": ("embedding",), "dense": DENSE}
@@ -393,7 +392,7 @@ def next_runs(cells: Dict[Tuple[int, int], Cell], seeds: Sequence[int]) -> List[
 
 
 def effective_lrs(record: Dict[str, Any]) -> Optional[Dict[str, float]]:
-    """A run's LR area (:func:`pipelines.study_results.lr_area`) in max-LR units: the preset's max LR
+    """A run's LR area (:func:`studies.harness.lr_area`) in max-LR units: the preset's max LR
     times the area, per reported group (dense: the three dense groups' geometric mean)."""
     area, preset = record.get("lr_area"), record.get("preset_lr")
     if not area or not preset or any(g not in area for g in ("embedding", *DENSE)):
@@ -552,27 +551,6 @@ def plateau_json(cells: Dict[Tuple[int, int], Cell], an: Dict[str, Any], points:
 # themselves stay means over the completed runs, with the diverged counted beside them.
 DIVERGED_NE = 1.0
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def t95(dof: int) -> float:
-    """The quantile for ``dof`` degrees of freedom (the nearest tabulated dof below: conservative)."""
-    return T95[max(k for k in T95 if k <= dof)] if dof <= 30 else 1.96
-
-
-def paired(diffs: Sequence[float]) -> Optional[Dict[str, Any]]:
-    """Mean of paired differences and its 95% t-interval (None for the interval with one pair)."""
-    if not diffs:
-        return None
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return {"mean": mean, "ci95": None, "n": 1}
-    half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return {"mean": mean, "ci95": [mean - half, mean + half], "n": len(diffs)}
-
-
 def gap_ne(run: Dict[str, Any]) -> Optional[float]:
     """A run's NE in the paired differences and the gap closed: a diverged run counts as ``DIVERGED_NE``."""
     return DIVERGED_NE if run["status"] == "diverged" else run["ne"] if run["status"] == "completed" else None
@@ -652,9 +630,9 @@ def _lr(x: Optional[float]) -> str:
 
 
 def rollback_reruns(path: str) -> Optional[Dict[str, Any]]:
-    """The dense-10x-high starts rerun with rollback on (``pipelines.paired_runs --set recovery_rollback``),
+    """The dense-10x-high starts rerun with rollback on (``studies.paired_runs --set recovery_rollback``),
     summarized from that set's results file; None before it has a line."""
-    from pipelines import paired_runs  # it imports this module's starts and HDET form
+    from studies import paired_runs  # it imports this module's starts and HDET form
 
     results = SR.load(path)
     if not results:
@@ -670,7 +648,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
     lines = ["# Learning-rate recovery on the benchmark data set", ""]
     if result.get("partial"):
         lines += [f"**PARTIAL RESULT: {result['partial']}.** Every figure below comes from a finished run; "
-                  "rerun `python -m pipelines.lr_recovery` to continue the study (finished runs are skipped).", ""]
+                  "rerun `python -m studies.lr_recovery` to continue the study (finished runs are skipped).", ""]
     if b is None:
         lines += [f"Produced by `{result['command']}` on {result['machine']}. The best cell and the starts "
                   "follow once every grid point has run.", ""]
@@ -769,7 +747,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
     rr = result.get("rollback_reruns")
     if rr:
         fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
-        lines += ["", f"**Rollback reruns** (`python -m pipelines.paired_runs --set recovery_rollback`, "
+        lines += ["", f"**Rollback reruns** (`python -m studies.paired_runs --set recovery_rollback`, "
                       f"[recovery_rollback.md](recovery_rollback.md)): the two dense-10x-high starts, plain and HDET, "
                       f"with the trainer's rollback on. {rr['completed']} of {rr['runs']} runs completed so far "
                       f"({rr['planned']} planned; before rollback 2 of 12 did). A run that completes can still end "
@@ -867,7 +845,7 @@ def plot(result: Dict[str, Any], records: Dict[str, Dict[str, Any]], path: str) 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.lr_recovery", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m studies.lr_recovery", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="docs/lr_recovery_f2",
                     help="study directory: its results.jsonl (one line per finished run, committed, so a later "
@@ -900,7 +878,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (StudyMismatch, SR.ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result["command"] = "python -m pipelines.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
+    result["command"] = "python -m studies.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
     docs = os.path.abspath(args.docs)
     reruns = rollback_reruns(os.path.join(docs, "recovery_rollback", SR.RESULTS))

@@ -1,4 +1,4 @@
-"""``python -m pipelines.ablation``: the paper's ablation table, reproduced on the benchmark data set.
+"""``python -m studies.ablation``: the paper's ablation table, reproduced on the benchmark data set.
 
 Runs each configuration of :data:`CONFIGS` (the paper's six presets, plus full HDET started from
 a max_lr 10x too low and 10x too high) for several seeds, then writes ``ablation.json`` and
@@ -8,7 +8,7 @@ over one seed's runs (``recsys_hdet.evaluate runs=[...]``).
 
 Resumable: a run trains into ``<work>/runs/<config>/seed<k>.partial`` and is renamed to
 ``seed<k>`` once its ``summary.json`` exists (completed or diverged: both are results); its line
-then goes to ``<out>/results.jsonl`` (:mod:`pipelines.study_results`), from which the tables are
+then goes to ``<out>/results.jsonl`` (:mod:`studies.harness`), from which the tables are
 built (``--report-only``: from that file alone). A rerun skips runs with a line and starts crashed
 ones (a leftover ``.partial``) from scratch. A crashed run does not stop the study; the pipeline
 exits 1 at the end, naming it. The working directory is ``<out>`` itself, except for a study under
@@ -28,25 +28,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from pipelines import study_results as SR
-from pipelines.study_results import StudyFiles
-from recsys_hdet.components.metrics import read_json, write_json_atomic, write_text_atomic
-
-TASKS = ("contribution", "like", "long_dwell")
-GROUPS = ("embedding", "transformer", "non_embedding", "no_decay")
-
-
-@dataclass(frozen=True)
-class AblationConfig:
-    name: str                   # row name (and run directory)
-    preset: str                 # conf/experiment preset
-    what: str                   # one line for the table
-    paper_avg_lr: Optional[str]
-    paper_train_loss: Optional[str]
+from studies import harness as SR
+from studies.harness import GROUPS, TASKS, AblationConfig, StudyFiles, StudyMismatch, machine_line, run_one, write_reports
 
 
 CONFIGS: Sequence[AblationConfig] = (
@@ -63,60 +48,6 @@ CONFIGS: Sequence[AblationConfig] = (
 
 # ----------------------------------------------------------------------------------------------
 # Running
-
-
-class StudyMismatch(ValueError):
-    """A finished run in the study directory was made with other overrides than this invocation's."""
-
-
-def run_dir(out: str, config: str, seed: int) -> str:
-    return os.path.join(out, "runs", config, f"seed{seed}")
-
-
-def is_finished(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "summary.json"))
-
-
-def recorded_overrides(path: str) -> Optional[List[str]]:
-    """The overrides a finished study run was launched with (its ``ablation_run.json``); None when the
-    run has no record."""
-    recorded = os.path.join(path, "ablation_run.json")
-    if not os.path.isfile(recorded):
-        return None
-    info = read_json(recorded)
-    return list(info.get("overrides", info["command"][6:]))  # older records: the command's tail
-
-
-def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: Sequence[str],
-            report_only: bool = False) -> Dict[str, Any]:
-    """Trains one (config, seed) unless its line is in the study's results file, and appends its line.
-    Returns {"skipped", "record"} (record None: not run yet, with ``report_only``, or crashed) and,
-    for a run trained now, "exit_status", "process_seconds" and, if it crashed, "crashed" and "log"."""
-    name = SR.run_name(cfg.name, seed)
-    if SR.is_finished(study.results, name):
-        record = study.results[name]
-        previous = SR.study_overrides(record)
-        if previous != list(extra_overrides) and not report_only:  # a report reads what the line records
-            raise StudyMismatch(f"{name}: finished with overrides {previous}, not {list(extra_overrides)} "
-                                f"({study.results_path}); use another --out, or delete its line to redo it")
-        return {"skipped": True, "record": record}
-    if report_only:
-        return {"skipped": True, "record": None}
-    final = run_dir(study.work, cfg.name, seed)
-    if is_finished(final):  # trained, but its line was not appended (a crash in between): record it now
-        previous = recorded_overrides(final)
-        if previous is not None and previous != list(extra_overrides):
-            raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
-                                "use another --out, or delete that run to redo it")
-        return {"skipped": True, "record": study.add(SR.record_from_run_dir(final, name))}
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"+experiment={cfg.preset}", f"seed={seed}", *extra_overrides]
-    run = SR.train_run(final, cmd, info={"overrides": list(extra_overrides)})  # for the mismatch check
-    if run["finished"]:
-        record = study.add(SR.record_from_run_dir(final, name))
-        return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
-                "record": record}
-    return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
-            "crashed": True, "record": None, "log": run["log"]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -140,16 +71,6 @@ def base_vs_schedule(hdet_records: List[Dict[str, Any]], schedules: Dict[str, An
         if logs:
             out[g] = math.exp(statistics.fmean(logs))
     return out
-
-
-def run_schedules(path: str, steps: int) -> Dict[str, Any]:
-    """A run directory's OneCycle per group (its resolved config) over ``steps`` steps."""
-    from omegaconf import OmegaConf
-
-    from recsys_hdet.components.lr_scheduler import build_one_cycle
-
-    cfg = OmegaConf.load(os.path.join(path, ".hydra", "config.yaml"))
-    return {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), steps) for g in GROUPS}
 
 
 def _mean_std(values: List[float]) -> Dict[str, Optional[float]]:
@@ -306,10 +227,10 @@ def comparison_report(study: StudyFiles, seed: int) -> Optional[str]:
     directory (a report rebuilt from the results file alone), an earlier report is kept as it is."""
     report_dir = os.path.join(study.out, "comparison")
     completed = [c.name for c in CONFIGS if study.results.get(SR.run_name(c.name, seed), {}).get("status") == "completed"]
-    dirs = [run_dir(study.work, c, seed) for c in completed]
+    dirs = [SR.run_dir(study.work, c, seed) for c in completed]
     if not completed:
         return None
-    if not all(is_finished(d) for d in dirs):
+    if not all(SR.run_dir_finished(d) for d in dirs):
         kept = os.path.join(report_dir, "report.html")
         if os.path.isfile(kept):
             print(f"comparison report: the run directories are not in {study.work}; {kept} kept as it is", flush=True)
@@ -326,26 +247,8 @@ def comparison_report(study: StudyFiles, seed: int) -> Optional[str]:
     return os.path.join(report_dir, "report.html")
 
 
-def write_reports(directory: str, stem: str, result: Dict[str, Any], markdown: str) -> None:
-    """A study's ``<stem>.json`` and ``<stem>.md`` in ``directory``, each written atomically."""
-    os.makedirs(directory, exist_ok=True)
-    write_json_atomic(os.path.join(directory, f"{stem}.json"), result)
-    write_text_atomic(os.path.join(directory, f"{stem}.md"), markdown)
-
-
-def fmt(x: Optional[float], digits: int = 4) -> str:
-    """A number for a study table; "-" for a missing one."""
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def machine_line() -> str:
-    import platform
-
-    return f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.ablation", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m studies.ablation", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per configuration (default 0 1 2)")
     ap.add_argument("--out", default="outputs/ablation",
                     help="study directory (results.jsonl, ablation.json, ablation.md, comparison/)")
@@ -399,7 +302,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = None if args.no_report else comparison_report(study, args.seeds[0])
     result["comparison_report"] = os.path.relpath(report, study.out) if report else None
     out = study.out
-    command = "python -m pipelines.ablation" + ("" if argv is None else " " + " ".join(argv))
+    command = "python -m studies.ablation" + ("" if argv is None else " " + " ".join(argv))
     if argv is None and len(sys.argv) > 1:
         command += " " + " ".join(sys.argv[1:])
     result["command"] = command

@@ -1,4 +1,4 @@
-"""``python -m pipelines.retrain_compare``: carried learning rates vs the static config, day by day.
+"""``python -m studies.retrain_compare``: carried learning rates vs the static config, day by day.
 
 Per seed (``--seeds``, paired: both arms of a seed share its cold start and the job's ``seed``), one
 cold start (version 1, on the first 3 days of the retrain_demo data set) is copied into two
@@ -33,12 +33,13 @@ import time
 from typing import Any, Dict, List
 
 from pipelines import retrain as R
-from pipelines.lr_recovery import paired
+from studies.harness import paired
 from pipelines.registry import Registry
 from pipelines.retrain_demo import retrain_command
+from recsys_hdet.constants import TASKS
+from recsys_hdet.exit_status import ExitStatus
 
 ARMS = {"carried": "carry_lr=true", "static": "carry_lr=false"}
-TASKS = ("contribution", "like", "long_dwell")
 
 
 def _run(cmd: List[str], log_path: str) -> int:
@@ -136,7 +137,7 @@ def write_docs(out: str, docs: str, days_asked: int, seeds: List[int]) -> None:
     job = OmegaConf.load(os.path.join(R.CONF_DIR, "retrain.yaml"))
     md = f"""# Scheduled retraining: carried learning rates vs the static config
 
-{partial}Produced by `python -m pipelines.retrain_compare --seeds {' '.join(map(str, seeds))}` on {platform.machine()},
+{partial}Produced by `python -m studies.retrain_compare --seeds {' '.join(map(str, seeds))}` on {platform.machine()},
 {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. Data: the retrain_demo synthetic set (`conf/data/retrain_demo.yaml`), 3
 days for each seed's cold start (version 1), then one day appended at a time. Each day both registries
 of a seed run `python -m pipelines.retrain seed=S` (experiment `retrain_daily`: HDET with
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
         if not Registry(cold).current():
             code = _run(retrain_command(cold, data, args.nproc, ["--until", sorted(json.load(
                 open(os.path.join(data, "meta.json")))["days"])[base_days - 1]]) + [f"seed={seed}"], log)
-            if code != R.EXIT_PUBLISHED:
+            if code != ExitStatus.OK:
                 print(f"the cold start of seed {seed} failed (exit {code}); see {log}")
                 return 1
         for arm in ARMS:
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
                 code = _run(retrain_command(os.path.join(seed_dir(out, seed), arm), data, args.nproc,
                                             ["--until", day]) + [setting, f"seed={seed}"], log)
                 print(f"day {day} seed {seed} {arm}: exit {code}, {time.time() - t0:.0f} s", flush=True)
-                if code not in (R.EXIT_PUBLISHED, R.EXIT_REJECTED, R.EXIT_NOTHING):
+                if code not in (ExitStatus.OK, ExitStatus.REJECTED, ExitStatus.NOTHING_TO_DO):
                     print(f"failed; see {log}")
                     return 1
         write_docs(out, args.docs, args.days, args.seeds)
