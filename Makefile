@@ -3,9 +3,13 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
-# fbgemm-gpu-cpu on machines without a CUDA GPU, fbgemm-gpu with one.
-FBGEMM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+# DEVICE=cpu (default): fbgemm-gpu-cpu, torchrec without its CUDA-only metadata dependency.
+# DEVICE=cuda: fbgemm-gpu and torchrec from pip (on a machine with CUDA 12 drivers).
+DEVICE ?= cpu
+ifeq ($(filter $(DEVICE),cpu cuda),)
+$(error DEVICE=$(DEVICE): must be cpu or cuda)
+endif
+STAMP := $(VENV)/.installed-$(DEVICE)
 
 .PHONY: setup demo test test-recovery test-all clean-data
 
@@ -16,8 +20,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned, so nothing can pull a different (multi-GB CUDA) build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[$(FBGEMM_EXTRA),report,test]"
-	$(PY) -m pip install -q --no-deps torchrec==1.8.0
+	$(PY) -m pip install -q -e ".[$(DEVICE),test]"
+	test $(DEVICE) = cuda || $(PY) -m pip install -q --no-deps torchrec==1.8.0
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, polars, hydra; print('setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__)"
 	touch $(STAMP)
 
