@@ -2,7 +2,9 @@
 
 The metrics are checked against scikit-learn on the same predictions, the predictions against
 the held-out files (row count, labels, order) and against the trainer's own evaluation, and the
-report is opened in headless Chromium (skipped only where Chromium is not installed).
+report is opened in headless Chromium (skipped only where Chromium is not installed). The report's
+content without a run: on real data (no true probabilities) no oracle column or wording, the loss
+axis's units by the run's size, linear reliability axes without empty bins, a heading per section.
 """
 
 import os
@@ -204,3 +206,121 @@ def test_bad_run_directories_fail_with_a_clear_message(tmp_path, hdet_run, data_
     assert bad_day.returncode == 2 and "20990101" in bad_day.stderr and "not in" in bad_day.stderr
     neither = run_evaluate(data_cache=data_cache)
     assert neither.returncode == 2 and "run_dir=DIR or runs=" in neither.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# The report on real data (no true probabilities), its axes and its sections: built from eval.json
+# content directly, no run needed.
+
+_METRICS = {"auc": 0.71, "ne": 0.93, "logloss": 0.21, "calibration": 1.02, "ece": 0.01, "positive_rate": 0.05,
+            "count": 40000}
+_CURVE = {"predicted": [0.01, 0.03, 0.2], "observed": [0.0, 0.05, 0.25], "count": [2000, 2000, 2000]}
+
+
+def _artifacts(tmp_path, label, oracle):
+    """A RunArtifacts with an eval.json as the evaluation writes it; ``oracle``: synthetic data
+    (the generator's true probabilities scored too) or real data (no oracle anywhere)."""
+    from recsys_hdet.evaluation.report import RunArtifacts
+
+    run = RunArtifacts(str(tmp_path), label)
+    run.summary = {"status": "completed", "steps": 6, "examples": 24, "train_loss": {"avg": 0.6},
+                   "examples_per_sec": 77.0, "wall_seconds": 3.8, "peak_rss_mb": 481.0}
+    run.metrics = [{"step": s, "examples": 4 * s, "loss": {"like": 0.6, "avg": 0.6}, "lr": {"dense": 1e-3}}
+                   for s in (1, 2, 3, 6)]
+    rnd = {"status": "present", "label": "unbiased estimate", "rows": 8, "eval": {"like": _METRICS}}
+    run.evaluation = {"eval": {"like": _METRICS}, "gauc_user": {"like": {"gauc": 0.66, "groups": 5, "rows": 40}},
+                      "random_exposure": rnd, "reliability": {"like": _CURVE}, "days": ["20220422"],
+                      "segments": {"tab": {"tab 1": {"like": _METRICS}}}}
+    if oracle:
+        run.evaluation["oracle"] = {"like": {"ne": 0.9, "logloss": 0.2}}
+        rnd["oracle"] = {"like": {"ne": 0.9, "logloss": 0.2}}
+    return run
+
+
+def _tables(page):
+    """Each <table> of a page as a list of rows, each a list of cell texts (header row first)."""
+    import re
+
+    return [[re.findall(r"<t[dh]>(.*?)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+            for table in re.findall(r"<table>(.*?)</table>", page)]
+
+
+def test_report_on_real_data_has_no_oracle_columns_and_says_why(tmp_path):
+    from recsys_hdet.evaluation.report import render_comparison, render_run
+
+    page = render_run(_artifacts(tmp_path, "real", oracle=False))
+    assert "generator's true probabilities" not in page and "floor no model can beat" not in page
+    assert "Real data: no true probabilities" in page and "oracle NE and NE gap columns are omitted" in page
+    for table in _tables(page):
+        head, rows = table[0], table[1:]
+        assert "oracle NE" not in head and "NE gap" not in head
+        for i, column in enumerate(head):  # no column without a single value
+            assert any(row[i] != "–" for row in rows), (column, table)
+    # Synthetic data keeps the oracle columns, filled, and the text explaining them.
+    page = render_run(_artifacts(tmp_path, "synthetic", oracle=True))
+    assert "<th>oracle NE</th><th>NE gap</th>" in page and "+0.0300" in page
+    assert "generator's true probabilities" in page
+    assert "Real data" not in page
+    # A comparison of both: the oracle columns stay for the synthetic run, the real one is named.
+    page = render_comparison([_artifacts(tmp_path, "synthetic", oracle=True),
+                              _artifacts(tmp_path, "real", oracle=False)])
+    assert "no oracle for real" in page
+
+
+def test_examples_axis_unit_follows_the_run_size():
+    from recsys_hdet.evaluation.report import examples_axis_unit
+
+    assert examples_axis_unit(24) == (1.0, "examples")
+    assert examples_axis_unit(9_999) == (1.0, "examples")
+    assert examples_axis_unit(208_896) == (1e3, "examples (thousands)")
+    assert examples_axis_unit(5_000_000) == (1e6, "examples (millions)")
+
+
+def test_reliability_curves_are_linear_and_leave_empty_bins_out(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from recsys_hdet.evaluation.report import reliability_figure, reliability_points
+
+    run = _artifacts(tmp_path, "real", oracle=False)
+    # A bin without examples (and one without a value) between bins with an observed rate of 0 and 1.
+    run.evaluation["reliability"] = {"like": {"predicted": [0.02, 0.3, None, 0.6], "observed": [0.0, 0.0, None, 1.0],
+                                              "count": [5, 0, 0, 5]}}
+    pts = reliability_points(run.evaluation["reliability"]["like"])
+    assert pts["predicted"] == [0.02, 0.6] and pts["observed"] == [0.0, 1.0] and pts["empty"] == 2
+    fig, caption = reliability_figure([run])
+    try:
+        (ax,) = fig.axes
+        assert ax.get_xscale() == "linear" and ax.get_yscale() == "linear"
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        curve = [line for line in ax.get_lines() if line.get_label() != "perfect calibration"]
+        assert len(curve) == 1
+        xs, ys = curve[0].get_data()
+        assert list(xs) == [0.02, 0.6] and list(ys) == [0.0, 1.0]  # the empty bins are not drawn
+        assert all(x0 < x < x1 for x in xs) and all(y0 < y < y1 for y in ys)  # every point inside the axes
+        notes = " ".join(t.get_text() for t in ax.texts)
+        assert "2 bins of 5 examples" in notes and "2 empty (not drawn)" in notes
+        assert "not drawn" in caption
+    finally:
+        plt.close(fig)
+
+
+def test_every_report_section_has_a_heading(tmp_path):
+    """Each section (<h2> or <h3>) holds at most one figure and never a table and a figure together:
+    the random-exposure table and every figure after it have their own heading."""
+    import re
+
+    from recsys_hdet.evaluation.report import render_comparison, render_run
+
+    run = _artifacts(tmp_path, "real", oracle=False)
+    hdet = _artifacts(tmp_path, "hdet", oracle=True)
+    hdet.hdet = [{"step": s, "losses": [0.5, 0.6], "excluded": [],
+                  "hparams": {"lr/dense": {"values": [1e-3, 2e-3], "base": 1.4e-3}}} for s in (5, 10)]
+    for page, figures in ((render_run(run), 3), (render_run(hdet), 4), (render_comparison([run, hdet]), 5)):
+        body = page.split("<body", 1)[1]
+        sections = re.split(r"<h[23]>", body)[1:]
+        assert sum(s.count("<figure>") for s in sections) == body.count("<figure>") == figures
+        for s in sections:
+            assert s.count("<figure>") <= 1, s[:80]
+            assert not ("<table>" in s and "<figure>" in s), s[:80]
+        for heading in ("Training loss", "Calibration (reliability curves)", "Random exposure (unbiased estimate)"):
+            assert f"<h2>{heading}</h2>" in page

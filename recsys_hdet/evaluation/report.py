@@ -18,7 +18,6 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import matplotlib
-import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -64,25 +63,37 @@ def _figure(fig, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
+def examples_axis_unit(max_examples: float) -> tuple:
+    """``(divisor, axis label)`` for an axis counting training examples, by the run's size:
+    plain examples below 10,000, thousands below a million, millions from there (so a 24-example
+    run's axis reads 5 ... 25 examples, not 0.00002 million)."""
+    if max_examples < 1e4:
+        return 1.0, "examples"
+    if max_examples < 1e6:
+        return 1e3, "examples (thousands)"
+    return 1e6, "examples (millions)"
+
+
 def fig_train_loss(runs: Sequence[RunArtifacts]) -> Optional[str]:
     runs = [r for r in runs if r.metrics]
     if not runs:
         return None
+    div, unit = examples_axis_unit(max(m["examples"] for r in runs for m in r.metrics))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
     if len(runs) == 1:
         r = runs[0]
-        fig, ax = plt.subplots(figsize=(8, 3.6))
         keys = [k for k in r.metrics[0]["loss"] if k != "avg"]
-        x = [m["examples"] / 1e6 for m in r.metrics]
+        x = [m["examples"] / div for m in r.metrics]
         for i, k in enumerate(keys):
             ax.plot(x, [m["loss"][k] for m in r.metrics], color=TASK_COLORS[i % 5], lw=1.2, label=k)
         ax.plot(x, [m["loss"]["avg"] for m in r.metrics], color="black", lw=2, label="avg (task-weighted)")
         caption = "Training loss per logging interval over the one pass (all ranks)"
     else:
-        fig, ax = plt.subplots(figsize=(8, 3.6))
         for r in runs:
-            ax.plot([m["examples"] / 1e6 for m in r.metrics], [m["loss"]["avg"] for m in r.metrics], lw=1.3, label=r.label)
+            ax.plot([m["examples"] / div for m in r.metrics], [m["loss"]["avg"] for m in r.metrics], lw=1.3, label=r.label)
         caption = "Training loss (task-weighted avg) per logging interval, runs overlaid"
-    ax.set_xlabel("examples (millions)")
+    ax.ticklabel_format(axis="x", style="plain", useOffset=False)  # no "1e-5" or offset beside the axis
+    ax.set_xlabel(f"training {unit}")
     ax.set_ylabel("BCE")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -199,33 +210,73 @@ def fig_base_lrs(runs: Sequence[RunArtifacts]) -> Optional[str]:
     return _figure(fig, "Base learning rate per parameter group, runs overlaid (HDET runs: the base at each sync)")
 
 
-def fig_reliability(runs: Sequence[RunArtifacts]) -> Optional[str]:
+def reliability_points(curve: Dict[str, List[Any]]) -> Dict[str, Any]:
+    """The bins of one reliability curve (eval.json's ``reliability[task]``) that can be drawn:
+    those with examples and both a mean prediction and an observed rate. ``empty`` counts the
+    bins left out (no examples, or no value), so the figure can say so instead of plotting them."""
+    pred, obs = curve.get("predicted") or [], curve.get("observed") or []
+    counts = curve.get("count") or [None] * len(pred)
+    out: Dict[str, Any] = {"predicted": [], "observed": [], "count": [], "empty": 0}
+    for p, o, n in zip(pred, obs, counts):
+        if p is None or o is None or (n is not None and n <= 0):
+            out["empty"] += 1
+            continue
+        out["predicted"].append(float(p))
+        out["observed"].append(float(o))
+        out["count"].append(n)
+    return out
+
+
+def _per_bin(counts: Sequence[Optional[int]]) -> str:
+    known = [int(n) for n in counts if n is not None]
+    if not known:
+        return f"{len(counts)} bins"
+    lo, hi = min(known), max(known)
+    return f"{len(counts)} bins of {lo:,} examples" if lo == hi else f"{len(counts)} bins of {lo:,}–{hi:,} examples"
+
+
+def reliability_figure(runs: Sequence[RunArtifacts]):
+    """``(figure, caption)`` of the reliability curves, or None without any. Linear axes, the same
+    range on both (0 to just above the largest mean prediction or observed rate drawn), so the
+    diagonal is perfect calibration and every drawn bin lies inside; bins without examples are
+    not drawn, and each panel states its examples per bin (and how many bins were empty)."""
     runs = [r for r in runs if r.evaluation.get("reliability")]
     if not runs:
         return None
     tasks = list(runs[0].evaluation["reliability"].keys())
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4.0), squeeze=False)
     for ax, t in zip(axes[0], tasks):
-        lo, hi = 1.0, 0.0
+        hi, notes = 0.0, []
         for r in runs:
-            c = r.evaluation["reliability"].get(t)
-            if not c:
-                continue
-            ax.plot(c["predicted"], c["observed"], marker="o", ms=3, lw=1.2, label=r.label if len(runs) > 1 else None)
-            vals = [v for v in c["predicted"] + c["observed"] if v > 0]
-            lo, hi = min(lo, min(vals, default=1.0)), max(hi, max(vals, default=0.0))
-        lo, hi = max(lo * 0.8, 1e-5), min(hi * 1.2, 1.0)
-        ax.plot([lo, hi], [lo, hi], color="grey", ls="--", lw=1, label="perfect calibration")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        for axis in (ax.xaxis, ax.yaxis):  # minor labels on a short log axis collide
-            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            pts = reliability_points(r.evaluation["reliability"].get(t) or {})
+            if pts["predicted"]:
+                ax.plot(pts["predicted"], pts["observed"], marker="o", ms=3, lw=1.2,
+                        label=r.label if len(runs) > 1 else None)
+                hi = max(hi, *pts["predicted"], *pts["observed"])
+            note = _per_bin(pts["count"]) + (f", {pts['empty']} empty (not drawn)" if pts["empty"] else "")
+            notes.append(f"{r.label}: {note}" if len(runs) > 1 else note)
+        hi = min(1.0, hi * 1.08) if hi > 0 else 1.0
+        pad = 0.02 * hi  # markers on the edge (rate 0 or the maximum) stay whole
+        ax.plot([0, hi], [0, hi], color="grey", ls="--", lw=1, label="perfect calibration")
+        ax.set_xlim(-pad, hi + pad)
+        ax.set_ylim(-pad, hi + pad)
+        ax.set_aspect("equal", adjustable="box")
         ax.set_title(t, fontsize=10)
         ax.set_xlabel("mean predicted probability")
         ax.set_ylabel("observed positive rate")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    return _figure(fig, "Reliability (calibration) curves per task: 20 equal-count bins of the prediction")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+        ax.text(0.98, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+                color="#444", bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
+    caption = ("Reliability (calibration) curves per task, linear axes: equal-count bins of the prediction "
+               "(mean prediction against the observed positive rate; the dashed diagonal is perfect calibration). "
+               "Each panel gives the examples per bin; a bin without examples is not drawn.")
+    return fig, caption
+
+
+def fig_reliability(runs: Sequence[RunArtifacts]) -> Optional[str]:
+    made = reliability_figure(runs)
+    return _figure(*made) if made else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,41 +291,80 @@ def _num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
-_METRICS_HEAD = ("<tr><th>run</th><th>task</th><th>AUC</th><th>GAUC (user)</th><th>NE</th><th>oracle NE</th><th>NE gap</th>"
-                 "<th>log loss</th><th>calibration</th><th>ECE</th><th>positive rate</th><th>count</th></tr>")
+def has_oracle(run: RunArtifacts) -> bool:
+    """Whether the run's eval.json has oracle metrics: the generator's true probabilities, which
+    only synthetic data carries (real logs have none)."""
+    ev = run.evaluation
+    return bool(ev.get("oracle") or (ev.get("random_exposure") or {}).get("oracle"))
 
 
-def _metric_rows(label: str, ev: Dict[str, Any], oracle: Dict[str, Any],
+def _metrics_head(oracle: bool, gauc: bool) -> str:
+    cols = (["run", "task", "AUC"] + (["GAUC (user)"] if gauc else []) + ["NE"]
+            + (["oracle NE", "NE gap"] if oracle else []) + ["log loss", "calibration", "ECE", "positive rate", "count"])
+    return "<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
+
+
+def _metric_rows(label: str, ev: Dict[str, Any], oracle: Optional[Dict[str, Any]],
                  gauc: Optional[Dict[str, Any]] = None) -> List[str]:
-    """``gauc``: eval.json's ``gauc_user`` (the whole held-out set only; '–' in segment rows)."""
+    """``oracle``: eval.json's ``oracle`` ({} for a run without one: '–'), or None to leave the
+    oracle NE and NE gap columns out. ``gauc``: eval.json's ``gauc_user``, or None to leave the
+    GAUC column out (it is computed on the whole held-out set only)."""
     rows = []
     for t, m in ev.items():
-        g = (gauc or {}).get(t, {}).get("gauc")
-        o = oracle.get(t, {}).get("ne")
-        gap = m["ne"] - o if (o is not None and m["ne"] is not None) else None
-        rows.append(f"<tr><td>{html.escape(label)}</td><td>{t}</td><td>{_num(m['auc'])}</td><td>{_num(g)}</td><td>{_num(m['ne'])}</td>"
-                    f"<td>{_num(o)}</td><td>{'–' if gap is None else f'{gap:+.4f}'}</td><td>{_num(m['logloss'])}</td>"
-                    f"<td>{_num(m['calibration'], 3)}</td><td>{_num(m.get('ece'))}</td>"
-                    f"<td>{_num(m['positive_rate'])}</td><td>{_num(m['count'])}</td></tr>")
+        cells = [html.escape(label), t, _num(m["auc"])]
+        if gauc is not None:
+            cells.append(_num(gauc.get(t, {}).get("gauc")))
+        cells.append(_num(m["ne"]))
+        if oracle is not None:
+            o = oracle.get(t, {}).get("ne")
+            gap = m["ne"] - o if (o is not None and m["ne"] is not None) else None
+            cells += [_num(o), "–" if gap is None else f"{gap:+.4f}"]
+        cells += [_num(m["logloss"]), _num(m["calibration"], 3), _num(m.get("ece")), _num(m["positive_rate"]),
+                  _num(m["count"])]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return rows
 
 
 def metrics_table(runs: Sequence[RunArtifacts]) -> str:
+    """The held-out metrics per run and task; the oracle NE and NE gap columns only where some run
+    has true probabilities (synthetic data)."""
+    oracle = any(has_oracle(r) for r in runs)
     rows = []
     for r in runs:
-        rows += _metric_rows(r.label, r.evaluation.get("eval", {}), r.evaluation.get("oracle", {}),
+        rows += _metric_rows(r.label, r.evaluation.get("eval", {}), r.evaluation.get("oracle", {}) if oracle else None,
                              r.evaluation.get("gauc_user", {}))
-    return f"<table>{_METRICS_HEAD}{''.join(rows)}</table>"
+    return f"<table>{_metrics_head(oracle, gauc=True)}{''.join(rows)}</table>"
+
+
+def metrics_note(runs: Sequence[RunArtifacts]) -> str:
+    """The text above the metrics table: what NE, oracle NE, calibration and ECE mean; on real
+    data (no true probabilities), that the oracle columns are omitted and why."""
+    without = [r.label for r in runs if not has_oracle(r)]
+    if not without:
+        oracle = ("Oracle NE: the generator's true probabilities (synthetic data) scored on the same impressions, "
+                  "the floor no model can beat; NE gap: the model's NE minus the oracle's. ")
+    elif len(without) == len(runs):
+        oracle = ("Real data: no true probabilities (only the synthetic generator's data has them), so the oracle "
+                  "NE and NE gap columns are omitted. ")
+    else:
+        oracle = ("Oracle NE: the generator's true probabilities scored on the same impressions, the floor no model "
+                  "can beat; NE gap: the model's NE minus the oracle's. Real data has no true probabilities: no "
+                  f"oracle for {', '.join(html.escape(x) for x in without)} ('–'). ")
+    return ("<p class='note'>NE: log loss / entropy of the positive rate (lower is better). " + oracle
+            + "Calibration: mean prediction / positive rate (1 is calibrated). ECE: expected calibration error, "
+              "15 bins (torchmetrics).</p>")
 
 
 RANDOM_EXPOSURE_NOTE = ("<p class='note'>The held-out impressions whose video was shown uniformly at random "
                         "(<code>is_rand</code> = 1): the unbiased estimate of each task's metrics, free of the "
-                        "serving policy's selection of what users see. A small sample: read its row count.</p>")
+                        "serving policy's selection of what users see. A small sample: read its row count. "
+                        "(GAUC is computed on the whole held-out set only.)</p>")
 
 
 def random_exposure_table(runs: Sequence[RunArtifacts]) -> str:
     """eval.json's ``random_exposure`` per run: the held-out metrics on the is_rand = 1 rows with
-    their row count, or the reason the slice is absent."""
+    their row count, or the reason the slice is absent. One table per run, with the oracle columns
+    only where that run has true probabilities."""
     parts = []
     for r in runs:
         rnd = r.evaluation.get("random_exposure")
@@ -289,8 +379,9 @@ def random_exposure_table(runs: Sequence[RunArtifacts]) -> str:
             note = f" {html.escape(rnd['note'])}" if rnd.get("note") else ""
             parts.append(f"<p>{html.escape(r.label)}: {_num(int(rnd['rows']))} random-exposure impressions "
                          f"({html.escape(rnd.get('label', 'unbiased estimate'))}).{note}</p>")
-            parts.append(f"<table>{_METRICS_HEAD}"
-                         f"{''.join(_metric_rows(r.label, rnd.get('eval', {}), rnd.get('oracle', {})))}</table>")
+            oracle = has_oracle(r)
+            rows = _metric_rows(r.label, rnd.get("eval", {}), rnd.get("oracle", {}) if oracle else None)
+            parts.append(f"<table>{_metrics_head(oracle, gauc=False)}{''.join(rows)}</table>")
     return "".join(parts)
 
 
@@ -367,21 +458,25 @@ def _page(title: str, body: List[str]) -> str:
             f"<style>{_CSS}</style></head><body data-figures='{n_figures}'>" + "".join(body) + "</body></html>\n")
 
 
+def _section(heading: str, *parts: Optional[str]) -> List[str]:
+    """A heading and its parts; nothing at all when every part is empty (no figure to show)."""
+    parts = [p for p in parts if p]
+    return [f"<h2>{html.escape(heading)}</h2>", *parts] if parts else []
+
+
 def render_run(run: RunArtifacts) -> str:
     body = [f"<h1>Offline evaluation: {html.escape(run.label)}</h1>",
             "<h2>Run</h2>", runs_table([run]),
-            "<h2>Held-out metrics</h2>",
-            "<p class='note'>NE: log loss / entropy of the positive rate (lower is better). Oracle NE: the "
-            "generator's true probabilities on the same impressions, the floor no model can beat. "
-            "Calibration: mean prediction / positive rate (1 is calibrated). ECE: expected calibration "
-            "error, 15 bins (torchmetrics).</p>",
-            metrics_table([run]),
+            "<h2>Held-out metrics</h2>", metrics_note([run]), metrics_table([run]),
             "<h2>Random exposure (unbiased estimate)</h2>", RANDOM_EXPOSURE_NOTE, random_exposure_table([run])]
-    for fig in (fig_train_loss([run]), fig_replica_losses(run), fig_hparams(run), fig_reliability([run])):
-        if fig:
-            body.append(fig)
-    if not run.hdet:
-        body.append("<p class='note'>HDET was off in this run: no replicas, no syncs.</p>")
+    body += _section("Training loss", fig_train_loss([run]))
+    if run.hdet:
+        body += _section("HDET: per-replica window loss", fig_replica_losses(run))
+        body += _section("HDET: explored hyperparameters", fig_hparams(run))
+    else:
+        body += _section("Learning rate", "<p class='note'>HDET was off in this run: no replicas, no syncs.</p>",
+                         fig_hparams(run))
+    body += _section("Calibration (reliability curves)", fig_reliability([run]))
     body += ["<h2>Segments</h2>", segment_tables([run])]
     return _page(f"report: {run.label}", body)
 
@@ -389,18 +484,19 @@ def render_run(run: RunArtifacts) -> str:
 def render_comparison(runs: Sequence[RunArtifacts]) -> str:
     body = [f"<h1>Offline evaluation: {len(runs)} runs compared</h1>",
             "<h2>Runs</h2>", runs_table(runs),
-            "<h2>Held-out metrics</h2>", metrics_table(runs),
+            "<h2>Held-out metrics</h2>", metrics_note(runs), metrics_table(runs),
             "<h2>Random exposure (unbiased estimate)</h2>", RANDOM_EXPOSURE_NOTE, random_exposure_table(runs)]
-    for fig in (fig_train_loss(runs), fig_base_lrs(runs), fig_reliability(runs)):
-        if fig:
-            body.append(fig)
-    body += ["<h2>Per-run HDET detail</h2>"]
+    body += _section("Training loss", fig_train_loss(runs))
+    body += _section("Base learning rates", fig_base_lrs(runs))
+    body += _section("Calibration (reliability curves)", fig_reliability(runs))
+    detail = []
     for r in runs:
-        if r.hdet:
-            body.append(f"<h3>{html.escape(r.label)}</h3>")
-            for fig in (fig_replica_losses(r), fig_hparams(r)):
-                if fig:
-                    body.append(fig)
+        for title, fig in (("per-replica window loss", fig_replica_losses(r)),
+                           ("explored hyperparameters", fig_hparams(r) if r.hdet else None)):
+            if fig:
+                detail += [f"<h3>{html.escape(r.label)}: {title}</h3>", fig]
+    body += _section("Per-run HDET detail", *detail) or \
+        ["<h2>Per-run HDET detail</h2>", "<p class='note'>HDET was off in every run: no replicas, no syncs.</p>"]
     body += ["<h2>Segments</h2>", segment_tables(runs)]
     return _page("report: comparison", body)
 
