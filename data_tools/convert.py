@@ -641,7 +641,7 @@ def main(argv=None) -> int:
               f"  log:    {used(c for c in S.LOG_COLUMNS if c not in S.LOG_REQUIRED and c != 'is_rand')}\n"
               f"  users:  {used(c for c in S.USER_COLUMNS if c not in S.USER_REQUIRED)}\n"
               f"  videos: {used(c for c in S.VIDEO_COLUMNS if c not in S.VIDEO_REQUIRED)}\n")
-    ap = argparse.ArgumentParser(description=__doc__, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m data_tools.convert", description=__doc__, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log", required=True, nargs="+", help="log CSV file(s) or glob(s)")
     ap.add_argument("--users", required=True)
     ap.add_argument("--videos", required=True)

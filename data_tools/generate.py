@@ -476,7 +476,7 @@ def generate(config: GeneratorConfig | dict | None = None, out_dir: str = ".", *
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m data_tools.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     target = ap.add_mutually_exclusive_group(required=True)
     target.add_argument("--out", help="write a new raw data set (CSVs + oracle.json) into this directory")
     target.add_argument("--append-to", metavar="ROOT",

@@ -1,4 +1,4 @@
-"""The model registry the scheduled retraining job publishes into (issue 13's storage layer).
+"""The model registry the scheduled retraining job publishes into (its storage layer).
 
 Layout of a registry directory::
 

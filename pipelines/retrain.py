@@ -542,26 +542,15 @@ def compose(overrides: Sequence[str], needs_data: bool = True) -> DictConfig:
     read the registry only)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
+    from recsys_hdet.config_schema import check
+
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = hydra_compose(config_name="retrain", overrides=list(overrides))
-    for key in ("registry", "data_root") if needs_data else ("registry",):
-        if OmegaConf.is_missing(cfg, key):
-            raise ValueError(f"config {key}: missing (pass {key}=DIR)")
-    low, high = (float(x) for x in cfg.gate.calibration)
-    if not (0 < low <= 1 <= high):
-        raise ValueError(f"config gate.calibration={list(cfg.gate.calibration)}: need 0 < low <= 1 <= high")
-    if not 0.0 < float(cfg.holdout.fraction) < 1.0:
-        raise ValueError(f"config holdout.fraction={cfg.holdout.fraction}: must be in (0, 1)")
-    if float(cfg.gate.ne_tolerance) < 0:
-        raise ValueError(f"config gate.ne_tolerance={cfg.gate.ne_tolerance}: must be >= 0")
-    nothing = cfg.nothing_to_do_exit
-    taken = {int(e) for e in ExitStatus if e not in (ExitStatus.OK, ExitStatus.NOTHING_TO_DO)}
-    if isinstance(nothing, bool) or not isinstance(nothing, int) or not 0 <= nothing <= 255 or nothing in taken:
-        raise ValueError(f"config nothing_to_do_exit={nothing!r}: must be an exit status 0..255 other than "
-                         f"{sorted(taken)} (those mean something else)")
-    clamp = cfg.get("carry_lr_clamp")
-    if clamp is not None and not (isinstance(clamp, (int, float)) and not isinstance(clamp, bool) and clamp >= 1):
-        raise ValueError(f"config carry_lr_clamp={clamp!r}: must be a number >= 1 or null")
+    if OmegaConf.is_missing(cfg, "registry"):
+        raise ValueError("config registry: missing (pass registry=DIR)")
+    if needs_data and cfg.data_root is None:
+        raise ValueError("config data_root: missing (pass data_root=DIR)")
+    check(cfg)  # the schema's checks of each value (recsys_hdet/config_schema.py)
     return cfg
 
 
@@ -590,7 +579,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cfg = compose(overrides, needs_data=command == "run")
     except Exception as e:  # noqa: BLE001 - Hydra's and ours: a config error, named
-        print(f"[retrain] config error: {e}\n{USAGE}", file=sys.stderr)
+        from recsys_hdet.config import compose_error
+        from recsys_hdet.config_schema import RetrainConfig
+
+        print(f"[retrain] config error: {compose_error(e, RetrainConfig) or e}\n{USAGE}", file=sys.stderr)
         return ExitStatus.USAGE
     if command == "status":
         return status(cfg, flags["json"])

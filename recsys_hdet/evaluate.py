@@ -1,6 +1,8 @@
 """``python -m recsys_hdet.evaluate``: the offline evaluation's command (see
 :mod:`recsys_hdet.evaluation.cli`)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -9,10 +11,43 @@ from recsys_hdet.evaluation import cli
 from recsys_hdet.evaluation.cli import compare_runs, evaluate_run  # noqa: F401 (the importable API)
 
 
+_composed = False
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    global _composed
+    _composed = True
     cli.main(cfg)
 
 
+def usage() -> str:
+    """``--help``: what the command does and its keys (conf/evaluate.yaml, comments included)."""
+    import os
+
+    with open(os.path.join(CONF_DIR, "evaluate.yaml")) as f:
+        keys = f.read().split("\ndefaults:")[0]
+    return ("python -m recsys_hdet.evaluate (recsys-hdet-evaluate): score a trained run on its held-out days and\n"
+            "write eval.json, predictions.parquet and report.html into the run directory, or compare several runs\n"
+            "in one report (docs/outputs.md). Exit status: 0 done, 2 bad arguments or input.\n\n" + keys.strip())
+
+
+def run() -> None:
+    """``python -m recsys_hdet.evaluate`` and the ``recsys-hdet-evaluate`` command."""
+    from recsys_hdet.exit_status import ExitStatus
+
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(usage())
+        return
+    try:
+        main()
+    except SystemExit as e:
+        # Hydra prints why it cannot compose the config (an unknown key, a wrong type) and exits 1:
+        # that is a usage error.
+        if e.code == 1 and not _composed:
+            sys.exit(ExitStatus.USAGE)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -16,10 +16,11 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import hydra
+import torchrec  # noqa: F401 - before Hydra sets up logging: fbgemm logs each library it loads at INFO
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.console_log import ConsoleLog
-from recsys_hdet.config import CONF_DIR, ConfigError, validate_config
+from recsys_hdet.config import CONF_DIR, ConfigError, compose_error, validate_config
 from recsys_hdet.exit_status import ExitStatus
 
 # Set once Hydra has composed the config and entered main(): an exit before that is Hydra's own
@@ -168,7 +169,7 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
         if pre.trainer.get("warm_start"):
             raise ConfigError(f"config trainer.warm_start_preset={preset}: that preset needs a warm start itself")
         validate_config(pre)
-        pre_dict = OmegaConf.to_container(pre, resolve=True)
+        pre_dict = OmegaConf.to_container(pre, resolve=True, enum_to_str=True)
         pre_dict["data"]["root"] = prepare_data(pre)
         print(f"warm start {path} is missing: training it first with +experiment={preset}", flush=True)
         os.makedirs(run_dir, exist_ok=True)
@@ -300,17 +301,23 @@ def resolve_branch(cfg_dict: Dict[str, Any]) -> str:
 def _remove_hydra_leftovers(run_dir: str) -> None:
     """A run that fails validation trains and writes nothing: Hydra has already written ``.hydra/``
     and an empty job log into the run directory, so those go, and the directory too if that leaves
-    it empty (a directory that held anything else is kept)."""
+    it empty (a directory that held anything else is kept), and so do the empty parents Hydra made
+    for it inside the working directory (outputs/<experiment>/)."""
     import shutil
 
     shutil.rmtree(os.path.join(run_dir, ".hydra"), ignore_errors=True)
     log = os.path.join(run_dir, "train.log")
     if os.path.isfile(log) and os.path.getsize(log) == 0:
         os.remove(log)
-    try:
-        os.rmdir(run_dir)
-    except OSError:
-        pass  # not empty: it held something before this run
+    path, cwd = os.path.abspath(run_dir), os.getcwd()
+    while True:
+        try:
+            os.rmdir(path)
+        except OSError:
+            break  # not empty: it held something before this run
+        path = os.path.dirname(path)
+        if not path.startswith(cwd + os.sep):
+            break
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -334,7 +341,7 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {e}", file=sys.stderr)
         _remove_hydra_leftovers(run_dir)
         sys.exit(ExitStatus.USAGE)
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # plain values for the workers
     cfg_dict["data"]["root"] = root
     cfg_dict["trainer"]["warm_start"] = warm_start
     if cfg_dict["trainer"].get("branch_from"):
@@ -368,8 +375,65 @@ def main(cfg: DictConfig) -> None:
             sys.exit(code)
 
 
+def _check_composition(overrides: List[str]) -> None:
+    """Composes the config once before Hydra's own run, so that an unknown key, a wrong type or a
+    bad choice is reported in one line naming the key and what is allowed (exit 2). Hydra reports
+    every other composition error itself (flags such as --help or -m are left to it)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            compose(config_name="config", overrides=overrides)
+    except ConfigCompositionException as e:
+        message = compose_error(e)
+        if message:
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(ExitStatus.USAGE)
+
+
+def _preset_summary(path: str) -> str:
+    """A preset's first sentence, from the comment lines that open its file."""
+    words: List[str] = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("# @package"):
+                continue
+            if not line.startswith("#"):
+                break
+            words.append(line[1:].strip())
+    text = " ".join(words).split(". ")[0].rstrip(".")
+    return text if len(text) <= 80 else text[:80].rsplit(" ", 1)[0] + " ..."
+
+
+def usage() -> str:
+    """``--help``: what the command does, the presets a user runs (files starting with ``_`` are
+    fragments the presets share, not presets) and the config groups, read from conf/."""
+    lines = ["python -m recsys_hdet.train (recsys-hdet-train): train the multi-task ranker on local workers or as one",
+             "rank under torchrun; HDET when the config enables it. Writes a run directory (docs/outputs.md).",
+             "", "usage: python -m recsys_hdet.train [+experiment=PRESET] [group=option ...] [key=value ...]", "",
+             "presets (+experiment=NAME):"]
+    folder = os.path.join(CONF_DIR, "experiment")
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith("_")):
+        lines.append(f"  {name[:-5]:<24}{_preset_summary(os.path.join(folder, name))}")
+    lines += ["", "config groups (group=option):"]
+    for group in sorted(g for g in os.listdir(CONF_DIR) if os.path.isdir(os.path.join(CONF_DIR, g)) and g != "experiment"):
+        options = sorted(n[:-5] for n in os.listdir(os.path.join(CONF_DIR, group)) if n.endswith(".yaml"))
+        lines.append(f"  {group:<10}{', '.join(options)}")
+    lines += ["", "Every key, its type and allowed values: recsys_hdet/config_schema.py; the composed config: --cfg job;",
+              "Hydra's own flags: --hydra-help.",
+              "Exit status: 0 completed, 1 failed, 2 bad config or data (nothing written), 3 diverged (docs/operations.md)."]
+    return "\n".join(lines)
+
+
 def cli() -> None:
     """``python -m recsys_hdet.train`` and the ``recsys-hdet-train`` command."""
+    overrides = sys.argv[1:]
+    if any(a in ("-h", "--help") for a in overrides):
+        print(usage())
+        return
+    if not any(a.startswith("-") for a in overrides):
+        _check_composition(overrides)
     try:
         main()
     except SystemExit as e:

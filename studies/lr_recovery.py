@@ -64,7 +64,7 @@ STARTS: Dict[str, Tuple[float, float]] = {  # (embedding, dense) factor relative
     "emb_low_dense_high": (0.1, 10.0),
     "emb_high_dense_low": (10.0, 0.1),
 }
-# The scale-free controller (items 1-4 of issue 10), conf/hdet/enabled.yaml's defaults spelled out so
+# The scale-free controller (the scale-free form), conf/hdet/enabled.yaml's defaults spelled out so
 # that the study does not move when the defaults do: probe signal, one joint least-squares fit of the
 # replicas' probe losses on every group's log offset (regression, pooled over syncs with beta 0.9),
 # log space with a x1.25 spread, on from step 0, a consistent signal travelling 3 decades over the pass.
@@ -184,7 +184,7 @@ ORDERING_AT = (0.25, 0.5, 0.75, 1.0)
 
 
 def orderings(records: List[Dict[str, Any]], start_lr: Dict[str, float]) -> Optional[Dict[str, Any]]:
-    """The decay ordering the controller chose per reported group over the pass (issue 23, item 4):
+    """The decay ordering the controller chose per reported group over the pass :
     at each fraction of the syncs in :data:`ORDERING_AT`, the controlled max LR over the start's LR
     (dense: the geometric mean of the three dense groups), per completed run and as the geometric
     mean over them; ``same_direction_as_dense``: whether the embedding group ended on the same side
@@ -486,7 +486,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: i
     completed_walls = lambda variant: [r["wall_seconds"] for s in results.values() for r in s["runs"][variant]
                                        if r["wall_seconds"] and r["status"] == "completed"]
     hdet_walls = completed_walls("hdet") or completed_walls("hdet_previous")
-    # The grid ran in earlier sessions, some of its runs beside other work; the completed plain runs of
+    # The grid ran earlier, some of its runs beside other work; the completed plain runs of
     # the starts ran beside the HDET runs, so their ratio is the like-for-like per-run cost.
     plain_walls = completed_walls("plain")
     wall = {"grid_run_mean_seconds": _mean(grid_walls), "hdet_run_mean_seconds": _mean(hdet_walls),
@@ -850,7 +850,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default="docs/lr_recovery_f2",
                     help="study directory: its results.jsonl (one line per finished run, committed, so a later "
                          "session resumes where an earlier one stopped; docs/lr_recovery holds the first study, on "
-                         "format-1 data, with its own report)")
+                         "the bench data's first format, with its own report)")
     ap.add_argument("--work", default=None,
                     help="where the run directories go (runs/<start>/<variant>/seed<k>; default: --out, or "
                          "outputs/studies/<study> for a study under docs/)")

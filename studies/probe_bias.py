@@ -1,6 +1,6 @@
-"""``python -m studies.probe_bias``: which way does the probe signal push, and why? (issue 10)
+"""``python -m studies.probe_bias``: which way does the probe signal push, and why?
 
-In the first recovery study (docs/lr_recovery/lr_recovery.md, format-1 data) the scale-free controller lowered every group's base
+In the first recovery study (docs/lr_recovery/lr_recovery.md, the bench data's first format) the scale-free controller lowered every group's base
 from every start, the 10x-too-low one included. This diagnostic asks whether the bias comes from
 what the probe scores. It runs, on the benchmark data set (format 2, today's loader), the study's
 first scale-free HDET controller (``RANK_X2``) from the study's tuned point (embedding 6,
@@ -199,7 +199,7 @@ def write(rows: List[Dict[str, Any]], docs: str, slopes: List[Dict[str, Any]] = 
         f = r.get("final_over_start", {})
         lines.append(f"| {r['start']} | {r['form']} | {r['status']} | {fmt(r['ne'])} | "
                      + " | ".join(fmt(f.get(g), 3) for g in ("embedding", *DENSE)) + " |")
-    md = f"""# Which way does the probe signal push? (issue 10 diagnostic)
+    md = f"""# Which way does the probe signal push? (a diagnostic)
 
 Produced by `python -m studies.probe_bias` on {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}.
 Benchmark data set (format 2), `baseline_low` preset, seed 0, the recovery study's scale-free controller
@@ -215,7 +215,7 @@ One seed: a diagnostic of direction, not a measurement of size.
 
 ## What the probe saw in the recovery study's runs
 
-Per finished scale-free HDET run of `docs/lr_recovery` (format-1 data, 3 seeds per start): the slope of
+Per finished scale-free HDET run of `docs/lr_recovery` (the bench data's first format, 3 seeds per start): the slope of
 the replicas' probe losses on each group's log2 LR multiplier, fitted jointly over all groups and the
 syncs of each half of the pass (losses centred per sync), x 1e4: positive, the higher-LR replicas scored
 worse (the controller then lowers that group).

@@ -49,6 +49,27 @@ def run_train(run_dir, *overrides, data_cache, timeout=300):
     return run_command(cmd, env=env, timeout=timeout)
 
 
+def config_error(*overrides):
+    """What the launcher says for these overrides before any worker starts: the composition's error
+    (the typed schema refuses an unknown key, a wrong type, a bad choice), else validate_config's."""
+    import pytest
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from recsys_hdet.config import ConfigError, compose_error, validate_config
+
+    try:
+        with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=list(overrides))
+    except ConfigCompositionException as e:
+        message = compose_error(e)
+        assert message, f"a composition error the launcher would not name: {e} ({e.__cause__})"
+        return message
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg)
+    return str(e.value)
+
+
 def read_json(path):
     with open(path) as f:
         return json.load(f)

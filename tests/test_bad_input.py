@@ -6,7 +6,7 @@ import shutil
 import polars as pl
 import pytest
 
-from conftest import run_train
+from conftest import config_error, run_train
 
 
 def _assert_clean_failure(proc, run_dir, *needles):
@@ -39,17 +39,7 @@ def test_the_installed_commands_read_the_checkouts_conf_from_any_directory(tmp_p
 
 
 def _config_error(*overrides):
-    """The ConfigError that validate_config (what the launcher runs first) raises for these overrides."""
-    from hydra import compose, initialize_config_dir
-
-    from conftest import REPO
-    from recsys_hdet.config import ConfigError, validate_config
-
-    with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["data=tiny", *overrides])
-    with pytest.raises(ConfigError) as e:
-        validate_config(cfg)
-    return str(e.value)
+    return config_error("data=tiny", *overrides)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +53,9 @@ def _config_error(*overrides):
         ("data.eval_days=0", ["data.eval_days", ">= 1"]),
         ("trainer.rollback.lr_factor=2", ["trainer.rollback.lr_factor", "(0, 1]"]),
         ("trainer.rollback.max_rollbacks=-1", ["trainer.rollback.max_rollbacks", ">= 0"]),
-        ("optim.dense.type=lamb", ["optim.dense.type", "'lamb'", "'prodigy', 'schedulefree_adamw'"]),
+        ("optim.dense.type=lamb", ["optim.dense.type", "'lamb'", "adam, adamw, prodigy, schedulefree_adamw"]),
+        ("trainer.nproc=abc", ["trainer.nproc", "'abc'", "Integer"]),
+        ("hdet.alpah=0.1", ["hdet.alpah: unknown key", "did you mean hdet.alpha?"]),
         ("optim.embedding.type=adam", ["optim.embedding.type", "no fused adam", "'rowwise_adagrad'"]),
         ("+hdet.alpah=0.1", ["hdet.alpah: unknown key", "did you mean hdet.alpha?"]),
         ("+trainer.lr=0.1", ["trainer.lr: unknown key"]),
@@ -80,14 +72,14 @@ def test_invalid_config_value_is_named(override, needles):
 @pytest.mark.parametrize(
     "overrides, needles",
     [
-        (["hdet.score=best"], ["hdet.score", "one of 'softmax', 'zscore', 'rank', 'regression'"]),
-        (["hdet.space=cubic"], ["hdet.space", "'linear' or 'log'"]),
+        (["hdet.score=best"], ["hdet.score", "one of [softmax, zscore, rank, regression, effect]"]),
+        (["hdet.space=cubic"], ["hdet.space", "one of [linear, log]"]),
         (["hdet.range_decades=[1.0,2.0]"], ["hdet.range_decades", "low <= 0 <= high"]),
         (["hdet.signal=probe", "hdet.probe_rows=0"], ["hdet.probe_rows", ">= 1"]),
         (["hdet.signal=anneal_probe", "hdet.probe_rows=1024", "hdet.anneal_probe.steps=64"],
          ["hdet.anneal_probe.steps=64", "leaving none of the 1024 reserved rows"]),
         (["hdet.signal=averaged_probe", "hdet.averaged_probe.fraction=0"], ["hdet.averaged_probe.fraction", "(0, 1]"]),
-        (["hdet.signal=last"], ["hdet.signal", "'anneal_probe'"]),
+        (["hdet.signal=last"], ["hdet.signal", "anneal_probe]"]),
         (["hdet.score=effect", "hdet.space=linear"], ["hdet.score", "needs space=log"]),
         (["hdet.effect_scale=0"], ["hdet.effect_scale", "> 0"]),
     ],

@@ -26,3 +26,23 @@ def test_preset_composes_and_validates(preset, monkeypatch, tmp_path):
     validate_config(cfg)
     if not preset.startswith("_"):
         assert cfg.experiment_name == preset
+
+
+def test_help_lists_every_preset_and_only_what_each_command_uses():
+    import subprocess
+    import sys
+
+    run = lambda *args: subprocess.run([sys.executable, "-m", *args, "--help"], cwd=REPO, capture_output=True,
+                                       text=True, timeout=120)
+    train = run("recsys_hdet.train")
+    assert train.returncode == 0, train.stderr
+    listed = [line.split()[0] for line in train.stdout.split("presets (+experiment=NAME):\n")[1].split("\n\n")[0].splitlines()]
+    assert listed == [p for p in PRESETS if not p.startswith("_")], train.stdout
+    evaluate = run("recsys_hdet.evaluate")
+    assert evaluate.returncode == 0 and "run_dir" in evaluate.stdout and "report.html" in evaluate.stdout
+    import re
+
+    groups = re.findall(r"^\s*(data|model|optim|trainer|hdet|experiment)\s*[:=]", evaluate.stdout, flags=re.M)
+    assert not groups, f"the training config's groups are not evaluation's: {groups}"
+    validate = run("data_tools.validate")
+    assert validate.returncode == 0 and "DATA_DIR" in validate.stdout and "meta.json" in validate.stdout

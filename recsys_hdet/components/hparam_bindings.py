@@ -1,4 +1,4 @@
-"""Where explored hyperparameters beyond the learning rate take effect (issue 4, method section 5).
+"""Where explored hyperparameters beyond the learning rate take effect (docs/method.md: other hyperparameters).
 
 Each builder returns one :class:`~recsys_hdet.hdet.engine.ScalarHParam` whose ``apply`` writes
 this replica's value into the model, the optimizer or the loss, on the step it changes:

@@ -104,6 +104,7 @@ def compare_runs(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[st
 def main(cfg: DictConfig) -> None:
     """The command's body, given the composed ``conf/evaluate.yaml`` (``recsys_hdet/evaluate.py``
     is the Hydra entry point: Hydra finds ``conf/`` relative to it)."""
+    from recsys_hdet.config_schema import ConfigError, check
     from recsys_hdet.evaluation import EvaluationError
     from recsys_hdet.distributed import quiet_library_warnings
 
@@ -113,8 +114,10 @@ def main(cfg: DictConfig) -> None:
     try:
         if (cfg.run_dir is None) == (cfg.runs is None):
             raise EvaluationError("give exactly one of run_dir=DIR or runs=[DIR,...]")
-        if int(cfg.batch_size) < 1 or int(cfg.nproc) < 1:
-            raise EvaluationError(f"batch_size={cfg.batch_size}, nproc={cfg.nproc}: both must be >= 1")
+        try:
+            check(cfg)  # the schema's value checks (recsys_hdet/config_schema.py)
+        except ConfigError as e:
+            raise EvaluationError(str(e)) from None
         if cfg.run_dir is not None:
             evaluate_run(str(cfg.run_dir), **common)
         else:
