@@ -562,8 +562,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     while args:
         a = args.pop(0)
         if a in ("-h", "--help"):
-            print(USAGE)
-            return 0
+            print("python -m pipelines.retrain (recsys-hdet-retrain): the scheduled retraining job. For each new day:\n"
+                  "warm-start from the published model, train, evaluate candidate and published model on the day's\n"
+                  "held-out rows, gate, publish atomically (docs/operations.md; keys: conf/retrain.yaml).\n\n"
+                  f"{USAGE}\n\nExit status: 0 published, 1 failed, 2 usage, 4 rejected by the gate, 5 nothing to do "
+                  "(nothing_to_do_exit), 75 busy.")
+            return ExitStatus.OK
         if a in ("--until", "--to"):
             if not args:
                 print(f"{a} needs a value\n{USAGE}", file=sys.stderr)

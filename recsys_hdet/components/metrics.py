@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Dict, IO, List, Mapping, Optional
 
-from recsys_hdet.fileio import write_text_atomic  # noqa: F401 - also imported from here by report.py (to move)
+from recsys_hdet.fileio import write_text_atomic
 
 
 class MetricLogger:
