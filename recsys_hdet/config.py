@@ -80,8 +80,9 @@ def compose_error(exc: BaseException, schema: type = config_schema.TrainConfig) 
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return str(_unknown_key(parent, name, list(fields)))
     if isinstance(cause, ValidationError):
-        expected = fields.get(name.split("[")[0])
-        return f"config {key}: {str(cause.msg).splitlines()[0]}" + (f" (expected {expected})" if expected else "")
+        expected, message = fields.get(name.split("[")[0]), str(cause.msg).splitlines()[0]
+        named = expected and "expected one of" not in message  # an enum's message lists the choices already
+        return f"config {key}: {message}" + (f" (expected {expected})" if named else "")
     return None
 
 
