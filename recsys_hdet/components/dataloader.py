@@ -50,6 +50,8 @@ import torch
 from torchrec import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
+from recsys_hdet.components.openmp import single_openmp_thread
+
 LABEL_PREFIX = "label_"
 ORACLE_PREFIX = "oracle_"
 RAND_COLUMN = "is_rand"  # 1: a random-exposure impression (the unbiased sample); never a model input
@@ -409,7 +411,9 @@ class ParquetBatchStream:
         shuffled in a background thread while this one's batches are produced, so a step never waits
         for a day file (polars and numpy release the GIL for most of it); the arrays, and so the
         batches, are the same as read in line."""
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="day-reader") as reader:
+        # the reader's torch ops run on its own thread alone (components/openmp.py: a second OpenMP
+        # team would slow every parallel region of the training thread)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="day-reader", initializer=single_openmp_thread) as reader:
             ahead: Dict[int, Future] = {}
             while self._day_index < len(self.days):
                 day_index, n_batches = self._day_index, self.batches_in_day(self.days[self._day_index])
