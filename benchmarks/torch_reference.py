@@ -128,9 +128,9 @@ def _worker(rank: int, world: int, port: int, args) -> None:
                        "examples_per_sec": done * G / seconds, "train_loss_avg": loss_sum / max(done, 1) / len(meta["tasks"]),
                        "peak_rss_mb": max(rss), "peak_rss_mb_per_worker": rss}, f, indent=2)
     dist.barrier()
-    dist.destroy_process_group()
-    # Leave without interpreter teardown: gloo's background threads can crash a finished worker
-    # at exit (SIGSEGV seen once in a benchmark run), as in recsys_hdet.distributed.launch.
+    # Leave without tearing down the process group or the interpreter: gloo's background threads
+    # can crash a finished worker there (SIGSEGV: seen once before, and twice in a row on
+    # 2026-11-26, after the results were written), as in recsys_hdet.distributed.launch.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

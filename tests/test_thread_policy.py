@@ -58,3 +58,49 @@ def test_a_helper_thread_that_runs_torch_ops_starts_no_openmp_team_of_its_own():
     started_without, started_with = (int(line) for line in proc.stdout.split())
     assert started_without == 2, f"the check itself: a plain helper thread should start a team ({proc.stdout})"
     assert started_with == 0, proc.stdout
+
+
+_METRICS_ON_ONE_RANK = r'''
+import os
+import torch
+import torch.distributed as dist
+from recsys_hdet.components.train_metrics import TrainMetrics
+
+torch.set_num_threads(2)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+(torch.rand(4_000_000) * 2.0).sum()  # the training thread's team exists now
+metrics = TrainMetrics(["like"], 512, 1, 0, 100, torch.device("cpu"), dist.group.WORLD)
+g = torch.Generator().manual_seed(0)
+labels = (torch.rand(100 * 512, 1, generator=g) < 0.3).float()
+scores = (labels + torch.rand(100 * 512, 1, generator=g)) / 2.0
+for i in range(100):
+    metrics.update(scores[i * 512:(i + 1) * 512], labels[i * 512:(i + 1) * 512])
+before = set(os.listdir("/proc/self/task"))
+out = metrics.compute()
+print(len(set(os.listdir("/proc/self/task")) - before))
+from sklearn.metrics import roc_auc_score
+print(out["auc"]["like"], roc_auc_score(labels[:, 0].numpy(), scores[:, 0].numpy()))
+'''
+
+
+def test_one_rank_training_metrics_start_no_openmp_team_on_gloos_thread():
+    # With one rank there is nothing to reduce; torchmetrics' all-gather of the AUC's window (51,200
+    # rows here) would copy it on gloo's thread and start an OpenMP team there (measured: one worker
+    # with 2 threads at trainer.log_every=100 trained at 14.4k ex/s instead of 27.8k).
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-c", _METRICS_ON_ONE_RANK], cwd=REPO, capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "PORT": str(port)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    started, aucs = proc.stdout.split("\n")[:2]
+    assert int(started) == 0, proc.stdout
+    ours, sklearn = (float(x) for x in aucs.split())
+    assert abs(ours - sklearn) < 1e-4, aucs
