@@ -18,11 +18,10 @@ from typing import Any, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet import config_schema
-from recsys_hdet.config_schema import ConfigError, require as _require
+from recsys_hdet.config_schema import PROBE_SIGNALS, ConfigError, require as _require
 
 __all__ = ["CONF_DIR", "ConfigError", "compose_error", "probe_rows", "validate_config"]
 
-PROBE_SIGNALS = ("probe", "averaged_probe", "anneal_probe")  # the signals that score reserved rows
 
 
 def probe_rows(cfg: DictConfig) -> int:

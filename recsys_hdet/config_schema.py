@@ -133,6 +133,10 @@ class HDETSignal(StrEnum):
     anneal_probe = "anneal_probe"
 
 
+# The signals that score rows reserved from training (hdet.probe_rows).
+PROBE_SIGNALS = (HDETSignal.probe, HDETSignal.averaged_probe, HDETSignal.anneal_probe)
+
+
 class AveragedTensors(StrEnum):
     dense = "dense"
     all = "all"
@@ -441,7 +445,7 @@ class HDETConfigGroup:
             at_least("hdet.embedding_sync_every", self.embedding_sync_every, 1)
         require(_number(self.ceiling_multiple) and self.ceiling_multiple >= 1, "hdet.ceiling_multiple",
                 self.ceiling_multiple, "must be >= 1")
-        if self.signal in (HDETSignal.probe, HDETSignal.averaged_probe, HDETSignal.anneal_probe):
+        if self.signal in PROBE_SIGNALS:
             at_least("hdet.probe_rows", self.probe_rows, 1)
         mix = self.probe_mix
         require(mix == "replicas" or (_number(mix) and 0 < mix <= 1), "hdet.probe_mix", mix,

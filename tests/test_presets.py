@@ -46,3 +46,18 @@ def test_help_lists_every_preset_and_only_what_each_command_uses():
     assert not groups, f"the training config's groups are not evaluation's: {groups}"
     validate = run("data_tools.validate")
     assert validate.returncode == 0 and "DATA_DIR" in validate.stdout and "meta.json" in validate.stdout
+
+
+def test_the_schemas_choices_are_the_components_own():
+    # The schema lists each choice for Hydra (refused at composition); the components keep their own
+    # lists (the HDET engine knows no config). The two must not drift apart.
+    from recsys_hdet import config_schema as S
+    from recsys_hdet.components.dataloader import TRAIN_EXPOSURES
+    from recsys_hdet.components.optimizer import EMBEDDING_OPTIMIZERS
+    from recsys_hdet.hdet.engine import SCORES
+    from recsys_hdet.hdet.signals import SIGNALS
+
+    assert set(S.HDETSignal) == set(SIGNALS)
+    assert set(S.HDETScore) == set(SCORES)
+    assert set(S.EmbeddingOptimizer) == set(EMBEDDING_OPTIMIZERS)
+    assert set(S.TrainExposure) == set(TRAIN_EXPOSURES)

@@ -33,7 +33,6 @@ EMBEDDING_OPTIMIZERS = {
     "sgd": "EXACT_SGD",
     "adam": "ADAM",  # CUDA only in fbgemm
 }
-CUDA_ONLY_EMBEDDING_OPTIMIZERS = ("adam",)
 
 
 def fused_params(embedding_cfg: Mapping[str, Any], initial_lr: float) -> Dict[str, Any]:
