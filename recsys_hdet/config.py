@@ -13,14 +13,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from typing import Any, List, Optional
+import sys
+from typing import Any, Callable, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet import config_schema
 from recsys_hdet.config_schema import PROBE_SIGNALS, ConfigError, require as _require
 
-__all__ = ["CONF_DIR", "ConfigError", "compose_error", "probe_rows", "validate_config"]
+__all__ = ["CONF_DIR", "ConfigError", "compose_error", "probe_rows", "run_hydra_command", "validate_config"]
 
 
 
@@ -110,3 +111,20 @@ def validate_config(cfg: DictConfig) -> None:
                  "exploring weight decay needs decoupled weight decay: set optim.dense.type=adamw")
         _require(float(cfg.optim.dense.weight_decay) > 0, "optim.dense.weight_decay", cfg.optim.dense.weight_decay,
                  "exploring weight decay (multiplicatively) needs a starting value > 0")
+
+
+def run_hydra_command(main: Callable[[], None], composed: Callable[[], bool], usage: Callable[[], str]) -> None:
+    """Runs a ``@hydra.main`` entry point as a command: ``-h``/``--help`` prints ``usage()``; Hydra's
+    own exit 1 before the config was composed (it printed why: an unknown key, a wrong type, a
+    missing preset) becomes the usage status, 2. ``composed()``: whether ``main``'s body was entered."""
+    from recsys_hdet.exit_status import ExitStatus
+
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(usage())
+        return
+    try:
+        main()
+    except SystemExit as e:
+        if e.code == 1 and not composed():
+            sys.exit(ExitStatus.USAGE)
+        raise

@@ -1,12 +1,10 @@
 """``python -m recsys_hdet.evaluate``: the offline evaluation's command (see
 :mod:`recsys_hdet.evaluation.cli`)."""
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from recsys_hdet.config import CONF_DIR
+from recsys_hdet.config import CONF_DIR, run_hydra_command
 from recsys_hdet.evaluation import cli
 from recsys_hdet.evaluation.cli import compare_runs, evaluate_run  # noqa: F401 (the importable API)
 
@@ -34,19 +32,7 @@ def usage() -> str:
 
 def run() -> None:
     """``python -m recsys_hdet.evaluate`` and the ``recsys-hdet-evaluate`` command."""
-    from recsys_hdet.exit_status import ExitStatus
-
-    if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        print(usage())
-        return
-    try:
-        main()
-    except SystemExit as e:
-        # Hydra prints why it cannot compose the config (an unknown key, a wrong type) and exits 1:
-        # that is a usage error.
-        if e.code == 1 and not _composed:
-            sys.exit(ExitStatus.USAGE)
-        raise
+    run_hydra_command(main, lambda: _composed, usage)
 
 
 if __name__ == "__main__":

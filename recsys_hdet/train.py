@@ -20,7 +20,7 @@ import torchrec  # noqa: F401 - before Hydra sets up logging: fbgemm logs each l
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.console_log import ConsoleLog
-from recsys_hdet.config import CONF_DIR, ConfigError, compose_error, validate_config
+from recsys_hdet.config import CONF_DIR, ConfigError, compose_error, run_hydra_command, validate_config
 from recsys_hdet.exit_status import ExitStatus
 
 # Set once Hydra has composed the config and entered main(): an exit before that is Hydra's own
@@ -429,18 +429,9 @@ def usage() -> str:
 def cli() -> None:
     """``python -m recsys_hdet.train`` and the ``recsys-hdet-train`` command."""
     overrides = sys.argv[1:]
-    if any(a in ("-h", "--help") for a in overrides):
-        print(usage())
-        return
     if not any(a.startswith("-") for a in overrides):
         _check_composition(overrides)
-    try:
-        main()
-    except SystemExit as e:
-        # Hydra prints why it cannot compose the config and exits 1; that is bad config: status 2.
-        if e.code == 1 and not _config_composed:
-            sys.exit(ExitStatus.USAGE)
-        raise
+    run_hydra_command(main, lambda: _config_composed, usage)
 
 
 if __name__ == "__main__":
