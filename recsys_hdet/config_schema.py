@@ -131,10 +131,11 @@ class HDETSignal(StrEnum):
     probe = "probe"
     averaged_probe = "averaged_probe"
     anneal_probe = "anneal_probe"
+    discounted_credit = "discounted_credit"
 
 
 # The signals that score rows reserved from training (hdet.probe_rows).
-PROBE_SIGNALS = (HDETSignal.probe, HDETSignal.averaged_probe, HDETSignal.anneal_probe)
+PROBE_SIGNALS = (HDETSignal.probe, HDETSignal.averaged_probe, HDETSignal.anneal_probe, HDETSignal.discounted_credit)
 
 
 class AveragedTensors(StrEnum):
@@ -376,6 +377,16 @@ class AnnealProbeConfig:
 
 
 @dataclass
+class DiscountedCreditConfig:
+    mu: float = 0.9
+    fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(_number(self.mu) and 0 <= self.mu < 1, "hdet.discounted_credit.mu", self.mu, "must be in [0, 1)")
+        fraction("hdet.discounted_credit.fraction", self.fraction, low_open=True, high_open=False)
+
+
+@dataclass
 class ExploreConfig:
     """Scalar hyperparameters beyond LR, steered like the LRs; null: not explored. Each a mapping:
     ``spread`` and its bounds (``max``; ``max_multiple`` for weight decay; ``min``/``max`` for the
@@ -431,6 +442,7 @@ class HDETConfigGroup:
     probe_rows: int = 4096
     averaged_probe: AveragedProbeConfig = field(default_factory=AveragedProbeConfig)
     anneal_probe: AnnealProbeConfig = field(default_factory=AnnealProbeConfig)
+    discounted_credit: DiscountedCreditConfig = field(default_factory=DiscountedCreditConfig)
     probe_mix: Any = 1.0     # a number in (0, 1], or "replicas"
     explore: ExploreConfig = field(default_factory=ExploreConfig)
     warm_init: WarmInitConfig = field(default_factory=WarmInitConfig)

@@ -69,8 +69,8 @@ REST = 0.1  # an effect signal whose mean move is under this many trust regions 
 SIGN_TOLERANCE = 1e-9
 # A signal run per (start, seed, checkpoint) for each of these hdet.signal values; the scorecard's
 # losses are their sync records' "losses", and the probe run's "train_losses" (the window loss).
-SIGNAL_RUNS = ("probe", "serving", "averaged_probe", "anneal_probe")
-LOSSES = ("probe", "train", "serving", "averaged_probe", "anneal_probe")
+SIGNAL_RUNS = ("probe", "serving", "averaged_probe", "anneal_probe", "discounted_credit")
+LOSSES = ("probe", "train", "serving", "averaged_probe", "anneal_probe", "discounted_credit")
 
 
 class StudyError(RuntimeError):

@@ -323,6 +323,23 @@ def test_the_derived_log_step_never_spreads_the_travel_over_fewer_syncs_than_the
     assert engine.log_step == pytest.approx(3.0 * math.log(10.0) / expected_horizon, rel=1e-12)
 
 
+@pytest.mark.parametrize("rank", [0, 1, 2, 3])
+def test_my_offset_is_the_offset_of_the_value_this_rank_trains_with(rank):
+    """DiscountedCredit moves a replica along u: u must be the one its value carries, base (1 + alpha)^u,
+    for a per-rank and a per-block axis, after permutations are redrawn."""
+    from recsys_hdet.hdet import HDETEngine, ReplicaAxis, ScalarHParam
+
+    hps = [ScalarHParam(name, axis, lambda step: 0.01, floor=1e-4, ceiling=1.0, apply=lambda v: None, space="log")
+           for name, axis in (("dense", ReplicaAxis.per_rank(4)), ("embedding", ReplicaAxis.per_block(4, 2)))]
+    cfg = HDETConfig(space="log", alpha=0.25, sync_every=10, controller_start=0, autolr=False)
+    engine = HDETEngine(hps, cfg, rank, total_steps=100, converge=lambda excluded: None)
+    for _ in range(3):
+        for h in hps:
+            u = math.log(engine.my_value(h) / engine.state[h.name].base) / math.log(1.25)
+            assert engine.my_offset(h.name) == pytest.approx(u, abs=1e-9)
+        engine._draw_permutations()
+
+
 # -- rollback's cut and a branch's start (single process: no signal) ------------------------------------
 @pytest.mark.parametrize("space", ["linear", "log"])
 def test_cut_learning_rates_scales_every_group_from_then_on_and_survives_a_checkpoint(space):

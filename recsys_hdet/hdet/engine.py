@@ -402,6 +402,13 @@ class HDETEngine:
     def my_value(self, h: ScalarHParam) -> float:
         return self.values(h.name)[h.axis.replica_of_rank[self.rank]]
 
+    def my_offset(self, name: str) -> float:
+        """This rank's replica's spread offset u in [-1, 1] for ``name`` in the current window (its value
+        is ``base * (1 + alpha) ** u`` in log space): what a signal that probes along a direction
+        scaled by the replica's offset needs (:class:`~recsys_hdet.hdet.signals.DiscountedCredit`)."""
+        h = self.by_name[name]
+        return float(self.offsets[name][self.state[name].permutation[h.axis.replica_of_rank[self.rank]]])
+
     def _draw_permutations(self) -> None:
         # Fixed order of draws from a generator seeded the same everywhere: identical on all ranks.
         for h in self.hparams:

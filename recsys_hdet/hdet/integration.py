@@ -11,7 +11,9 @@ Everything the job does for HDET lives here, so the training loop never branches
   when :attr:`HDETControl.wants_serving_loss`), or its loss on rows reserved from each day, scored
   at the last iterate (``probe``), at the window's averaged iterate (``averaged_probe``), or after
   a cooldown of ``hdet.anneal_probe.steps`` steps on the first reserved rows, the probe scoring
-  the rest (``anneal_probe``);
+  the rest (``anneal_probe``), or at the replicas' averaged iterate moved along each group's
+  discounted sum of past displacements by the replica's offset (``discounted_credit``: MARTHE's
+  hypergradient read from the spread);
 - **converge**: the dense replicas averaged over the world at every sync (a non-finite rank left
   out and restored from the others); the embedding replicas (one per sharding group) too when their
   LR is spread, else at the plain cadence by the loop (alpha = 0 is then the plain run, in every
@@ -28,6 +30,7 @@ bindings, and, for the probe, a function that scores batches.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -36,11 +39,12 @@ import torch
 
 from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams
 from recsys_hdet.components.lr_control import weighted_task_mean
-from recsys_hdet.components.replicas import ReplicaAverager, mixed_replica_loss
+from recsys_hdet.components.replicas import ReplicaAverager, all_finite, average_, mixed_replica_loss
 from recsys_hdet.components.train_state import ModelState
 from recsys_hdet.hdet.engine import HDETConfig, ReplicaAxis
 from recsys_hdet.hdet.scheduler import HDETOneCycleLR
-from recsys_hdet.hdet.signals import SIGNALS, AnnealThenProbe, AveragedIterateProbe, LastIterateProbe, ReplicaSignal
+from recsys_hdet.hdet.signals import (SIGNALS, AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe,
+                                     ReplicaSignal)
 from recsys_hdet.hdet.warm_init import perturb_
 
 
@@ -185,7 +189,8 @@ def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embe
     replica_signal = _build_signal(signal, h, cfg, optimizer=optimizer, model=model, averager=averager,
                                    stream=stream, layout=layout, task_weights=task_weights, log=log,
                                    served_loss=served_loss, train_outside=train_outside,
-                                   trained_steps=lambda: control.trained_steps)
+                                   trained_steps=lambda: control.trained_steps,
+                                   replica_offsets=lambda: control.scheduler.replica_offsets())
 
     control: Optional[HDETControl] = None
 
@@ -244,7 +249,8 @@ def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embe
 def _build_signal(signal: str, h: Any, cfg: Any, *, optimizer: Any, model: torch.nn.Module,
                   averager: ReplicaAverager, stream: Any, layout: Any, task_weights: torch.Tensor,
                   log: Callable[[str], None], served_loss: Callable[[List[Any]], torch.Tensor],
-                  train_outside: Callable[[Any], None], trained_steps: Callable[[], int]) -> Optional[ReplicaSignal]:
+                  train_outside: Callable[[Any], None], trained_steps: Callable[[], int],
+                  replica_offsets: Callable[[], Mapping[str, float]]) -> Optional[ReplicaSignal]:
     """The replica's signal for ``hdet.signal`` (None: the window loss the loop passes, ``train`` or
     ``serving``). The probe signals score the rows reserved from the day being trained."""
     if signal not in SIGNALS:
@@ -264,9 +270,13 @@ def _build_signal(signal: str, h: Any, cfg: Any, *, optimizer: Any, model: torch
              "averaged_probe": f"at the average of its iterates over the last {h.averaged_probe.fraction:g} of the "
                                f"window ({h.averaged_probe.tensors} state)",
              "anneal_probe": f"after {cooldown_steps} cooldown steps (LR falling to 0) on the first {skip} of them, "
-                             "then restored"}[signal]
+                             "then restored",
+             "discounted_credit": f"at the replicas' average of their iterates over the last "
+                                  f"{h.discounted_credit.fraction:g} of the window, moved along each group's sum of past "
+                                  f"displacements (discount mu={h.discounted_credit.mu:g}) by the replica's offset"}[signal]
+    mixed = "" if signal == "discounted_credit" else f" (as avg + c (own - avg): c = {dense_mix:g} dense, {emb_mix:g} embedding)"
     log(f"HDET signal {signal}: every replica scores the same {stream.reserve_rows - skip} rows reserved from each "
-        f"training day, {where} (as avg + c (own - avg): c = {dense_mix:g} dense, {emb_mix:g} embedding)")
+        f"training day, {where}{mixed}")
     if signal == "probe":
         return LastIterateProbe(probe)
     if signal == "averaged_probe":
@@ -275,6 +285,8 @@ def _build_signal(signal: str, h: Any, cfg: Any, *, optimizer: Any, model: torch
             raise ValueError(f"config hdet.averaged_probe.tensors={which!r}: choose 'dense' or 'all'")
         tensors = list(averager.dense_tensors) + (list(averager.embedding_weights) if which == "all" else [])
         return AveragedIterateProbe(tensors, probe, float(h.averaged_probe.fraction))
+    if signal == "discounted_credit":
+        return _discounted_credit(h, optimizer, averager, score, replica_offsets)
     groups = optimizer.param_groups
 
     def cooldown_step(lr_scale: float, i: int) -> None:
@@ -291,3 +303,26 @@ def _build_signal(signal: str, h: Any, cfg: Any, *, optimizer: Any, model: torch
             optimizer.apply_hparams()
 
     return AnnealThenProbe(ModelState(model, optimizer.dense), cooldown_step, probe, cooldown_steps)
+
+
+def _discounted_credit(h: Any, optimizer: Any, averager: ReplicaAverager, probe: Callable[[], float],
+                       replica_offsets: Callable[[], Mapping[str, float]]) -> DiscountedCredit:
+    """The signal ``discounted_credit`` over the optimizer's LR groups: the embedding group's tensors are
+    this rank's shards (averaged over its replica group), a dense group's its parameters (averaged over
+    the world)."""
+    groups: Dict[str, List[torch.Tensor]] = {}
+    for name, param_groups in optimizer.groups.items():
+        if name == "embedding":
+            groups[name] = list(averager.embedding_weights)
+        else:
+            groups[name] = [p.data for pg in param_groups for p in pg["params"]]
+
+    def average(name: str, tensors: List[torch.Tensor]) -> bool:
+        include = all_finite(tensors)
+        average_(tensors, averager.replica_group if name == "embedding" else averager.world_group, include)
+        return include
+
+    alpha = float(h.alpha)
+    width = math.log(1.0 + alpha) if str(h.space) == "log" else alpha  # d ln(value) per unit offset
+    return DiscountedCredit(groups, average, replica_offsets, probe, float(h.discounted_credit.mu), width,
+                            float(h.discounted_credit.fraction))

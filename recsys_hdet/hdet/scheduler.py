@@ -150,6 +150,10 @@ class HDETOneCycleLR:
         """Whether param group ``group``'s learning rate differs between its replicas."""
         return self.engine.is_spread(self.log_prefix + group)
 
+    def replica_offsets(self) -> Dict[str, float]:
+        """This rank's spread offset u in [-1, 1] per param group name, for the current window."""
+        return {n: self.engine.my_offset(self.log_prefix + n) for n in self.schedules}
+
     def get_last_lr(self) -> List[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 

@@ -166,6 +166,131 @@ class AnnealThenProbe(WindowLoss):
                 torch.cuda.set_rng_state_all(cuda_rng)
 
 
+class DiscountedCredit(WindowLoss):
+    """MARTHE's discounted hypergradient (Donini et al. 2020, arXiv 1910.08525), measured with the
+    replicas' spread instead of a backward pass: the replica is scored at ``P + width * sum_G u_G Z_G``.
+
+    Per learning-rate group G (``groups[G]``: the tensors that G's learning rate moves), at each sync:
+
+    - ``P``: the window's point, the replicas' average of their iterates averaged over the last
+      ``fraction`` of the window (``average(G, tensors)`` writes the replicas' average in place, a
+      collective, and says whether this replica's own tensors were finite);
+    - the tangent ``Z_G <- mu Z_G + (P - previous P)``: d(weights) / d(ln lr_G) accumulated over past
+      windows with discount ``mu``. An update is proportional to its learning rate, so one window's
+      derivative is its displacement; MARTHE's Jacobian of the dynamics is taken as the identity.
+      The first window's displacement starts from the replicas' average after its first step;
+    - the replica is scored at ``P + width * sum_G u_G Z_G``, ``u_G`` its spread offset in [-1, 1]
+      this window (``offsets()``) and ``width`` the log-spread ln(1 + alpha), then its own weights are
+      put back bit for bit.
+
+    The engine's joint fit of the ranks' losses on their offsets then reads, per group, the slope
+    ``width * g . Z_G`` (g: the probe loss's gradient at P): the loss change per ln lr_G had G's
+    learning rate been higher over the discounted past, the hypergradient. ``mu = 0`` with
+    ``fraction`` one step is one window's last-iterate displacement: the greedy hypergradient
+    (Baydin et al. 2018). Why it can see what the last-iterate probe cannot (docs/method.md): every
+    replica is scored near the same model on the same rows, so a replica's own gradient noise does
+    not count against its learning rate; across windows the oscillation in a steep direction cancels
+    in the sum of displacements while progress along a flat one accumulates (``mu``); and the iterate
+    average takes most of the oscillation out of P, where the gradient is read (at the last iterate
+    the gradient's steep part correlates with the last displacement: a bias toward lower rates).
+
+    Cost per sync: one extra average of the groups' tensors and one probe; memory: four copies of
+    them (the running iterate average in float64, the previous P, the tangent, own weights while
+    probing). Limits: ignores how a change early in the horizon changes later gradients (the
+    identity Jacobian); a rollback's jump counts as a displacement. The running average, previous P
+    and tangent are state (a checkpoint resumes them).
+    """
+
+    def __init__(self, groups: Mapping[str, Sequence[torch.Tensor]], average: Callable[[str, List[torch.Tensor]], bool],
+                 offsets: Callable[[], Mapping[str, float]], probe: Callable[[], float], mu: float, width: float,
+                 fraction: float = 0.5) -> None:
+        if not 0 <= mu < 1:
+            raise ValueError(f"hdet.discounted_credit.mu={mu}: must be in [0, 1)")
+        if not 0 < fraction <= 1:
+            raise ValueError(f"hdet.discounted_credit.fraction={fraction}: must be in (0, 1]")
+        self.groups = {g: list(ts) for g, ts in groups.items()}
+        self.average = average
+        self.offsets = offsets
+        self.probe = probe
+        self.mu, self.width, self.fraction = float(mu), float(width), float(fraction)
+        self.iterates: Optional[Dict[str, List[torch.Tensor]]] = None  # running average over the window's tail
+        self.count = 0
+        self.previous: Optional[Dict[str, List[torch.Tensor]]] = None  # the previous window's P
+        self.previous_is_own = False  # taken after the first step, before any average: averaged at the sync
+        self.tangent: Optional[Dict[str, List[torch.Tensor]]] = None
+
+    @torch.no_grad()
+    def after_step(self, position: int, window_length: int) -> None:
+        if self.previous is None and position == 1:
+            self.previous = {g: [t.detach().clone() for t in ts] for g, ts in self.groups.items()}
+            self.previous_is_own = True
+        first = window_length - max(1, round(self.fraction * window_length)) + 1  # first averaged step
+        if position < first:
+            return
+        if self.iterates is None or position == first:
+            self.iterates = {g: [t.detach().to(torch.float64, copy=True) for t in ts] for g, ts in self.groups.items()}
+            self.count = 1
+            return
+        self.count += 1
+        for g, ts in self.groups.items():
+            for a, t in zip(self.iterates[g], ts):
+                a.add_(t.detach().to(torch.float64) - a, alpha=1.0 / self.count)
+
+    @torch.no_grad()
+    def measure(self, window_loss: float) -> float:
+        offsets = self.offsets()
+        own = {g: [t.detach().clone() for t in ts] for g, ts in self.groups.items()}
+        finite, averaged = True, True
+        try:
+            for g, ts in self.groups.items():  # the same order on every rank: collectives
+                if self.iterates is not None:
+                    for t, a in zip(ts, self.iterates[g]):
+                        t.copy_(a)
+                try:
+                    finite &= self.average(g, ts)
+                    if self.previous is not None and self.previous_is_own:
+                        self.average(g, self.previous[g])
+                except FloatingPointError:  # no finite replica: nothing to measure from
+                    finite = averaged = False
+            if averaged:
+                self._advance()
+                for g, ts in self.groups.items():
+                    u = float(offsets.get(g, 0.0))
+                    for t, z in zip(ts, self.tangent[g] if u else []):
+                        t.add_(z, alpha=self.width * u)
+            loss = float(self.probe())  # scored even when non-finite: a sharded forward is collective
+        finally:
+            for g, ts in self.groups.items():
+                for t, saved in zip(ts, own[g]):
+                    t.copy_(saved)
+            self.iterates, self.count = None, 0
+        return loss if finite else float("inf")
+
+    def _advance(self) -> None:
+        """Z <- mu Z + (P - previous P); previous P <- P (the groups' tensors hold P now)."""
+        current = {g: [t.detach().clone() for t in ts] for g, ts in self.groups.items()}
+        previous = self.previous if self.previous is not None else current
+        if self.tangent is None:
+            self.tangent = {g: [torch.zeros_like(t) for t in ts] for g, ts in current.items()}
+        for g in current:
+            for z, now, before in zip(self.tangent[g], current[g], previous[g]):
+                z.mul_(self.mu).add_(now - before)
+        self.previous, self.previous_is_own = current, False
+
+    def state_dict(self) -> Dict[str, Any]:
+        buf = io.BytesIO()
+        torch.save({"iterates": self.iterates, "previous": self.previous, "tangent": self.tangent}, buf)
+        return {"tensors": buf.getvalue(), "count": self.count, "previous_is_own": self.previous_is_own}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "tensors" not in state:
+            return
+        saved = torch.load(io.BytesIO(state["tensors"]), weights_only=True)
+        self.iterates, self.previous, self.tangent = saved["iterates"], saved["previous"], saved["tangent"]
+        self.count = int(state.get("count", 0))
+        self.previous_is_own = bool(state.get("previous_is_own", False))
+
+
 def snapshot(state: Any) -> Dict[str, Any]:
     """A copy of ``state.state_dict()`` that later training does not change (tensors cloned; the
     rest, e.g. serialized bytes, is immutable)."""
@@ -180,4 +305,4 @@ def snapshot(state: Any) -> Dict[str, Any]:
     return copy(state.state_dict())
 
 
-SIGNALS = ("train", "serving", "probe", "averaged_probe", "anneal_probe")
+SIGNALS = ("train", "serving", "probe", "averaged_probe", "anneal_probe", "discounted_credit")
