@@ -97,6 +97,9 @@ def validate_config(cfg: DictConfig) -> None:
     except ValueError as e:  # the HDET engine's own checks, run by the schema (ValueError: it knows no config)
         raise ConfigError(str(e)) from None
     h = cfg.hdet
+    _require(h.enabled or cfg.trainer.dense_gradients == "allreduce", "trainer.dense_gradients",
+             str(cfg.trainer.dense_gradients), "'local' leaves the dense replicas apart until an HDET sync "
+             "averages them: needs hdet=enabled")
     if h.enabled and h.signal in PROBE_SIGNALS:
         _require(cfg.data.reserve_rows != 0, "data.reserve_rows", 0,
                  f"hdet.signal={h.signal} scores rows reserved from training: null (hdet.probe_rows) or > 0")

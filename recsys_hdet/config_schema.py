@@ -93,6 +93,11 @@ class AnnealStrategy(StrEnum):
     linear = "linear"
 
 
+class DenseGradients(StrEnum):
+    allreduce = "allreduce"   # DDP: every step's dense gradient averaged over the world
+    local = "local"           # none between HDET syncs (local SGD); the syncs average the replicas
+
+
 class TrainPipeline(StrEnum):
     sparse_dist = "sparse_dist"   # TorchRec's TrainPipelineSparseDist (input all-to-all a batch ahead)
     base = "base"                 # TorchRec's TrainPipelineBase
@@ -319,6 +324,7 @@ class TrainerConfig:
     sharding_group_size: int = 4
     embedding_sync_every: int = 1
     train_pipeline: TrainPipeline = TrainPipeline.sparse_dist
+    dense_gradients: DenseGradients = DenseGradients.allreduce
     threads_per_worker: Optional[int] = None
     log_every: int = 25
     diverge_loss: float = 2.0

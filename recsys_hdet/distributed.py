@@ -139,13 +139,15 @@ def shard_model(
     pgs: ProcessGroups,
     fused_params: Dict[str, Any],
     sharding_types: Sequence[str],
+    dense_gradients: str = "allreduce",
 ) -> nn.Module:
     """Wraps ``model`` in ``DistributedModelParallel`` with a planner-chosen plan per sharding group.
 
     The plan is computed once (rank 0, for a topology of one sharding group) and broadcast; each
     group then moves it onto its own ranks, as TorchRec's DMPCollection does. ``sharding_types``
     restricts the planner to kernels that use the fused optimizer (on CPU: table_wise,
-    column_wise), so every table is trained by it.
+    column_wise), so every table is trained by it. ``dense_gradients``: "allreduce" (DDP's average over
+    the world, :func:`finite_mean_allreduce_hook`) or "local" (:func:`local_gradient_hook`: none).
     """
     from torch.distributed.remote_device import _remote_device
     from torchrec.distributed import DistributedModelParallel
@@ -182,7 +184,10 @@ def shard_model(
         use_inter_host_allreduce=True,
     )
     dmp = DistributedModelParallel(model, env=env, device=pgs.device, plan=plan, sharders=[sharder])
-    dmp._dmp_wrapped_module.register_comm_hook(pgs.world, finite_mean_allreduce_hook)
+    hooks = {"allreduce": finite_mean_allreduce_hook, "local": local_gradient_hook}
+    if dense_gradients not in hooks:
+        raise ValueError(f"trainer.dense_gradients={dense_gradients!r}: choose one of {sorted(hooks)}")
+    dmp._dmp_wrapped_module.register_comm_hook(pgs.world, hooks[dense_gradients])
     return dmp
 
 
@@ -329,3 +334,17 @@ def _report_failed_workers(codes: List[Optional[int]], error_files: List[str], s
         elif trace:
             print(f"worker {rank} failed (exit status {code}):\n{trace.rstrip()}", file=sys.stderr, flush=True)
         # else: a status the worker returned (e.g. diverged), which the job reports itself
+
+
+def local_gradient_hook(group, bucket):  # (ProcessGroup, GradBucket) -> Future
+    """No dense all-reduce: each rank keeps its own gradient (``trainer.dense_gradients=local``).
+
+    Local SGD for HDET: between syncs each rank's dense replica follows its own data and its own
+    learning rate, a real trajectory rather than a step size along the world's shared direction; the
+    sync averages the replicas (``recsys_hdet.components.replicas``). What it saves: the dense
+    gradient all-reduce of every step (one all-reduce of the dense state per sync remains). What it
+    costs: each replica's gradient comes from 1 / world of the global batch. A completed future, on the
+    training thread (see :func:`finite_mean_allreduce_hook`)."""
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future

@@ -171,6 +171,7 @@ class Trainer:
             self.pgs,
             fused_params(cfg.optim.embedding, first_lrs["embedding"]),
             list(cfg.model.sharding_types),
+            str(cfg.trainer.dense_gradients),
         )
         set_temperature(model, float(cfg.model.attention_temperature))
         if warm:

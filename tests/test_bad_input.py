@@ -59,6 +59,8 @@ def _config_error(*overrides):
         ("optim.embedding.type=adam", ["optim.embedding.type", "no fused adam", "'rowwise_adagrad'"]),
         ("+hdet.alpah=0.1", ["hdet.alpah: unknown key", "did you mean hdet.alpha?"]),
         ("+trainer.lr=0.1", ["trainer.lr: unknown key"]),
+        ("trainer.dense_gradients=local", ["trainer.dense_gradients='local'", "needs hdet=enabled"]),
+        ("trainer.dense_gradients=ring", ["trainer.dense_gradients", "one of [allreduce, local]"]),
         ("trainer.periodic_checkpoint.every_steps=30",
          ["trainer.periodic_checkpoint.every_steps", "multiple of trainer.log_every=25"]),
     ],

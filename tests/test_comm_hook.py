@@ -57,3 +57,27 @@ def _hook_worker():
 
 def test_the_comm_hook_averages_the_finite_ranks_in_float64_and_leaves_no_callback_to_gloos_thread():
     spawn(_hook_worker, 2)
+
+
+def _local_hook_worker():
+    from recsys_hdet.distributed import local_gradient_hook
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(nn.Linear(3, 2))
+    model.register_comm_hook(None, local_gradient_hook)
+    probe = nn.Linear(3, 2)
+    probe.load_state_dict(model.module.state_dict())
+    x = torch.tensor([[1.0, 2.0, 3.0]]) * (rank + 1)
+    probe(x).sum().backward()
+    model(x).sum().backward()
+    for p, own in zip(model.module.parameters(), probe.parameters()):
+        assert torch.equal(p.grad, own.grad), (rank, p.grad, own.grad)
+    return model
+
+
+def test_the_local_hook_leaves_each_rank_its_own_gradient():
+    """trainer.dense_gradients=local: no average between syncs (rank 1's input is twice rank 0's, so
+    any mixing would show)."""
+    spawn(_local_hook_worker, 2)

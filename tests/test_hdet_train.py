@@ -226,3 +226,18 @@ def test_probe_signal_scores_every_replica_on_the_same_rows(tmp_path, data_cache
         assert probe[0] == probe[1] and probe[2] == probe[3], probe
         assert train[0] != train[1] and train[2] != train[3], train
         assert probe != train
+
+
+def test_local_dense_gradients_train_apart_between_syncs_and_end_on_one_model(tmp_path, data_cache, tiny_dataset):
+    """trainer.dense_gradients=local (local SGD): at alpha = 0 the only difference from the allreduce run
+    is that each rank follows its own dense gradient between syncs, so the losses differ; the syncs
+    average the replicas, so the run ends on one model (the trainer refuses to save differing replicas)."""
+    common = [*FAST, "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=enabled", "hdet.alpha=0",
+              "hdet.sync_every=5", "hdet.signal=train", "trainer.tensorboard=false"]
+    runs = {g: run_train(tmp_path / g, *common, f"trainer.dense_gradients={g}", data_cache=data_cache)
+            for g in ("allreduce", "local")}
+    for proc in runs.values():
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "final model bit-identical on every replica" in proc.stdout
+    losses = {g: read_json(tmp_path / g / "summary.json")["train_loss"] for g in runs}
+    assert losses["allreduce"] != losses["local"]
