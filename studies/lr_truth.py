@@ -67,10 +67,22 @@ REST = 0.1  # an effect signal whose mean move is under this many trust regions 
 # a mean of scores that cancel (e.g. +1/3 and -1/3 over three seeds) has no sign: left at rounding
 # noise (1e-17), its sign depends on the summation order of the numerical library
 SIGN_TOLERANCE = 1e-9
-# A signal run per (start, seed, checkpoint) for each of these hdet.signal values; the scorecard's
+# A signal run per (start, seed, checkpoint) for each of these (name: its overrides); the scorecard's
 # losses are their sync records' "losses", and the probe run's "train_losses" (the window loss).
-SIGNAL_RUNS = ("probe", "serving", "averaged_probe", "anneal_probe", "discounted_credit")
-LOSSES = ("probe", "train", "serving", "averaged_probe", "anneal_probe", "discounted_credit")
+# discounted_credit_greedy: the same signal with mu = 0 at the last iterate (one step of a T = 50
+# window), the greedy hypergradient, as its control; anneal_probe_local: the default signal with
+# independent dense replicas between syncs (trainer.dense_gradients=local, local SGD).
+SIGNAL_RUNS = {
+    "probe": ("hdet.signal=probe",),
+    "serving": ("hdet.signal=serving",),
+    "averaged_probe": ("hdet.signal=averaged_probe",),
+    "anneal_probe": ("hdet.signal=anneal_probe",),
+    "discounted_credit": ("hdet.signal=discounted_credit",),
+    "discounted_credit_greedy": ("hdet.signal=discounted_credit", "hdet.discounted_credit.mu=0",
+                                 "hdet.discounted_credit.fraction=0.02"),
+    "anneal_probe_local": ("hdet.signal=anneal_probe", "trainer.dense_gradients=local"),
+}
+LOSSES = ("probe", "train", *(s for s in SIGNAL_RUNS if s != "probe"))
 
 
 class StudyError(RuntimeError):
@@ -144,6 +156,7 @@ class Study:
     work: str
     data_cache: Optional[str] = None
     results: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    signal_runs: Tuple[str, ...] = tuple(SIGNAL_RUNS)  # which signal runs to train (all are reported)
 
     def run(self, name: str, overrides: Sequence[str]) -> Dict[str, Any]:
         """The run's results line: from the file when it finished earlier, else trained now."""
@@ -197,7 +210,7 @@ class Study:
             at = round(fraction * steps / T) * T  # where the trunk kept it (trainer.py: keep_at)
             ckpt = os.path.join(self.work, prefix, "trunk", "checkpoint", f"step-{at}")
             pending = [g for g in self.mode.groups for m in (0.5, 2.0) if f"{prefix}/{pct(fraction)}/{g}_x{m:g}" not in self.results]
-            pending_signals = [s for s in SIGNAL_RUNS if f"{prefix}/{pct(fraction)}/signal_{s}" not in self.results]
+            pending_signals = [s for s in self.signal_runs if f"{prefix}/{pct(fraction)}/signal_{s}" not in self.results]
             if (pending or pending_signals) and not os.path.isdir(ckpt):
                 self.retrain_trunk(f"{prefix}/trunk", trunk, ckpt)
             for group in self.mode.groups:
@@ -206,9 +219,10 @@ class Study:
                     lrs[group] *= m
                     self.run(f"{prefix}/{pct(fraction)}/{group}_x{m:g}",
                              [*self.common(lrs["embedding"], lrs["dense"], seed), f"trainer.branch_from={ckpt}"])
-            for signal in SIGNAL_RUNS:
+            for signal in self.signal_runs:
+                signal_overrides = SIGNAL_RUNS[signal]
                 self.run(f"{prefix}/{pct(fraction)}/signal_{signal}",
-                         [*base, f"trainer.branch_from={ckpt}", "hdet=enabled", f"hdet.signal={signal}",
+                         [*base, f"trainer.branch_from={ckpt}", "hdet=enabled", *signal_overrides,
                           "hdet.space=log", f"hdet.alpha={ALPHA}", f"hdet.sync_every={T}", f"hdet.controller_start={at}",
                           f"trainer.stop_at_step={at + self.mode.windows * T}"])
 
@@ -435,6 +449,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the mode's)")
     parser.add_argument("--start", action="append", metavar="NAME:EMB:DENSE", help="a start (repeatable)")
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from results.jsonl")
+    parser.add_argument("--signals", nargs="+", choices=list(SIGNAL_RUNS), default=list(SIGNAL_RUNS),
+                        help="train only these signal runs (every recorded one is reported; default: all)")
     parser.add_argument("--data-cache", help="data directory (RECSYS_HDET_DATA)")
     args = parser.parse_args(argv)
     mode = MODES[args.mode]
@@ -449,7 +465,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stem = "lr_truth" if args.mode == "record" else f"lr_truth_{args.mode}"
     results_path = os.path.join(out, stem, "results.jsonl")
     study = Study(mode, results_path, args.work or os.path.join(REPO, "outputs", "studies", stem), args.data_cache,
-                  SR.load(results_path))
+                  SR.load(results_path), tuple(args.signals))
     status = 0
     if not args.report_only:
         try:

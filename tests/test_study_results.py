@@ -155,3 +155,19 @@ def test_a_committed_study_line_rebuilds_what_the_reports_read():
     assert {r["status"] for r in f2.values()} == {"completed", "diverged"}
     for study in ("lr_recovery", "ablation", "probe_bias", "signal_noise"):
         assert SR.load(os.path.join(docs, study, SR.RESULTS))
+
+
+def test_paired_runs_pairs_by_seed_and_reports_each_configuration_s_speed():
+    from studies import paired_runs as P
+
+    pset = P.PairedSet("t", {"a": (), "b": ()}, (("a", "b"),), seeds=(0, 1, 2))
+    results = {}
+    for s, (ne_a, ne_b) in enumerate([(0.80, 0.78), (0.79, 0.78), (0.81, 0.78)]):
+        results[f"a/seed{s}"] = {**_line(f"a/seed{s}"), "mean_ne": ne_a, "examples_per_sec": 100.0 + s}
+        results[f"b/seed{s}"] = {**_line(f"b/seed{s}"), "mean_ne": ne_b, "examples_per_sec": 200.0}
+    results["b/seed2"] = {**results["b/seed2"], "status": "diverged"}  # not completed: seed 2 unpaired
+    summary = P.summarize(pset, results)
+    pair = summary["pairs"][0]
+    assert pair["seeds"] == [0, 1] and pair["mean"] == pytest.approx(0.015)
+    assert summary["configs"]["a"]["examples_per_sec"] == 101.0 and summary["configs"]["b"]["completed"] == 2
+    assert "| a | 3 / 3 | 0.8000 |" in P.render("t", pset, summary)
