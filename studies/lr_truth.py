@@ -15,8 +15,8 @@ lower learning rate for this group end the pass better? That can be measured dir
   study; rollback is off in every run here, so a too-high LR shows as what it is;
 - **signals**: from each kept checkpoint, HDET with the product's spread (log space, alpha 0.25,
   every group spread, controller from that step) for ``windows`` syncs of T steps, then stopped
-  (``trainer.stop_at_step``): one run with ``signal=probe`` (its sync records carry every rank's
-  probe loss and window training loss) and one with ``signal=serving``. Every score the engine
+  (``trainer.stop_at_step``): one run per entry of ``SIGNAL_RUNS`` (a signal, or a signal with
+  other settings: its sync records carry every rank's signal loss and window training loss). Every score the engine
   offers is computed from those records with the engine's own functions
   (:func:`recsys_hdet.hdet.engine.preference`, :func:`~recsys_hdet.hdet.engine.joint_preferences`):
   ``{probe,train,serving}/{zscore,rank,regression}`` and ``paper`` (softmax, sigma 0.1, on the
@@ -392,7 +392,10 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
              "Starts (embedding, dense peak LR): " + ", ".join(f"{k} ({e:g}, {d:g})" for k, (e, d) in mode.starts.items())
              + f". Seeds {list(mode.seeds)}, layout {mode.layout[0]} ranks in sharding groups of {mode.layout[1]}, "
              f"signals over {mode.windows} windows of T = {mode.sync_every} steps. Run time of the finished runs: "
-             f"{wall / 60:.0f} min.", "", "## Truth", "",
+             f"{wall / 60:.0f} min.", "",
+             "Signal runs (each from every kept checkpoint, with HDET's product spread, log space, alpha "
+             f"{ALPHA:g}): " + "; ".join(f"`{name}` ({' '.join(o)})" for name, o in SIGNAL_RUNS.items())
+             + ". `train` and `paper` score the probe run's window training losses.", "", "## Truth", "",
              "| start | checkpoint (step) | group | NE x0.5 | NE x1 | NE x2 | best | best - runner-up (95% CI) | seeds | "
              "signal windows |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cases"]:
