@@ -104,10 +104,18 @@ HDET_ANNEAL_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hd
                       "hdet.anneal_probe.steps=4", "hdet.effect_scale=0.005", "hdet.min_t=2.0", "hdet.alpha=0.25",
                       "hdet.controller_start=0", "hdet.beta=0.9")
 
+# The discounted-credit signal (MARTHE's hypergradient read from the spread: each replica scores the
+# probe rows at the replicas' averaged iterate moved along each group's discounted sum of past
+# displacements, mu 0.9) under the same effect controller. Run after docs/lr_truth.md scored it best
+# (5 of 7 cases with the effect score, against anneal_probe's 2 of 7), before any of its recovery runs.
+HDET_CREDIT_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hdet.signal=discounted_credit",
+                      "hdet.discounted_credit.mu=0.9", "hdet.discounted_credit.fraction=0.5", "hdet.effect_scale=0.005",
+                      "hdet.min_t=2.0", "hdet.alpha=0.25", "hdet.controller_start=0", "hdet.beta=0.9")
+
 # variant -> the hdet overrides added to the start's LRs, or a function of the start's LRs giving
 # every override
 VARIANTS = {"plain": (), "hdet": HDET_ANNEAL_EFFECT, "hdet_previous": HDET_NEW, "hdet_paper": HDET_PAPER,
-            "prodigy": prodigy, "schedulefree": schedulefree}
+            "prodigy": prodigy, "schedulefree": schedulefree, "hdet_credit": HDET_CREDIT_EFFECT}
 # The contender "hdet" is the product's default; its runs and the previous
 # defaults' keep the names they were trained under in results.jsonl (start/<run name>).
 RUN_NAMES = {"hdet": "hdet_anneal_effect", "hdet_previous": "hdet"}
@@ -116,7 +124,7 @@ RUN_NAMES = {"hdet": "hdet_anneal_effect", "hdet_previous": "hdet"}
 NO_LR_AREA = ("schedulefree",)
 
 
-HDET_VARIANTS = ("hdet", "hdet_previous", "hdet_paper")
+HDET_VARIANTS = ("hdet", "hdet_previous", "hdet_paper", "hdet_credit")
 
 
 def variant_overrides(variant: str, embedding: float, dense: float) -> List[str]:
@@ -475,7 +483,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], points: i
         start_lr = {"embedding": anchor[0] * fe, "dense": anchor[1] * fd}
         results[start] = summarize_start(per_variant, cells, an, plateau["lr_range"], start_lr)
         results[start]["orderings"] = {v: orderings([out.results[r["run"]] for r in per_variant[v] if r["bases"]], start_lr)
-                                       for v in ("hdet", "hdet_previous")}
+                                       for v in ("hdet", "hdet_previous", "hdet_credit")}
     unfinished = sum(r["status"] == "not run yet" for s in results.values() for v in s["runs"].values() for r in v)
     if unfinished:
         partial["partial"] = f"{unfinished} runs of the starts not run yet"
@@ -615,7 +623,7 @@ def hdet_overrides(record: Dict[str, Any]) -> List[str]:
 
 LABELS = {"plain": "plain", "hdet": "HDET anneal-then-probe, effect controller", "hdet_previous": "HDET previous defaults",
           "hdet_paper": "paper form", "prodigy": "Prodigy (dense)",
-          "schedulefree": "Schedule-Free AdamW (dense)"}
+          "schedulefree": "Schedule-Free AdamW (dense)", "hdet_credit": "HDET discounted credit, effect controller"}
 
 
 def _ci(p: Optional[Dict[str, Any]], digits: int = 4) -> str:
@@ -713,7 +721,8 @@ def render_markdown(result: Dict[str, Any]) -> str:
               "geometric mean); in plateau: completed seeds whose LR area lies in the plateau's LR range, embedding / dense.",
               *(f"{label}: `{' '.join(result['forms'][v])}`." for v, label in
                 (("hdet", "HDET anneal-then-probe with the effect controller"),
-                 ("hdet_previous", "HDET, previous defaults (probe signal, regression score)"), ("hdet_paper", "Paper form"))
+                 ("hdet_previous", "HDET, previous defaults (probe signal, regression score)"), ("hdet_paper", "Paper form"),
+                 ("hdet_credit", "HDET discounted credit with the effect controller"))
                 if result.get("forms", {}).get(v)),
               "Prodigy (dense): the start's dense LR is Prodigy's initial estimate d0, the dense groups' LR multiplier "
               "1 under the same schedule, its LR area that of lr x d; Schedule-Free AdamW (dense): the start's dense LR, "
