@@ -228,6 +228,7 @@ def test_probe_signal_scores_every_replica_on_the_same_rows(tmp_path, data_cache
         assert probe != train
 
 
+@pytest.mark.slow  # two more 2-rank runs (~80 s); the hook's arithmetic is in the default run (test_comm_hook.py)
 def test_local_dense_gradients_train_apart_between_syncs_and_end_on_one_model(tmp_path, data_cache, tiny_dataset):
     """trainer.dense_gradients=local (local SGD): at alpha = 0 the only difference from the allreduce run
     is that each rank follows its own dense gradient between syncs, so the losses differ; the syncs
