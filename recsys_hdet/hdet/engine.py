@@ -62,8 +62,9 @@ Method, section by section:
 Signal: what each rank reports at a sync, a :class:`recsys_hdet.hdet.signals.ReplicaSignal`: by
 default its mean training loss over the window (:class:`~recsys_hdet.hdet.signals.WindowLoss`);
 others score the replica on the same probe rows at the sync, before averaging (the last iterate,
-the window's averaged iterate, or after a short cooldown), so that the differences come from the
-parameters, not the data. The engine tells the signal each step's place in its window. Limits: in linear space values are
+the window's averaged iterate, after a short cooldown, or at the replicas' average moved along a
+discounted sum of past displacements by the replica's offset, :meth:`HDETEngine.my_offset`), so
+that the differences come from the parameters, not the data. The engine tells the signal each step's place in its window. Limits: in linear space values are
 constant within a window once the controller runs, as in the paper; in log space they follow the
 schedule within the window.
 """

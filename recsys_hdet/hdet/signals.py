@@ -21,6 +21,12 @@ ways to take the oscillation out before comparing, both measured on the harness'
   intermediate checkpoints comparable: Hägele et al. 2024). It costs ``steps`` extra training
   steps and one copy of the replica's state per sync.
 
+A third way compares what a learning rate left behind over several windows instead of one:
+:class:`DiscountedCredit` scores every replica near the replicas' averaged iterate, moved along each
+group's discounted sum of past displacements by the replica's own spread offset, so that the
+engine's fit reads MARTHE's hypergradient per group (Donini et al. 2020). It needs the replicas'
+average (a collective) and the replica's offsets, which the job provides.
+
 The baselines: :class:`WindowLoss` (the window's mean training or serving loss, the paper's) and
 :class:`LastIterateProbe` (the probe rows scored at the last iterate).
 """
