@@ -294,17 +294,12 @@ def test_anneal_then_probe_leaves_every_replica_as_it_was_in_a_two_by_two_run(tm
     _assert_same_training(tmp_path, "probe", "anneal")
 
 
-@pytest.mark.slow  # one more 4-rank pair; `make test-all` runs it
-def test_discounted_credit_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, tiny_dataset):
+@pytest.mark.slow  # one more 4-rank pair each; `make test-all` runs them
+@pytest.mark.parametrize("signal, log_line", [("averaged_probe", "at the average of its iterates"),
+                                              ("discounted_credit", "moved along each group's sum of past displacements")])
+def test_a_probing_signal_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, tiny_dataset,
+                                                                            signal, log_line):
     _two_by_two(tmp_path / "probe", data_cache, "probe")
-    proc = _two_by_two(tmp_path / "credit", data_cache, "discounted_credit")
-    assert "moved along each group's sum of past displacements" in proc.stdout
-    _assert_same_training(tmp_path, "probe", "credit")
-
-
-@pytest.mark.slow  # one more 4-rank pair; `make test-all` runs it
-def test_averaged_iterate_probe_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, tiny_dataset):
-    _two_by_two(tmp_path / "probe", data_cache, "probe")
-    proc = _two_by_two(tmp_path / "averaged", data_cache, "averaged_probe")
-    assert "at the average of its iterates" in proc.stdout
-    _assert_same_training(tmp_path, "probe", "averaged")
+    proc = _two_by_two(tmp_path / signal, data_cache, signal)
+    assert log_line in proc.stdout
+    _assert_same_training(tmp_path, "probe", signal)
