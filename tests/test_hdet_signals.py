@@ -246,11 +246,10 @@ def test_discounted_credit_resumes_from_its_state_exactly():
                     signals[i].after_step(t + 1, WINDOW)
                 if (window, t) == split:  # a checkpoint: fresh signals load the state
                     states = [s.state_dict() for s in signals]
-                    _, fresh = _credit_pair(0.9, 0.5)
-                    for s, f, state in zip(signals, fresh, states):
-                        f.groups, f.average, f.offsets, f.probe = s.groups, s.average, s.offsets, s.probe
-                        f.load_state_dict(state)
-                    signals = fresh
+                    signals = [DiscountedCredit(s.groups, s.average, s.offsets, s.probe, 0.9, CREDIT_WIDTH, 0.5)
+                               for s in signals]  # on the same live tensors and collective
+                    for s, state in zip(signals, states):
+                        s.load_state_dict(state)
             out.append(measure_pair(signals))
             mean = (xs[0].x + xs[1].x) / 2
             for r in xs:

@@ -79,51 +79,33 @@ class LastIterateProbe(WindowLoss):
         return float(self.probe())
 
 
-class AveragedIterateProbe(WindowLoss):
-    """``probe()`` at the average of ``tensors`` over the last ``fraction`` of the window's steps.
+class TailAverage:
+    """The running average (float64) of live ``tensors`` over the last ``fraction`` of each window's
+    steps: ``average`` is None before the window's first averaged step. Part of a signal's state (a
+    checkpoint inside a window resumes it exactly). One copy of ``tensors``; one in-place update of
+    it per step in the averaged part of the window."""
 
-    ``tensors``: live views of the replica's state to average (the dense parameters; the embedding
-    rows too if listed). At the sync they are swapped with their average, probed and swapped back,
-    so training goes on from the last iterate as before. The running average is part of the
-    state (a checkpoint inside a window resumes it exactly). Costs one copy of ``tensors`` and one
-    in-place update of it per step in the averaged part of the window.
-    """
-
-    def __init__(self, tensors: Sequence[torch.Tensor], probe: Callable[[], float], fraction: float = 0.5) -> None:
-        if not 0 < fraction <= 1:
-            raise ValueError(f"hdet.averaged_probe.fraction={fraction}: must be in (0, 1]")
+    def __init__(self, tensors: Sequence[torch.Tensor], fraction: float) -> None:
         self.tensors = list(tensors)
-        self.probe = probe
         self.fraction = float(fraction)
         self.average: Optional[List[torch.Tensor]] = None
         self.count = 0
 
+    @torch.no_grad()
     def after_step(self, position: int, window_length: int) -> None:
         first = window_length - max(1, round(self.fraction * window_length)) + 1  # first averaged step
         if position < first:
             return
-        with torch.no_grad():
-            if self.average is None or position == first:
-                self.average = [t.detach().to(torch.float64, copy=True) for t in self.tensors]
-                self.count = 1
-                return
-            self.count += 1
-            for a, t in zip(self.average, self.tensors):
-                a.add_(t.detach().to(torch.float64) - a, alpha=1.0 / self.count)
+        if self.average is None or position == first:
+            self.average = [t.detach().to(torch.float64, copy=True) for t in self.tensors]
+            self.count = 1
+            return
+        self.count += 1
+        for a, t in zip(self.average, self.tensors):
+            a.add_(t.detach().to(torch.float64) - a, alpha=1.0 / self.count)
 
-    @torch.no_grad()
-    def measure(self, window_loss: float) -> float:
-        if self.average is None:  # a window shorter than one averaged step: the last iterate
-            return float(self.probe())
-        last = [t.detach().clone() for t in self.tensors]
-        try:
-            for t, a in zip(self.tensors, self.average):
-                t.copy_(a)
-            return float(self.probe())
-        finally:
-            for t, saved in zip(self.tensors, last):
-                t.copy_(saved)
-            self.average, self.count = None, 0
+    def reset(self) -> None:
+        self.average, self.count = None, 0
 
     def state_dict(self) -> Dict[str, Any]:
         buf = io.BytesIO()
@@ -133,6 +115,45 @@ class AveragedIterateProbe(WindowLoss):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.count = int(state.get("count", 0))
         self.average = torch.load(io.BytesIO(state["average"]), weights_only=True) if "average" in state else None
+
+
+class AveragedIterateProbe(WindowLoss):
+    """``probe()`` at the average of ``tensors`` over the last ``fraction`` of the window's steps.
+
+    ``tensors``: live views of the replica's state to average (the dense parameters; the embedding
+    rows too if listed). At the sync they are swapped with their average (:class:`TailAverage`),
+    probed and swapped back, so training goes on from the last iterate as before.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], probe: Callable[[], float], fraction: float = 0.5) -> None:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"hdet.averaged_probe.fraction={fraction}: must be in (0, 1]")
+        self.tensors = list(tensors)
+        self.probe = probe
+        self.tail = TailAverage(self.tensors, fraction)
+
+    def after_step(self, position: int, window_length: int) -> None:
+        self.tail.after_step(position, window_length)
+
+    @torch.no_grad()
+    def measure(self, window_loss: float) -> float:
+        if self.tail.average is None:  # a window shorter than one averaged step: the last iterate
+            return float(self.probe())
+        last = [t.detach().clone() for t in self.tensors]
+        try:
+            for t, a in zip(self.tensors, self.tail.average):
+                t.copy_(a)
+            return float(self.probe())
+        finally:
+            for t, saved in zip(self.tensors, last):
+                t.copy_(saved)
+            self.tail.reset()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.tail.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.tail.load_state_dict(state)
 
 
 class AnnealThenProbe(WindowLoss):
@@ -218,9 +239,8 @@ class DiscountedCredit(WindowLoss):
         self.average = average
         self.offsets = offsets
         self.probe = probe
-        self.mu, self.width, self.fraction = float(mu), float(width), float(fraction)
-        self.iterates: Optional[Dict[str, List[torch.Tensor]]] = None  # running average over the window's tail
-        self.count = 0
+        self.mu, self.width = float(mu), float(width)
+        self.tail = TailAverage([t for ts in self.groups.values() for t in ts], fraction)  # the groups' in order
         self.previous: Optional[Dict[str, List[torch.Tensor]]] = None  # the previous window's P
         self.previous_is_own = False  # taken after the first step, before any average: averaged at the sync
         self.tangent: Optional[Dict[str, List[torch.Tensor]]] = None
@@ -230,28 +250,18 @@ class DiscountedCredit(WindowLoss):
         if self.previous is None and position == 1:
             self.previous = {g: [t.detach().clone() for t in ts] for g, ts in self.groups.items()}
             self.previous_is_own = True
-        first = window_length - max(1, round(self.fraction * window_length)) + 1  # first averaged step
-        if position < first:
-            return
-        if self.iterates is None or position == first:
-            self.iterates = {g: [t.detach().to(torch.float64, copy=True) for t in ts] for g, ts in self.groups.items()}
-            self.count = 1
-            return
-        self.count += 1
-        for g, ts in self.groups.items():
-            for a, t in zip(self.iterates[g], ts):
-                a.add_(t.detach().to(torch.float64) - a, alpha=1.0 / self.count)
+        self.tail.after_step(position, window_length)
 
     @torch.no_grad()
     def measure(self, window_loss: float) -> float:
         offsets = self.offsets()
         own = {g: [t.detach().clone() for t in ts] for g, ts in self.groups.items()}
         finite, averaged = True, True
+        iterates = iter(self.tail.average or [])  # the groups' tensors in order; none: the last iterate
         try:
             for g, ts in self.groups.items():  # the same order on every rank: collectives
-                if self.iterates is not None:
-                    for t, a in zip(ts, self.iterates[g]):
-                        t.copy_(a)
+                for t, a in zip(ts, iterates):
+                    t.copy_(a)
                 try:
                     finite &= self.average(g, ts)
                     if self.previous is not None and self.previous_is_own:
@@ -269,7 +279,7 @@ class DiscountedCredit(WindowLoss):
             for g, ts in self.groups.items():
                 for t, saved in zip(ts, own[g]):
                     t.copy_(saved)
-            self.iterates, self.count = None, 0
+            self.tail.reset()
         return loss if finite else float("inf")
 
     def _advance(self) -> None:
@@ -285,15 +295,15 @@ class DiscountedCredit(WindowLoss):
 
     def state_dict(self) -> Dict[str, Any]:
         buf = io.BytesIO()
-        torch.save({"iterates": self.iterates, "previous": self.previous, "tangent": self.tangent}, buf)
-        return {"tensors": buf.getvalue(), "count": self.count, "previous_is_own": self.previous_is_own}
+        torch.save({"previous": self.previous, "tangent": self.tangent}, buf)
+        return {"tensors": buf.getvalue(), "tail": self.tail.state_dict(), "previous_is_own": self.previous_is_own}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "tensors" not in state:
             return
         saved = torch.load(io.BytesIO(state["tensors"]), weights_only=True)
-        self.iterates, self.previous, self.tangent = saved["iterates"], saved["previous"], saved["tangent"]
-        self.count = int(state.get("count", 0))
+        self.previous, self.tangent = saved["previous"], saved["tangent"]
+        self.tail.load_state_dict(state.get("tail") or {})
         self.previous_is_own = bool(state.get("previous_is_own", False))
 
 
