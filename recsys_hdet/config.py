@@ -100,6 +100,11 @@ def validate_config(cfg: DictConfig) -> None:
     _require(h.enabled or cfg.trainer.dense_gradients == "allreduce", "trainer.dense_gradients",
              str(cfg.trainer.dense_gradients), "'local' leaves the dense replicas apart until an HDET sync "
              "averages them: needs hdet=enabled")
+    _require(not h.enabled or cfg.optim.schedule.name == "one_cycle", "optim.schedule.name",
+             str(cfg.optim.schedule.name), "HDET moves the one-cycle schedule's base: needs one_cycle")
+    _require(not h.enabled or cfg.optim.dense.type != "schedulefree_adamw", "optim.dense.type",
+             str(cfg.optim.dense.type), "Schedule-Free AdamW trains at a constant LR with no schedule for HDET to "
+             "move: not with hdet=enabled")
     if h.enabled and h.signal in PROBE_SIGNALS:
         _require(cfg.data.reserve_rows != 0, "data.reserve_rows", 0,
                  f"hdet.signal={h.signal} scores rows reserved from training: null (hdet.probe_rows) or > 0")

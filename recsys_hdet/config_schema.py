@@ -86,6 +86,7 @@ CUDA_ONLY_EMBEDDING_OPTIMIZERS = (EmbeddingOptimizer.adam,)
 
 class Schedule(StrEnum):
     one_cycle = "one_cycle"
+    range_test = "range_test"   # the LR range test (a short run that sweeps the LR; plain runs only)
 
 
 class AnnealStrategy(StrEnum):
@@ -230,6 +231,7 @@ class DenseOptimizerConfig:
     weight_decay: float = 0.0
     fused: bool = True
     d0: float = 1.0e-6
+    warmup_steps: Optional[int] = None   # schedulefree_adamw's own warm-up; null: the one-cycle's rise
 
     def __post_init__(self) -> None:
         require(len(self.betas) == 2 and all(_number(b) and 0 <= b < 1 for b in self.betas), "optim.dense.betas",
@@ -239,6 +241,25 @@ class DenseOptimizerConfig:
                 self.weight_decay, "must be a finite number >= 0")
         if self.type == DenseOptimizer.prodigy:
             positive("optim.dense.d0", self.d0)
+        if self.warmup_steps is not None:
+            at_least("optim.dense.warmup_steps", self.warmup_steps, 0)
+
+
+@dataclass
+class RangeTestConfig:
+    steps: int = 100
+    low: float = 0.01
+    high: float = 100.0
+    groups: List[str] = field(default_factory=lambda: ["embedding", "transformer", "non_embedding", "no_decay"])
+
+    def __post_init__(self) -> None:
+        at_least("optim.schedule.range_test.steps", self.steps, 2)
+        positive("optim.schedule.range_test.low", self.low)
+        require(_number(self.high) and self.high > self.low, "optim.schedule.range_test.high", self.high,
+                f"must be a number above optim.schedule.range_test.low={self.low}")
+        groups = ("embedding", "transformer", "non_embedding", "no_decay")
+        require(bool(self.groups) and all(g in groups for g in self.groups), "optim.schedule.range_test.groups",
+                list(self.groups), "a non-empty list of " + ", ".join(groups))
 
 
 @dataclass
@@ -268,6 +289,7 @@ class ScheduleConfig:
     cycle_momentum: bool = True
     base_momentum: float = 0.85
     max_momentum: float = 0.95
+    range_test: RangeTestConfig = field(default_factory=RangeTestConfig)
 
     def __post_init__(self) -> None:
         fraction("optim.schedule.pct_start", self.pct_start, low_open=True)

@@ -24,7 +24,7 @@ from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, Dense
                                               RowHoldout, TrainedPosition, model_inputs, split_for)
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_control import LRControl, build_lr_control, weighted_task_mean
-from recsys_hdet.components.lr_scheduler import build_one_cycle
+from recsys_hdet.components.lr_scheduler import build_schedules
 from recsys_hdet.components.metrics import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl
 from recsys_hdet.fileio import write_json_atomic
 from recsys_hdet.evaluation.metrics import oracle_metrics, task_metrics
@@ -32,7 +32,7 @@ from recsys_hdet.evaluation.scoring import predict_batches
 from recsys_hdet.components.train_metrics import TrainMetrics
 from recsys_hdet.components.train_pipeline import TimedBatches, TrainStep
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState, TrainClock
-from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params, schedulefree_warmup
 from recsys_hdet.components.replicas import ReplicaAverager
 from recsys_hdet.components.rollback import Rollback, build_rollback
 from recsys_hdet.components.tensorboard import build_tensorboard
@@ -164,8 +164,7 @@ class Trainer:
 
         # Same seed on every rank: replicated state starts identical (DDP also broadcasts rank 0's).
         torch.manual_seed(int(cfg.seed))
-        first_lrs = {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), total_steps)(0)[0]
-                     for g in PARAM_GROUPS}
+        first_lrs = {g: schedule(0)[0] for g, schedule in build_schedules(cfg.optim, PARAM_GROUPS, total_steps).items()}
         model = shard_model(
             build_model(cfg, meta, training={"task_weights": self.task_weights, "loss_settings": self.loss_settings}),
             self.pgs,
@@ -177,7 +176,8 @@ class Trainer:
         if warm:
             info = load_model(model, str(warm))
             self.log(f"warm start from {warm} (step {info.get('steps')})")
-        optimizer = GroupedOptimizer(model, cfg.optim.dense, first_lrs)
+        optimizer = GroupedOptimizer(model, cfg.optim.dense, first_lrs,
+                                     warmup_steps=schedulefree_warmup(cfg.optim, total_steps))
         averager = ReplicaAverager(model, self.pgs.replica, self.pgs.world)
         # Each sharding group trains its own copy of the tables on its own data (no gradient
         # all-reduce across groups): averaging them keeps one model, as TorchRec's DMPCollection.sync(),

@@ -37,6 +37,21 @@ exactly)::
                     "velocity": [...], "log_offset": [...], "mult": [[value / base per
                     replica]...]}}, "excluded": [[...]...] only where some sync excluded a rank}
     rollback        summary.json's rollback record, where present
+    rows            {data, reserve_rows, total_steps, examples_per_step}: what the run trained on (two runs
+                    are paired only when these are equal: :func:`check_same_rows`)
+    range_test      LR range-test runs only (optim.schedule.name=range_test): the sweep's settings and
+                    {"step": [...], "loss": [...]}, the average task loss of every logged step
+    commit, clean   the commit the run trained from, and whether the tree was clean (no change outside
+                    docs/) when it started (:func:`code_state`)
+
+The fairness contract (:class:`Contract`, docs/studies.md): every run a study trains through
+:func:`run_one` gets the same rows (``data.reserve_rows``: the probe rows are reserved from every
+contender's days, not only from HDET's), the same rollback settings, and is judged by the same
+failure rule (:func:`outcome`: a diverged run, or one that ends at the base-rate predictor, has
+failed); :func:`paired_over_seeds` pairs two contenders only on the seeds where both have a result
+and refuses runs that trained different rows. A study records into a committed results file only
+from a clean tree (:meth:`StudyFiles.open`); ``--verify RUN`` retrains one recorded run and reports
+whether it reproduces bit for bit (:func:`verify`).
 
 Run as a tool, ``python -m studies.harness --convert RUNS_DIR RESULTS`` records every
 finished run directory under RUNS_DIR (how the committed studies' run directories were replaced).
@@ -68,6 +83,115 @@ LOSS_SIG = 10  # the replicas' losses differ by ~1e-4 at ~0.2: their noise needs
 
 class ResultsError(ValueError):
     """A results file that cannot be read (an unreadable line that is not the last one)."""
+
+
+class StudyMismatch(ValueError):
+    """A study invocation that would break its results file: other overrides than a finished run's,
+    a dirty tree writing a committed file, a pairing across different trained rows."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Where a run comes from, and the fairness contract.
+
+
+def _git(repo: str, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, check=True).stdout
+
+
+def code_state(repo: str = REPO) -> Dict[str, Any]:
+    """{"commit": HEAD, "clean": no change outside docs/ (tracked or untracked, ignored files aside)}.
+    docs/ holds the studies' own results files and reports, which change as a study runs; nothing under
+    it is read by training."""
+    try:
+        commit = _git(repo, "rev-parse", "HEAD").strip()
+        status = _git(repo, "status", "--porcelain", "--untracked-files=all")
+    except Exception:  # not a git checkout (or no git): no commit to name
+        return {"commit": None, "clean": False}
+    changed = [line[3:].split(" -> ")[-1].strip('"') for line in status.splitlines() if line.strip()]
+    return {"commit": commit, "clean": not [p for p in changed if not p.startswith("docs/")]}
+
+
+def is_committed_path(path: str, repo: str = REPO) -> bool:
+    """Whether ``path`` lies in the checkout's docs/ or is tracked by git: a results file that a commit holds."""
+    path = os.path.abspath(path)
+    if path == os.path.join(repo, "docs") or path.startswith(os.path.join(repo, "docs") + os.sep):
+        return True
+    if not path.startswith(repo + os.sep):
+        return False
+    try:
+        return bool(_git(repo, "ls-files", "--", os.path.relpath(path, repo)).strip())
+    except Exception:
+        return False
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What every contender of a comparison gets: the same trained rows (``reserve_rows`` reserved from
+    each training day by every run, so that a probe signal's rows are outside every run's training
+    rows) and the same rollback (on for all: ``max_rollbacks`` restores at ``lr_factor`` each)."""
+
+    reserve_rows: int = 4096
+    max_rollbacks: int = 3
+    rollback_lr_factor: float = 0.5
+
+    def overrides(self) -> List[str]:
+        return [f"data.reserve_rows={self.reserve_rows}", f"trainer.rollback.max_rollbacks={self.max_rollbacks}",
+                f"trainer.rollback.lr_factor={self.rollback_lr_factor}"]
+
+    def apply(self, overrides: Sequence[str]) -> List[str]:
+        """The contract's overrides, then the study's; a study override of a contract key is refused."""
+        keys = {o.split("=", 1)[0] for o in self.overrides()}
+        clash = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in keys]
+        if clash:
+            raise StudyMismatch(f"{clash}: the fairness contract sets these keys for every contender "
+                                f"({self.overrides()}); a study cannot change them for one run")
+        return [*self.overrides(), *overrides]
+
+
+CONTRACT = Contract()
+# A run whose held-out NE reaches this on any task predicts (about) the base rate: it has failed,
+# whatever its status says (NE 1 is the base-rate predictor's; above it, worse than that).
+COLLAPSED_NE = 0.999
+
+
+def outcome(record: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """"completed", "failed" (diverged, or completed at NE >= COLLAPSED_NE on some task, i.e. at or
+    below the base-rate predictor) or None (no result: not run, crashed, stopped)."""
+    if record is None:
+        return None
+    if record.get("status") == "diverged":
+        return "failed"
+    if record.get("status") != "completed":
+        return None
+    return "failed" if collapsed(record) else "completed"
+
+
+def collapsed(record: Mapping[str, Any]) -> bool:
+    """A completed run whose held-out NE on some task is at the base-rate predictor's or worse."""
+    return any(m["ne"] >= COLLAPSED_NE for m in (record.get("eval") or {}).values())
+
+
+def check_same_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> None:
+    """Refuses to pair two runs that trained different rows (their ``rows`` records differ)."""
+    if a.get("rows") != b.get("rows"):
+        raise StudyMismatch(f"{a.get('name')} and {b.get('name')} trained different rows "
+                            f"({a.get('rows')} vs {b.get('rows')}): no paired difference across them")
+
+
+def paired_over_seeds(contender: Mapping[int, Mapping[str, Any]], reference: Mapping[int, Mapping[str, Any]],
+                      value=lambda r: r["mean_ne"]) -> Dict[str, Any]:
+    """contender - reference on every seed where both completed (:func:`outcome`), with the 95%
+    interval (:func:`paired`); the failures of each side are reported beside, never paired. Records
+    that trained different rows are refused (:func:`check_same_rows`)."""
+    seeds = sorted(set(contender) & set(reference))
+    for s in seeds:
+        check_same_rows(contender[s], reference[s])
+    both = [s for s in seeds if outcome(contender[s]) == "completed" and outcome(reference[s]) == "completed"]
+    return {"diff": paired([value(contender[s]) - value(reference[s]) for s in both]), "seeds": both,
+            "failed": sorted(s for s in contender if outcome(contender[s]) == "failed"),
+            "reference_failed": sorted(s for s in reference if outcome(reference[s]) == "failed")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,16 +278,35 @@ def run_name(config: str, seed: int) -> str:
 
 @dataclass
 class StudyFiles:
-    """A study's results file (``<out>/results.jsonl``), as loaded, and its working directory."""
+    """A study's results file (``<out>/results.jsonl``), as loaded, its working directory, and the
+    fairness contract its runs train under (None: a study that compares no contenders)."""
 
     out: str
     work: str
     results: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    contract: Optional[Contract] = CONTRACT
 
     @classmethod
-    def open(cls, out: str, work: Optional[str] = None) -> "StudyFiles":
+    def open(cls, out: str, work: Optional[str] = None, *, allow_dirty: bool = False, train: bool = True,
+             contract: Optional[Contract] = CONTRACT, repo: str = REPO) -> "StudyFiles":
+        """A study that will ``train`` records into ``<out>/results.jsonl`` only from a clean tree when that
+        file is committed (under docs/ or tracked: :func:`is_committed_path`); ``allow_dirty`` sends it to
+        ``outputs/dirty/<path>`` instead (copying the committed lines, so the study resumes there)."""
         out = os.path.abspath(out)
-        return cls(out, os.path.abspath(work) if work else work_dir(out), load(os.path.join(out, RESULTS)))
+        if train and is_committed_path(os.path.join(out, RESULTS), repo) and not code_state(repo)["clean"]:
+            if not allow_dirty:
+                raise StudyMismatch(f"{os.path.join(out, RESULTS)} is a committed results file and the tree has "
+                                    "changes outside docs/: commit them first (every recorded run names the clean "
+                                    "commit it trained from), or pass --allow-dirty to record elsewhere")
+            dirty = os.path.join(repo, "outputs", "dirty", os.path.relpath(out, repo))
+            os.makedirs(dirty, exist_ok=True)
+            if not os.path.exists(os.path.join(dirty, RESULTS)) and os.path.exists(os.path.join(out, RESULTS)):
+                import shutil
+
+                shutil.copyfile(os.path.join(out, RESULTS), os.path.join(dirty, RESULTS))
+            print(f"--allow-dirty: the tree is dirty; recording into {dirty}", file=sys.stderr)
+            out = dirty
+        return cls(out, os.path.abspath(work) if work else work_dir(out), load(os.path.join(out, RESULTS)), contract)
 
     @property
     def results_path(self) -> str:
@@ -348,6 +491,16 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
             r["syncs"] = compact_syncs(syncs)
     if summary.get("rollback"):
         r["rollback"] = _round_tree(summary["rollback"])
+    from recsys_hdet.config import probe_rows
+
+    r["rows"] = {"data": str(cfg.data.name), "reserve_rows": probe_rows(cfg), "total_steps": total,
+                 "examples_per_step": int(cfg.data.batch_size) * int(cfg.trainer.nproc)}
+    if str(cfg.optim.schedule.get("name", "one_cycle")) == "range_test":
+        logged = [m for m in read_jsonl(os.path.join(path, "metrics.jsonl")) if "loss" in m and "step" in m]
+        r["range_test"] = {**OmegaConf.to_container(cfg.optim.schedule.range_test, resolve=True),
+                           "step": [int(m["step"]) for m in logged],
+                           "loss": [sig(m["loss"]["avg"], LOSS_SIG) for m in logged]}
+    r["commit"], r["clean"] = run_info.get("commit"), bool(run_info.get("clean", False))
     return r
 
 
@@ -360,12 +513,14 @@ def train_run(final: str, command: Sequence[str], env: Optional[Mapping[str, str
     """Runs ``command`` (a ``python -m recsys_hdet.train ...`` list without ``hydra.run.dir``) into
     ``final + ".partial"``, its output in ``train.log``, and moves it to ``final`` once it has a
     summary (exit 0, or 3: diverged), with ``ablation_run.json`` (command, exit status, process
-    seconds: what :func:`record_from_run_dir` reads; plus ``info``). A crashed attempt is started over.
+    seconds, the commit and whether the tree was clean: what :func:`record_from_run_dir` reads; plus
+    ``info``). A crashed attempt is started over.
     Returns {"exit_status", "process_seconds", "finished", "log"}."""
     import shutil
     import subprocess
     import time
 
+    info = {**code_state(), **info}  # the commit the run trains from (record_from_run_dir stamps its line)
     partial = final + ".partial"
     if os.path.exists(partial):
         shutil.rmtree(partial)  # a crashed attempt: start over
@@ -429,10 +584,6 @@ class AblationConfig:
 
 
 
-class StudyMismatch(ValueError):
-    """A finished run in the study directory was made with other overrides than this invocation's."""
-
-
 def run_dir(out: str, config: str, seed: int) -> str:
     return os.path.join(out, "runs", config, f"seed{seed}")
 
@@ -453,10 +604,16 @@ def recorded_overrides(path: str) -> Optional[List[str]]:
 
 
 def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: Sequence[str],
-            report_only: bool = False) -> Dict[str, Any]:
+            report_only: bool = False, contract: Any = "study") -> Dict[str, Any]:
     """Trains one (config, seed) unless its line is in the study's results file, and appends its line.
+    The run trains under the study's fairness contract (``contract``: "study" for ``study.contract``,
+    or None for a run that is part of a contender's procedure rather than a contender, e.g. an LR
+    range test): its overrides come first. The line is stamped with the commit the run trained from.
     Returns {"skipped", "record"} (record None: not run yet, with ``report_only``, or crashed) and,
     for a run trained now, "exit_status", "process_seconds" and, if it crashed, "crashed" and "log"."""
+    contract = study.contract if contract == "study" else contract
+    if contract is not None:
+        extra_overrides = contract.apply(extra_overrides)
     name = run_name(cfg.name, seed)
     if is_finished(study.results, name):
         record = study.results[name]
@@ -482,6 +639,79 @@ def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: 
                 "record": record}
     return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
             "crashed": True, "record": None, "log": run["log"]}
+
+
+# Fields of a results line that measure the machine, not the run: left out of --verify's comparison.
+VOLATILE = ("name", "commit", "clean", "examples_per_sec", "fraction_of_train")
+
+
+def differences(recorded: Any, fresh: Any, where: str = "") -> List[str]:
+    """Where two results lines differ, bit for bit (floats by ==), timings and stamps aside (:data:`VOLATILE`,
+    every key ending in ``seconds``)."""
+    if isinstance(recorded, dict) and isinstance(fresh, dict):
+        out: List[str] = []
+        for k in sorted(set(recorded) | set(fresh), key=str):
+            if k in VOLATILE or str(k).endswith("seconds"):
+                continue
+            if k not in recorded or k not in fresh:
+                out.append(f"{where}{k}: only in the {'recorded' if k in recorded else 'retrained'} line")
+            else:
+                out += differences(recorded[k], fresh[k], f"{where}{k}.")
+        return out
+    if isinstance(recorded, list) and isinstance(fresh, list):
+        if len(recorded) != len(fresh):
+            return [f"{where.rstrip('.')}: {len(recorded)} values recorded, {len(fresh)} retrained"]
+        return [d for i, (a, b) in enumerate(zip(recorded, fresh)) for d in differences(a, b, f"{where}{i}.")]
+    same = recorded == fresh and type(recorded) is type(fresh) or (
+        isinstance(recorded, (int, float)) and isinstance(fresh, (int, float)) and not isinstance(recorded, bool)
+        and float(recorded) == float(fresh))
+    return [] if same else [f"{where.rstrip('.')}: recorded {recorded!r}, retrained {fresh!r}"]
+
+
+def verify(study: StudyFiles, name: str) -> Dict[str, Any]:
+    """Retrains the recorded run ``name`` from its line (preset, seed, overrides) with today's checkout into
+    ``<work>/verify/<name>`` and compares the new line with the recorded one (:func:`differences`).
+    Returns {"reproduced", "differences", "recorded_commit", "commit", "record"}."""
+    record = study.results.get(name)
+    if record is None or not is_finished(study.results, name):
+        raise StudyMismatch(f"{name}: no finished run of that name in {study.results_path}")
+    overrides = study_overrides(record)
+    cmd = [sys.executable, "-m", "recsys_hdet.train", f"+experiment={record['preset']}", f"seed={record['seed']}",
+           *overrides]
+    final = os.path.join(study.work, "verify", name)
+    stamp = code_state()
+    run = train_run(final, cmd, info={"overrides": overrides})
+    out = {"recorded_commit": record.get("commit"), **stamp, "record": None}
+    if not run["finished"]:
+        return {**out, "reproduced": False,
+                "differences": [f"the retrained run crashed (exit status {run['exit_status']}): see {run['log']}"]}
+    fresh = json.loads(dumps(record_from_run_dir(final, name)))
+    diffs = differences(record, fresh)
+    return {**out, "reproduced": not diffs, "differences": diffs, "record": fresh}
+
+
+def print_verification(name: str, result: Mapping[str, Any]) -> int:
+    """--verify's output; its exit status: 0 reproduced, 1 not."""
+    head = (f"{name}: recorded at {result['recorded_commit'] or 'no commit'}, retrained at {result['commit']}"
+            f"{'' if result['clean'] else ' (dirty tree)'}: ")
+    if result["reproduced"]:
+        r = result["record"]
+        print(head + f"reproduced bit for bit (status {r['status']}, {r['steps']} steps, mean NE {r['mean_ne']!r})")
+        return 0
+    print(head + f"NOT reproduced, {len(result['differences'])} differences:")
+    for d in result["differences"][:20]:
+        print(f"  {d}")
+    return 1
+
+
+def add_study_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options every study's command has for its results file's provenance."""
+    ap.add_argument("--verify", metavar="RUN", default=None,
+                    help="retrain the recorded run RUN (its name in results.jsonl) and report whether it reproduces "
+                         "bit for bit (exit 0) or not (exit 1); nothing else is trained or written")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="train from a tree with uncommitted changes: the runs are recorded under outputs/dirty/, "
+                         "never in the committed results file")
 
 
 def run_schedules(path: str, steps: int) -> Dict[str, Any]:

@@ -1,22 +1,23 @@
 """Small paired studies on the benchmark data: named sets of configurations, each trained on the
 same seeds, compared by paired differences of held-out NE (mean over the three tasks).
 
-Sets (``--set``):
-- ``recovery_rollback``: the recovery study's two starts with the dense LRs 10x high (all_high,
-  emb_low_dense_high), plain and HDET (the study's form, ``lr_recovery.HDET_NEW``), with the
-  trainer's rollback at its defaults (3 rollbacks, each halving every LR). In docs/lr_recovery.md,
-  without rollback, every plain run from these starts diverged (6 of 6) and 4 of 6 HDET runs, each
-  within one window of the OneCycle warm-up. Same overrides as the study's runs (preset, seeds,
-  LRs): each rerun pairs with the study's run of the same start, variant and seed.
+Sets (``--set``), each at a start of the recovery study (``lr_recovery.STARTS``: factors of the anchor
+that ``docs/lr_recovery.json`` names, the best cell of the recovery grid):
+- ``recovery_rollback`` (retired: the recovery study under the fairness contract runs every contender
+  with rollback, plain included): the earlier recovery study's two starts with the dense LRs 10x high,
+  plain and HDET (``lr_recovery.HDET_NEW``), rollback on; its rows are kept and reported.
 - ``embedding_window``: what averaging the embedding replicas only every T steps costs when the
-  embedding LR is spread. HDET at the recovery grid's best cell with the spread fixed (the
-  study's HDET form with ``hdet.autolr=false``, so the controller moves nothing), the embedding
-  replicas averaged at every sync (T = 50, the default when spread) against every step
+  embedding LR is spread. HDET at ``old_tuned`` (embedding 10x below the best cell, dense 3x above it:
+  not on the plateau) with the spread fixed (``hdet.autolr=false``, so the controller moves nothing),
+  the embedding replicas averaged at every sync (T = 50, the default when spread) against every step
   (``hdet.embedding_sync_every=1``); the dense replicas are averaged every T in both.
 - ``local_sgd``: what independent dense replicas between syncs (``trainer.dense_gradients=local``,
   no dense gradient all-reduce; the syncs average the replicas) cost in NE, with the product's
-  default HDET form (``lr_recovery.HDET_ANNEAL_EFFECT``) at the recovery grid's best cell, against
-  the same form with the all-reduce.
+  default HDET form (``lr_recovery.HDET_ANNEAL_EFFECT``) at ``old_tuned``, against the same form with
+  the all-reduce.
+Both HDET-against-HDET sets ran before the fairness contract; they train the same rows and rollback
+on both sides (the reserved probe rows and the trainer's default rollback), so their pairs are fair;
+a set trained from now on gets the contract's overrides (:data:`studies.harness.CONTRACT`).
 
 One line per run in ``docs/<set>/results.jsonl`` (``studies.harness``; resumable; ``--report-only`` rebuilds
 ``docs/<set>.md`` and ``.json`` from it); run directories under ``outputs/studies/<set>``.
@@ -33,18 +34,17 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from studies import harness as SR
-from studies.lr_recovery import HDET_ANNEAL_EFFECT, HDET_NEW, PRESET, STARTS, lr_overrides
+from studies.lr_recovery import HDET_ANNEAL_EFFECT, HDET_NEW, PRESET, lr_overrides, recovery_anchor, start_lrs
 from studies.harness import REPO, paired_ci95
 from studies.lr_truth import StudyError, train
 
-# The recovery grid's best cell (docs/lr_recovery.md), which the study's starts are factors of.
-OPTIMUM = (6.0, 0.00948683)
 COMMON = (f"+experiment={PRESET}", "trainer.checkpoint=false", "trainer.tensorboard=false")
+# The point the recovery study's starts are factors of (docs/lr_recovery.json), read once.
+ANCHOR = recovery_anchor()
 
 
 def at(start: str) -> List[str]:
-    emb, dense = STARTS[start]
-    return lr_overrides(OPTIMUM[0] * emb, OPTIMUM[1] * dense)
+    return lr_overrides(*start_lrs(start, ANCHOR))
 
 
 @dataclass(frozen=True)
@@ -53,23 +53,29 @@ class PairedSet:
     configs: Dict[str, Tuple[str, ...]]  # name -> overrides (besides COMMON and the seed)
     pairs: Tuple[Tuple[str, str], ...]  # (a, b): report a - b paired by seed
     seeds: Tuple[int, ...] = (0, 1, 2)
+    retired: Optional[str] = None  # why the set is only reported, never trained again
 
 
 SETS = {
     "recovery_rollback": PairedSet(
-        "Rollback reruns: the recovery study's dense-10x-high starts, rollback on",
-        {f"{s}/{v}": (*at(s), *hdet) for s in ("all_high", "emb_low_dense_high")
+        "Rollback reruns: the earlier recovery study's dense-10x-high starts, rollback on",
+        # the earlier study's starts: factors of its anchor (embedding 6, dense 0.00949), not of today's
+        {f"{s}/{v}": (*lr_overrides(6.0 * fe, 0.00948683 * fd), *hdet)
+         for s, (fe, fd) in (("all_high", (10, 10)), ("emb_low_dense_high", (0.1, 10)))
          for v, hdet in (("plain", ()), ("hdet", HDET_NEW))},
-        (("all_high/hdet", "all_high/plain"), ("emb_low_dense_high/hdet", "emb_low_dense_high/plain"))),
+        (("all_high/hdet", "all_high/plain"), ("emb_low_dense_high/hdet", "emb_low_dense_high/plain")),
+        retired="superseded by the recovery study under the fairness contract, which runs plain + rollback at "
+                "every start (docs/lr_recovery.md)"),
     "embedding_window": PairedSet(
-        "The embedding window's cost: spread embedding replicas averaged every T vs every step",
-        {"window": (*at("tuned"), *HDET_NEW, "hdet.autolr=false"),
-         "every_step": (*at("tuned"), *HDET_NEW, "hdet.autolr=false", "hdet.embedding_sync_every=1")},
+        "The embedding window's cost: spread embedding replicas averaged every T vs every step (at old_tuned)",
+        {"window": (*at("old_tuned"), *HDET_NEW, "hdet.autolr=false"),
+         "every_step": (*at("old_tuned"), *HDET_NEW, "hdet.autolr=false", "hdet.embedding_sync_every=1")},
         (("window", "every_step"),)),
     "local_sgd": PairedSet(
-        "Independent dense replicas between syncs (local SGD) against the dense all-reduce, default HDET form",
-        {"allreduce": (*at("tuned"), *HDET_ANNEAL_EFFECT),
-         "local": (*at("tuned"), *HDET_ANNEAL_EFFECT, "trainer.dense_gradients=local")},
+        "Independent dense replicas between syncs (local SGD) against the dense all-reduce, default HDET form "
+        "(at old_tuned)",
+        {"allreduce": (*at("old_tuned"), *HDET_ANNEAL_EFFECT),
+         "local": (*at("old_tuned"), *HDET_ANNEAL_EFFECT, "trainer.dense_gradients=local")},
         (("local", "allreduce"),)),
 }
 
@@ -82,7 +88,7 @@ def run_set(pset: PairedSet, results: Dict[str, Dict[str, Any]], path: str, work
             if SR.is_finished(results, name):
                 continue
             try:
-                record = train(work, name, [*COMMON, f"seed={seed}", *extra])
+                record = train(work, name, [*COMMON, f"seed={seed}", *SR.CONTRACT.apply(extra)])
             except StudyError as e:
                 print(f"error: {e}", file=sys.stderr)
                 status = 2
@@ -102,13 +108,14 @@ def summarize(pset: PairedSet, results: Dict[str, Dict[str, Any]]) -> Dict[str, 
     configs = {}
     for config in pset.configs:
         runs = {s: results.get(f"{config}/seed{s}") for s in pset.seeds}
-        ok = {s: r["mean_ne"] for s, r in runs.items() if r and r["status"] == "completed"}
+        ok = {s: r["mean_ne"] for s, r in runs.items() if SR.outcome(r) == "completed"}
         configs[config] = {"runs": sum(r is not None for r in runs.values()), "completed": len(ok),
                            "mean_ne": statistics.fmean(ok.values()) if ok else None, "ne_per_seed": ok,
                            "rollbacks_per_seed": {s: rollbacks(r) for s, r in runs.items() if r},
                            # training speed of the completed runs (side by side only within one session)
                            "examples_per_sec": statistics.median(runs[s]["examples_per_sec"] for s in ok) if ok else None,
-                           "statuses": {s: r["status"] for s, r in runs.items() if r}}
+                           "statuses": {s: ("collapsed" if SR.outcome(r) == "failed" and r["status"] == "completed"
+                                            else r["status"]) for s, r in runs.items() if r}}
     pairs = []
     for a, b in pset.pairs:
         seeds = sorted(set(configs[a]["ne_per_seed"]) & set(configs[b]["ne_per_seed"]))
@@ -121,7 +128,9 @@ def summarize(pset: PairedSet, results: Dict[str, Dict[str, Any]]) -> Dict[str, 
 def render(name: str, pset: PairedSet, summary: Dict[str, Any]) -> str:
     fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
     lines = [f"# {pset.title}", "", f"Generated by `python -m studies.paired_runs --set {name}` (the method is in its "
-             "docstring). NE: held-out NE, mean over the three tasks.", "",
+             "docstring). NE: held-out NE, mean over the three tasks; a run at NE >= 0.999 on a task is 'collapsed' "
+             "(failed) and never paired.", "",
+             *([f"**Retired**: {pset.retired}; its rows are kept as they were recorded.", ""] if pset.retired else []),
              f"{summary['completed']} of {summary['runs']} runs completed ({len(pset.configs) * len(pset.seeds)} "
              "planned).", "", "| configuration | completed | mean NE (completed) | NE per seed | rollbacks per seed | "
              "examples/s (median) |", "|---|---|---|---|---|---|"]
@@ -145,12 +154,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", default=os.path.join(REPO, "docs"))
     parser.add_argument("--work", help="run directories (default: outputs/studies/<set>)")
     parser.add_argument("--report-only", action="store_true")
+    SR.add_study_arguments(parser)
     args = parser.parse_args(argv)
     pset = SETS[args.set]
-    path = os.path.join(args.out, args.set, "results.jsonl")
-    results = SR.load(path)
-    status = 0 if args.report_only else run_set(pset, results, path,
-                                                args.work or os.path.join(REPO, "outputs", "studies", args.set))
+    train_now = not args.report_only and args.verify is None
+    if train_now and pset.retired:
+        print(f"error: --set {args.set} is retired ({pset.retired}); --report-only rebuilds its report",
+              file=sys.stderr)
+        return 2
+    try:
+        files = SR.StudyFiles.open(os.path.join(args.out, args.set), args.work or os.path.join(REPO, "outputs", "studies",
+                                                                                             args.set),
+                                   allow_dirty=args.allow_dirty, train=train_now)
+        if args.verify is not None:
+            return SR.print_verification(args.verify, SR.verify(files, args.verify))
+    except SR.StudyMismatch as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path, results = files.results_path, files.results
+    status = 0 if args.report_only else run_set(pset, results, path, files.work)
     summary = summarize(pset, results)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{args.set}.json"), "w") as f:

@@ -70,7 +70,7 @@ def test_skip_finished_and_the_recorded_overrides(tmp_path):
 def test_the_ablation_runner_skips_a_run_with_a_line_and_refuses_other_overrides(tmp_path):
     from studies.harness import AblationConfig, StudyMismatch, run_one
 
-    study = SR.StudyFiles.open(str(tmp_path))
+    study = SR.StudyFiles.open(str(tmp_path), contract=None)  # the skip and mismatch rules alone
     study.add(_line("baseline_low/seed0"))
     cfg = AblationConfig("baseline_low", "baseline_low", "", None, None)
     res = run_one(study, cfg, 0, ["optim.lr.embedding=0.6"])  # nothing is trained: its line exists
@@ -84,7 +84,7 @@ def test_the_ablation_runner_skips_a_run_with_a_line_and_refuses_other_overrides
     _fake_run_dir(tmp_path / "runs" / "baseline_low" / "seed1", ["optim.lr.embedding=0.6"], seed=1)
     res = run_one(study, cfg, 1, ["optim.lr.embedding=0.6"])
     assert res["skipped"] and res["record"]["name"] == "baseline_low/seed1"
-    assert SR.StudyFiles.open(str(tmp_path)).results == study.results
+    assert SR.StudyFiles.open(str(tmp_path), contract=None).results == study.results
     assert res["record"]["lr_area"]["embedding"] == pytest.approx(30.0, rel=1e-9)
 
 
@@ -98,7 +98,7 @@ def _fake_run_dir(path, overrides, seed=0, total=100):
         "\n".join(f"- {o}" for o in ["+experiment=baseline_low", f"seed={seed}", *overrides]) + "\n")
     (path / ".hydra" / "config.yaml").write_text(json.dumps(
         {"seed": seed, "optim": {"lr": lr, "schedule": schedule}, "trainer": {"nproc": 4, "sharding_group_size": 2},
-         "hdet": {"enabled": False}}))
+         "hdet": {"enabled": False}, "data": {"name": "bench", "batch_size": 512, "reserve_rows": 4096}}))
     sched = {g: SR.one_cycle(schedule, v, total) for g, v in lr.items()}
     with open(path / "metrics.jsonl", "w") as f:
         for s in range(25, total + 1, 25):

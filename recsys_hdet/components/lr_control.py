@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol
 
 import torch
 
-from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_one_cycle
+from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_schedules
 
 
 def weighted_task_mean(per_task: torch.Tensor, weights: torch.Tensor) -> float:
@@ -68,7 +68,8 @@ class LRControl(Protocol):
 
 
 class ScheduledLR:
-    """The plain run: every group follows its own one-cycle schedule (``optim.schedule``)."""
+    """The plain run: every group follows its own schedule (``optim.schedule``: one-cycle, or see
+    :func:`~recsys_hdet.components.lr_scheduler.build_schedules`)."""
 
     tolerates_non_finite_replicas = False
     wants_serving_loss = False
@@ -128,6 +129,6 @@ def build_lr_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embedd
         return build_hdet_control(cfg, optimizer=optimizer, total_steps=total_steps,
                                   plain_embedding_sync_every=plain_embedding_sync_every, **(hdet_context or {}))
     groups: List[str] = list(optimizer.groups)
-    schedules = {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), total_steps) for g in groups}
+    schedules = build_schedules(cfg.optim, groups, total_steps)
     return ScheduledLR(optimizer, schedules, bool(cfg.optim.schedule.cycle_momentum), total_steps,
                        plain_embedding_sync_every)

@@ -5,6 +5,17 @@ anneal functions, same float arithmetic, so its values equal ``OneCycleLR``'s ex
 checks it step for step). A pure function is what HDET needs: the schedule's value at any step
 and its floor can be read without stepping an optimizer.
 
+Two more schedules for plain runs, chosen per group by :func:`build_schedules`:
+
+- :class:`Constant`: the max LR at every step, momentum left alone. Schedule-Free AdamW's dense
+  groups run on it (the method replaces the decay by iterate averaging and warms up by itself,
+  ``optim.dense.warmup_steps``), while the embedding group keeps the plain run's one-cycle.
+- :class:`RangeTest`: the LR range test (Smith 2017, arXiv 1506.01186; fastai's ``lr_find``):
+  ``max_lr x low`` rising exponentially to ``max_lr x high`` over ``steps`` steps, for the groups
+  ``optim.schedule.range_test.groups`` names (the others constant at their max LR). A short run
+  (``trainer.stop_at_step``) on it logs the loss against the LR; ``studies.harness.suggest_lr``
+  reads the suggestion off that curve.
+
 :class:`GroupLRScheduler` applies one schedule per named group of a
 :class:`~recsys_hdet.components.optimizer.GroupedOptimizer`: ``lr`` in every group, and the
 cycled momentum as ``betas[0]`` in groups that have betas (Adam), as ``OneCycleLR`` does.
@@ -15,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 
 def _annealing_cos(start: float, end: float, pct: float) -> float:
@@ -84,6 +95,67 @@ class OneCycle:
         raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class Constant:
+    """The max LR at every step; ``momentum`` None: the scheduler leaves the group's betas alone."""
+
+    max_lr: float
+
+    @property
+    def min_lr(self) -> float:
+        return self.max_lr
+
+    def __call__(self, step: int) -> tuple[float, Optional[float]]:
+        return self.max_lr, None
+
+
+@dataclass(frozen=True)
+class RangeTest:
+    """``max_lr x low`` at step 0 to ``max_lr x high`` at step ``steps - 1``, geometrically; held there after."""
+
+    max_lr: float
+    steps: int
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if self.steps < 2:
+            raise ValueError(f"optim.schedule.range_test.steps={self.steps}: must be >= 2")
+        if not 0 < self.low < self.high:
+            raise ValueError(f"optim.schedule.range_test: low={self.low}, high={self.high}: need 0 < low < high")
+
+    @property
+    def min_lr(self) -> float:
+        return self.max_lr * self.low
+
+    def multiplier(self, step: int) -> float:
+        pct = min(max(step, 0), self.steps - 1) / (self.steps - 1)
+        return self.low * (self.high / self.low) ** pct
+
+    def __call__(self, step: int) -> tuple[float, Optional[float]]:
+        return self.max_lr * self.multiplier(step), None
+
+
+def build_schedules(optim_cfg: Mapping[str, Any], groups: Iterable[str], total_steps: int) -> Dict[str, Any]:
+    """Each group's schedule for a plain run, from ``optim``: the one-cycle (``optim.schedule.name=one_cycle``),
+    except the dense groups under Schedule-Free AdamW (:class:`Constant`); or, with
+    ``optim.schedule.name=range_test``, :class:`RangeTest` for the groups it names, the others constant."""
+    schedule = optim_cfg["schedule"]
+    dense_type = str(optim_cfg["dense"]["type"])
+    out: Dict[str, Any] = {}
+    for g in groups:
+        max_lr = float(optim_cfg["lr"][g])
+        if str(schedule.get("name", "one_cycle")) == "range_test":
+            rt = schedule["range_test"]
+            out[g] = (RangeTest(max_lr, int(rt["steps"]), float(rt["low"]), float(rt["high"]))
+                      if g in list(rt["groups"]) else Constant(max_lr))
+        elif g != "embedding" and dense_type == "schedulefree_adamw":
+            out[g] = Constant(max_lr)
+        else:
+            out[g] = build_one_cycle(schedule, max_lr, total_steps)
+    return out
+
+
 def build_one_cycle(schedule_cfg: Mapping[str, Any], max_lr: float, total_steps: int) -> OneCycle:
     return OneCycle(
         max_lr=float(max_lr),
@@ -124,7 +196,7 @@ class GroupLRScheduler:
             lr, momentum = schedule(self.last_step)
             for pg in self.groups.get(name, []):
                 pg["lr"] = lr * self.scale[name]
-                if self.cycle_momentum and "betas" in pg:
+                if self.cycle_momentum and momentum is not None and "betas" in pg:
                     pg["betas"] = (momentum, *pg["betas"][1:])
 
     def step(self) -> None:

@@ -11,7 +11,9 @@
   would try first for the dense groups (``optim.dense.type``): ``prodigy`` (Prodigy: Adam whose
   step size is estimated from the distance travelled; the group's LR is a multiplier, 1.0 by
   default) and ``schedulefree_adamw`` (Schedule-Free AdamW: no decay schedule, the evaluated weights
-  are an average of the iterates). Neither has a fused embedding counterpart: the embedding group
+  are an average of the iterates; as its authors run it, the dense groups' LR is constant
+  (lr_scheduler.Constant) and the optimizer warms up by itself over ``optim.dense.warmup_steps``,
+  by default as many steps as the one-cycle's rise; the embedding group keeps the plain schedule). Neither has a fused embedding counterpart: the embedding group
   keeps its fused optimizer. Schedule-Free trains at one point and is evaluated at another: the
   job switches it to its evaluation weights (:meth:`GroupedOptimizer.eval_weights`) for every
   forward pass outside training and for the saved model.
@@ -52,6 +54,16 @@ def fused_params(embedding_cfg: Mapping[str, Any], initial_lr: float) -> Dict[st
     return params
 
 
+def schedulefree_warmup(optim_cfg: Mapping[str, Any], total_steps: int) -> int:
+    """Schedule-Free AdamW's own warm-up in steps: ``optim.dense.warmup_steps``, or by default (null) the
+    one-cycle's rise, ``pct_start x total_steps`` (0 for every other optimizer)."""
+    dense = optim_cfg["dense"]
+    if str(dense["type"]) != "schedulefree_adamw":
+        return 0
+    steps = dense.get("warmup_steps")
+    return int(steps) if steps is not None else round(float(optim_cfg["schedule"]["pct_start"]) * total_steps)
+
+
 class GroupedOptimizer:
     """Dense Adam and the fused embedding optimizer behind one list of named groups.
 
@@ -59,7 +71,8 @@ class GroupedOptimizer:
     kernel). Schedules write ``lr`` (and ``betas``) into them, then call :meth:`apply_hparams`.
     """
 
-    def __init__(self, model: nn.Module, dense_cfg: Mapping[str, Any], initial_lrs: Mapping[str, float]) -> None:
+    def __init__(self, model: nn.Module, dense_cfg: Mapping[str, Any], initial_lrs: Mapping[str, float],
+                 warmup_steps: int = 0) -> None:
         fused = getattr(model, "fused_optimizer", None)
         if fused is None:
             raise ValueError("the model has no fused embedding optimizer: wrap it in DistributedModelParallel first")
@@ -90,9 +103,8 @@ class GroupedOptimizer:
         elif kind == "schedulefree_adamw":
             from schedulefree import AdamWScheduleFree
 
-            # Its own warm-up (warmup_steps); the job's schedule multiplies its LR too: a constant
-            # schedule is what the method expects (optim.schedule is set so in its experiment).
-            self.dense = AdamWScheduleFree(groups, **common)
+            # Its own warm-up (warmup_steps); the dense groups' schedule is constant (build_schedules).
+            self.dense = AdamWScheduleFree(groups, **common, warmup_steps=int(warmup_steps))
             self.dense.train()
         else:
             raise ValueError(f"optim.dense.type={kind!r}: choose adam, adamw, prodigy or schedulefree_adamw")
