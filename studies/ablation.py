@@ -94,6 +94,7 @@ def collect(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> Dict[st
                 "seed": seed,
                 "run": name,
                 "status": r["status"],
+                "outcome": SR.outcome(r),  # a run that ends at the base rate has failed, whatever its status
                 "steps": r["steps"],
                 "train_loss": r["train_loss"]["avg"],
                 "eval_ne": {t: r.get("eval", {}).get(t, {}).get("ne") for t in TASKS},
@@ -102,7 +103,7 @@ def collect(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> Dict[st
                 "base_vs_schedule": base_vs_schedule(SR.sync_records(r), SR.schedules(r, r["steps"]))
                 if r["status"] == "completed" else {},
             })
-        completed = [r for r in runs if r["status"] == "completed"]
+        completed = [r for r in runs if r["outcome"] == "completed"]
         decay = {g: _mean_std([r["base_vs_schedule"].get(g) for r in completed]) for g in GROUPS}
         rows.append({
             "config": cfg.name,
@@ -111,7 +112,8 @@ def collect(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> Dict[st
             "paper": {"avg_lr": cfg.paper_avg_lr, "train_loss": cfg.paper_train_loss},
             "seeds_run": len(runs),
             "diverged": sum(r["status"] == "diverged" for r in runs),
-            # Means over completed runs only: a diverged run's loss covers a partial pass.
+            "failed": sum(r["outcome"] == "failed" for r in runs),
+            # Means over completed runs only: a failed run's loss covers a partial pass or the base rate.
             "train_loss": _mean_std([r["train_loss"] for r in completed]),
             "eval_ne": {t: _mean_std([r["eval_ne"][t] for r in completed]) for t in TASKS},
             "wall_seconds": _mean_std([r["wall_seconds"] for r in runs]),
@@ -166,15 +168,15 @@ def render_markdown(result: Dict[str, Any], command: str, machine: str, report: 
         "# HDET ablation on the benchmark data set",
         "",
         f"Produced by `{command}` on {machine}. Seeds {', '.join(map(str, seeds))}: each cell is the "
-        "mean ± sample standard deviation over the seeds' completed runs (diverged runs are counted, "
-        "not averaged). Train loss is the task-weighted mean training loss over the one pass (the "
+        "mean ± sample standard deviation over the seeds' completed runs (failed runs, diverged or ended at "
+        "the base rate with NE >= 0.999 on a task, are counted, not averaged). Train loss is the task-weighted mean training loss over the one pass (the "
         "paper's metric, per task averaged over contribution, like and long_dwell); NE is the "
         "held-out day's normalized entropy. The paper's numbers (production data, 8 H100, ~30 h a run, "
         "sum over tasks) are on another scale: compare orderings, not values.",
         *(["", "The HDET configurations' controller (from `hdet_full`'s resolved config): "
            + ", ".join(f"`{k}={v}`" for k, v in form.items()) + "."] if form else []),
         "",
-        "| configuration | what | train loss | NE contribution | NE like | NE long_dwell | diverged | wall s | paper avg LR | paper train loss |",
+        "| configuration | what | train loss | NE contribution | NE like | NE long_dwell | failed | wall s | paper avg LR | paper train loss |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
@@ -182,7 +184,7 @@ def render_markdown(result: Dict[str, Any], command: str, machine: str, report: 
         lines.append(
             f"| {r['config']} | {r['what']} | {_fmt(r['train_loss'])} | "
             + " | ".join(_fmt(r["eval_ne"][t]) for t in TASKS)
-            + f" | {r['diverged']}/{r['seeds_run']} | {_fmt(r['wall_seconds'], 0)} | {p['avg_lr'] or '-'} | "
+            + f" | {r.get('failed', r['diverged'])}/{r['seeds_run']} | {_fmt(r['wall_seconds'], 0)} | {p['avg_lr'] or '-'} | "
             f"{p['train_loss'] or '(not in the paper)'} |"
         )
     decay_rows = [r for r in result["rows"] if r["base_vs_schedule"]]
@@ -226,7 +228,7 @@ def comparison_report(study: StudyFiles, seed: int) -> Optional[str]:
     ``<out>/comparison/report.html``. It needs the run directories: where they are not in the working
     directory (a report rebuilt from the results file alone), an earlier report is kept as it is."""
     report_dir = os.path.join(study.out, "comparison")
-    completed = [c.name for c in CONFIGS if study.results.get(SR.run_name(c.name, seed), {}).get("status") == "completed"]
+    completed = [c.name for c in CONFIGS if SR.outcome(study.results.get(SR.run_name(c.name, seed))) == "completed"]
     dirs = [SR.run_dir(study.work, c, seed) for c in completed]
     if not completed:
         return None
@@ -261,6 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-report", action="store_true", help="skip the comparison report")
     ap.add_argument("--previous", default=None, help="an earlier ablation.md whose table the report keeps beside "
                     "its own (e.g. after the defaults changed)")
+    SR.add_study_arguments(ap)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides passed to every run, e.g. data=tiny (put them "
                     "before --seeds/--configs, whose lists would take them)")
     args = ap.parse_args(argv)
@@ -272,8 +275,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
     configs = [c for c in CONFIGS if args.configs is None or c.name in args.configs]
     try:
-        study = StudyFiles.open(args.out, args.work)
-    except SR.ResultsError as e:
+        study = StudyFiles.open(args.out, args.work, allow_dirty=args.allow_dirty,
+                                train=not args.report_only and args.verify is None)
+        if args.verify is not None:
+            return SR.print_verification(args.verify, SR.verify(study, args.verify))
+    except (SR.ResultsError, StudyMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.makedirs(study.out, exist_ok=True)
