@@ -426,6 +426,9 @@ class Trainer:
         summary["wall_seconds"] = time.time() - self.job_start
         summary["peak_rss_mb"] = max(rss)
         summary["peak_rss_mb_per_worker"] = rss
+        # The float results depend on it (intra-op reductions split by thread): a run reproduces bit for
+        # bit only at the same threads per worker (studies' --verify pins it).
+        summary["threads_per_worker"] = torch.get_num_threads()
         if self.rank == 0:
             write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
             self._print_summary(summary)

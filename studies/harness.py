@@ -480,6 +480,8 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
     if summary.get("oracle"):
         r["oracle"] = _round_tree(summary["oracle"])
     r["layout"] = {"nproc": int(cfg.trainer.nproc), "sharding_group_size": int(cfg.trainer.sharding_group_size)}
+    if summary.get("threads_per_worker") is not None:  # the float results depend on it (see verify)
+        r["layout"]["threads_per_worker"] = int(summary["threads_per_worker"])
     r["schedule"] = schedule
     r["max_lr"] = max_lr
     r["preset_lr"] = base_lr
@@ -671,13 +673,21 @@ def differences(recorded: Any, fresh: Any, where: str = "") -> List[str]:
 def verify(study: StudyFiles, name: str) -> Dict[str, Any]:
     """Retrains the recorded run ``name`` from its line (preset, seed, overrides) with today's checkout into
     ``<work>/verify/<name>`` and compares the new line with the recorded one (:func:`differences`).
+
+    The intra-op thread count changes float results (reductions split differently): a run trained with
+    2 threads per worker differs from the same run with 1 from the first logged interval. So the retrained
+    run is pinned to the recorded ``layout.threads_per_worker`` (where the line has it; older lines
+    do not, and then the machine's own thread policy decides: 1 per worker on 2 cores with 4 workers).
     Returns {"reproduced", "differences", "recorded_commit", "commit", "record"}."""
     record = study.results.get(name)
     if record is None or not is_finished(study.results, name):
         raise StudyMismatch(f"{name}: no finished run of that name in {study.results_path}")
     overrides = study_overrides(record)
+    threads = (record.get("layout") or {}).get("threads_per_worker")
+    pin = [f"trainer.threads_per_worker={threads}"] if threads and not any(
+        o.startswith("trainer.threads_per_worker=") for o in overrides) else []
     cmd = [sys.executable, "-m", "recsys_hdet.train", f"+experiment={record['preset']}", f"seed={record['seed']}",
-           *overrides]
+           *overrides, *pin]
     final = os.path.join(study.work, "verify", name)
     stamp = code_state()
     run = train_run(final, cmd, info={"overrides": overrides})
@@ -686,6 +696,9 @@ def verify(study: StudyFiles, name: str) -> Dict[str, Any]:
         return {**out, "reproduced": False,
                 "differences": [f"the retrained run crashed (exit status {run['exit_status']}): see {run['log']}"]}
     fresh = json.loads(dumps(record_from_run_dir(final, name)))
+    fresh["overrides"] = [o for o in fresh["overrides"] if o not in pin]  # the pin is verify's, not the run's
+    if "threads_per_worker" not in (record.get("layout") or {}):
+        fresh.get("layout", {}).pop("threads_per_worker", None)  # an older line that did not record it
     diffs = differences(record, fresh)
     return {**out, "reproduced": not diffs, "differences": diffs, "record": fresh}
 

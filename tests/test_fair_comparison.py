@@ -115,6 +115,7 @@ def test_verify_reproduces_a_tiny_recorded_run_and_reports_a_planted_one_ulp_cha
     assert record is not None and record["status"] == "stopped", res
     assert record["commit"] == SR.code_state()["commit"] and record["clean"] == SR.code_state()["clean"]
     assert record["rows"]["reserve_rows"] == 1024 and "data.reserve_rows=1024" in record["overrides"]
+    assert record["layout"]["threads_per_worker"] >= 1  # verify pins it: float results depend on it
     result = SR.verify(files, "tiny/plain/seed0")
     assert result["reproduced"], result["differences"]
     # The same retrained line against a recorded one with one planted ulp: reported, naming the field.
