@@ -28,7 +28,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m recsys_hdet.train +experiment=demo
 
+# The import contracts (pyproject.toml [tool.importlinter], docs/architecture.md) first, then the tests.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 # The crash-recovery end-to-end runs (kill -9 and resume, rollback, the retraining job's kills):

@@ -32,7 +32,7 @@ import glob
 
 from data_tools.convert import _append_locked, convert, resolve_min_count
 from data_tools.errors import DataError, data_error
-from data_tools.generate import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE,
+from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE,
                                  GeneratorConfig, generate)
 from data_tools.validate import _load_meta, validate_processed
 from recsys_hdet.fileio import file_lock

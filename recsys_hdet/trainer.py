@@ -23,13 +23,12 @@ from recsys_hdet.components.hparam_bindings import LossSettings, set_temperature
 from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, DenseNormalization, ParquetBatchStream,
                                               RowHoldout, TrainedPosition, model_inputs, split_for)
 from recsys_hdet.components.faults import faults_from_env
-from recsys_hdet.components.lr_control import LRControl, build_lr_control, weighted_task_mean
 from recsys_hdet.components.lr_scheduler import build_schedules
 from recsys_hdet.components.metrics import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl
 from recsys_hdet.fileio import write_json_atomic
 from recsys_hdet.evaluation.metrics import oracle_metrics, task_metrics
 from recsys_hdet.evaluation.scoring import predict_batches
-from recsys_hdet.components.train_metrics import TrainMetrics
+from recsys_hdet.components.train_metrics import TrainMetrics, weighted_task_mean
 from recsys_hdet.components.train_pipeline import TimedBatches, TrainStep
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState, TrainClock
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params, schedulefree_warmup
@@ -37,6 +36,7 @@ from recsys_hdet.components.replicas import ReplicaAverager
 from recsys_hdet.components.rollback import Rollback, build_rollback
 from recsys_hdet.components.tensorboard import build_tensorboard
 from recsys_hdet.config import probe_rows
+from recsys_hdet.lr_control import LRControl, build_lr_control
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.models.ranker import PARAM_GROUPS, build_model  # noqa: F401 (build_model: re-exported)
 from recsys_hdet.exit_status import ExitStatus

@@ -37,7 +37,7 @@ MUTANTS = (
            "embedding_sync_every = lr_control.embedding_sync_every  # the loop's embedding averaging (see build())",
            "embedding_sync_every = 0",
            ["tests/test_train.py::test_two_process_run_writes_the_artifact_contract"]),
-    Mutant("B", "HDET silently off at alpha = 0", "recsys_hdet/components/lr_control.py",
+    Mutant("B", "HDET silently off at alpha = 0", "recsys_hdet/lr_control.py",
            "if bool(cfg.hdet.enabled):",
            "if bool(cfg.hdet.enabled) and float(cfg.hdet.alpha) > 0:",
            ["tests/test_hdet_train.py::test_alpha_zero_reproduces_the_plain_run_exactly"]),

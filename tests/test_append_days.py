@@ -16,7 +16,7 @@ import data_tools.convert as C
 from data_tools.convert import append_days
 from data_tools.convert import main as convert_main
 from data_tools.errors import DataError
-from data_tools.generate import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
+from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
                                  generate)
 from data_tools.generate import main as generate_main
 from data_tools.prepare import _existing, append_synthetic_days, ensure_dataset, load_oracle

@@ -18,7 +18,7 @@ from data_tools import schema as S
 from data_tools.convert import convert
 from data_tools.vocab import vocab_path
 from data_tools.errors import DataError
-from data_tools.generate import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
+from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
                                  generate)
 from data_tools.prepare import ensure_dataset, load_oracle
 from data_tools.validate import main as validate_main

@@ -84,7 +84,8 @@ def test_bounds_hold_under_adversarial_losses(name, direction):
 
 def _applied_worker():
     """Values reach the modules, the optimizer and the loss on the step they change."""
-    from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams
+    from recsys_hdet.components.hparam_bindings import LossSettings
+    from recsys_hdet.hdet.explored import build_explored_hparams
     from recsys_hdet.hdet import HDETOneCycleLR
     from recsys_hdet.models.ranker import MultiTaskRanker, SparseFeature, dense_parameter_groups
 

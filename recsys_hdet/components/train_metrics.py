@@ -28,6 +28,12 @@ from typing import Dict, List
 
 import torch
 
+
+def weighted_task_mean(per_task: torch.Tensor, weights: torch.Tensor) -> float:
+    """The task-weighted mean of per-task losses: the objective per unit weight."""
+    w = weights.double()
+    return float((per_task.double() * w).sum() / w.sum())
+
 METRICS = ("ne", "calibration", "auc")
 
 

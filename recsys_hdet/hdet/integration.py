@@ -1,4 +1,4 @@
-"""HDET in the training job: the LR control (:class:`recsys_hdet.components.lr_control.LRControl`)
+"""HDET in the training job: the LR control (:class:`recsys_hdet.lr_control.LRControl`)
 that the trainer holds when ``hdet.enabled``.
 
 Everything the job does for HDET lives here, so the training loop never branches on it:
@@ -37,11 +37,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
-from recsys_hdet.components.hparam_bindings import LossSettings, build_explored_hparams
-from recsys_hdet.components.lr_control import weighted_task_mean
+from recsys_hdet.components.hparam_bindings import LossSettings
+from recsys_hdet.components.train_metrics import weighted_task_mean
 from recsys_hdet.components.replicas import ReplicaAverager, all_finite, average_, mixed_replica_loss
 from recsys_hdet.components.train_state import ModelState
 from recsys_hdet.hdet.engine import HDETConfig, ReplicaAxis
+from recsys_hdet.hdet.explored import build_explored_hparams
 from recsys_hdet.hdet.scheduler import HDETOneCycleLR
 from recsys_hdet.hdet.signals import (SIGNALS, AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe,
                                      ReplicaSignal)

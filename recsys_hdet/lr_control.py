@@ -1,5 +1,8 @@
 """LR control: what sets every parameter group's learning rate (and other scheduled scalars) step by step.
 
+The one module that names both the plain schedule (components/) and HDET (hdet/): it sits above
+both, so that neither needs the other (the import contracts in pyproject.toml).
+
 One interface (:class:`LRControl`), two implementations built by :func:`build_lr_control` from the
 config:
 
@@ -24,12 +27,6 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol
 import torch
 
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_schedules
-
-
-def weighted_task_mean(per_task: torch.Tensor, weights: torch.Tensor) -> float:
-    """The task-weighted mean of per-task losses: the objective per unit weight."""
-    w = weights.double()
-    return float((per_task.double() * w).sum() / w.sum())
 
 
 class LRControl(Protocol):
