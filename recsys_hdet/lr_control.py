@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol
 
 import torch
 
+from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_schedules
 
 
@@ -115,16 +116,15 @@ class ScheduledLR:
         self.scheduler.load_state_dict(state)
 
 
-def build_lr_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embedding_sync_every: int,
-                     hdet_context: Optional[Dict[str, Any]] = None) -> LRControl:
-    """The config's LR control: HDET's when ``hdet.enabled``, else the per-group schedules.
-    ``hdet_context``: what HDET's integration needs of the job (see
-    :func:`recsys_hdet.hdet.integration.build_hdet_control`)."""
+def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_embedding_sync_every: int) -> LRControl:
+    """The config's LR control: HDET's when ``hdet.enabled`` (it acts on the job through ``handles``:
+    :func:`recsys_hdet.hdet.integration.build_hdet_control`), else the per-group schedules."""
+    optimizer = handles.optimizer
     if bool(cfg.hdet.enabled):
         from recsys_hdet.hdet.integration import build_hdet_control
 
-        return build_hdet_control(cfg, optimizer=optimizer, total_steps=total_steps,
-                                  plain_embedding_sync_every=plain_embedding_sync_every, **(hdet_context or {}))
+        return build_hdet_control(cfg, handles, total_steps=total_steps,
+                                  plain_embedding_sync_every=plain_embedding_sync_every)
     groups: List[str] = list(optimizer.groups)
     schedules = build_schedules(cfg.optim, groups, total_steps)
     return ScheduledLR(optimizer, schedules, bool(cfg.optim.schedule.cycle_momentum), total_steps,

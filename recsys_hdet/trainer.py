@@ -11,6 +11,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.checkpoint import CheckpointManager, load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, set_temperature
+from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, DenseNormalization, ParquetBatchStream,
                                               RowHoldout, TrainedPosition, model_inputs, split_for)
 from recsys_hdet.components.faults import faults_from_env
@@ -182,16 +184,16 @@ class Trainer:
         # Each sharding group trains its own copy of the tables on its own data (no gradient
         # all-reduce across groups): averaging them keeps one model, as TorchRec's DMPCollection.sync(),
         # every trainer.embedding_sync_every steps (the LR control may take that over: HDET does).
-        lr_control = build_lr_control(
-            cfg, optimizer=optimizer, total_steps=total_steps,
-            plain_embedding_sync_every=int(cfg.trainer.embedding_sync_every) if averager.has_embedding_replicas else 0,
-            hdet_context={"model": model, "averager": averager, "stream": stream, "layout": self.pgs.layout,
-                          "process_group": self.pgs.world, "task_weights": self.task_weights,
-                          "loss_settings": self.loss_settings, "run_dir": self.run_dir, "log": self.log,
-                          "served_loss": lambda batches: self._served_loss(train_step, batches),
-                          "train_outside": lambda batch: train_step.train_outside(batch, optimizer)})
-        model.module.serving_loss_wanted = lr_control.wants_serving_loss  # the TrainingRanker under DMP
         train_step = TrainStep(model, optimizer, self.pgs.device, str(cfg.trainer.train_pipeline))
+        handles = JobHandles(model=model, optimizer=optimizer, averager=averager, stream=stream, layout=self.pgs.layout,
+                             process_group=self.pgs.world, task_weights=self.task_weights,
+                             loss_settings=self.loss_settings, run_dir=self.run_dir, log=self.log,
+                             served_loss=partial(self._served_loss, train_step),
+                             train_outside=partial(train_step.train_outside, optimizer=optimizer))
+        lr_control = build_lr_control(
+            cfg, handles, total_steps=total_steps,
+            plain_embedding_sync_every=int(cfg.trainer.embedding_sync_every) if averager.has_embedding_replicas else 0)
+        model.module.serving_loss_wanted = lr_control.wants_serving_loss  # the TrainingRanker under DMP
         if lr_control.embedding_sync_every:
             self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
                      f"{lr_control.embedding_sync_every} steps")

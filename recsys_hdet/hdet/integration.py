@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
-from recsys_hdet.components.hparam_bindings import LossSettings
+from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.train_metrics import weighted_task_mean
 from recsys_hdet.components.replicas import ReplicaAverager, all_finite, average_, mixed_replica_loss
 from recsys_hdet.components.train_state import ModelState
@@ -164,16 +164,17 @@ class HDETControl:
         self.controlled_max_lr = {g: float(v) for g, v in (state.get("controlled_max_lr") or {}).items()}
 
 
-def build_hdet_control(cfg: Any, *, optimizer: Any, total_steps: int, plain_embedding_sync_every: int,
-                       model: torch.nn.Module, averager: ReplicaAverager, stream: Any, layout: Any,
-                       process_group: Any, task_weights: torch.Tensor, loss_settings: LossSettings, run_dir: str,
-                       log: Callable[[str], None], served_loss: Callable[[List[Any]], torch.Tensor],
-                       train_outside: Callable[[Any], None]) -> HDETControl:
+def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int,
+                       plain_embedding_sync_every: int) -> HDETControl:
     """HDET's LR control for the job (``cfg.hdet``, ``cfg.optim``); adds each replica's warm-start
-    noise first when the job warm-starts. ``model``: where explored hyperparameters (dropout,
-    attention temperature) are written; ``served_loss(batches)``: this replica's per-task mean loss
-    on ``batches`` as it serves (eval mode), for the probe signals; ``train_outside(batch)``: one
-    training step on ``batch`` outside the train pipeline (the cooldown of ``anneal_probe``)."""
+    noise first when the job warm-starts. Through ``handles``: the model (where explored
+    hyperparameters are written), the optimizer's groups, the replicas, the reserved rows and
+    ``served_loss`` (the probe signals' score), ``train_outside`` (the cooldown of ``anneal_probe``)."""
+    optimizer, model, averager, stream, layout = (handles.optimizer, handles.model, handles.averager, handles.stream,
+                                                  handles.layout)
+    process_group, task_weights, loss_settings, run_dir, log = (handles.process_group, handles.task_weights,
+                                                                handles.loss_settings, handles.run_dir, handles.log)
+    served_loss, train_outside = handles.served_loss, handles.train_outside
     h, sched = cfg.hdet, cfg.optim.schedule
     groups = list(optimizer.groups)
     if cfg.trainer.get("warm_start") and float(h.warm_init.nu) > 0:
