@@ -28,6 +28,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from recsys_hdet.hdet.config import HDETConfig
+
 
 class ConfigError(ValueError):
     """A config value that cannot run; the message names the key, the value and what is allowed."""
@@ -111,24 +113,6 @@ class ShardingType(StrEnum):
     table_row_wise = "table_row_wise"
     table_column_wise = "table_column_wise"
     data_parallel = "data_parallel"
-
-
-class HDETSpace(StrEnum):
-    linear = "linear"
-    log = "log"
-
-
-class HDETScore(StrEnum):
-    softmax = "softmax"
-    zscore = "zscore"
-    rank = "rank"
-    regression = "regression"
-    effect = "effect"
-
-
-class HDETDecay(StrEnum):
-    schedule = "schedule"
-    geometric = "geometric"
 
 
 class HDETSignal(StrEnum):
@@ -443,29 +427,13 @@ class WarmInitConfig:
 
 
 @dataclass
-class HDETConfigGroup:
-    """conf/hdet/: the replicas' spread and the controller (field meanings: conf/hdet/enabled.yaml;
-    the engine's own :class:`recsys_hdet.hdet.engine.HDETConfig` checks the controller's values)."""
+class HDETConfigGroup(HDETConfig):
+    """conf/hdet/: the controller's fields are :class:`recsys_hdet.hdet.config.HDETConfig`'s (declared,
+    defaulted and checked there, once; conf/hdet/enabled.yaml sets the product's values), plus the
+    job's own HDET fields below (their meanings: conf/hdet/enabled.yaml)."""
     enabled: bool = False
-    alpha: float = 0.25
-    space: HDETSpace = HDETSpace.log
-    score: HDETScore = HDETScore.effect
-    travel_decades: float = 3.0
-    log_step: Optional[float] = None
-    range_decades: List[float] = field(default_factory=lambda: [-2.0, 2.0])
-    effect_scale: float = 0.005
-    min_t: float = 2.0
-    trust_region: Optional[float] = None
-    sync_every: int = 50
-    controller_start: int = 0
     embedding_sync_every: Optional[int] = None
-    autolr: bool = True
-    beta: float = 0.9
-    sigma: float = 0.1
-    lam: float = 0.5
-    decay: HDETDecay = HDETDecay.schedule
     ceiling_multiple: float = 2.0
-    seed: int = 0
     signal: HDETSignal = HDETSignal.anneal_probe
     probe_rows: int = 4096
     averaged_probe: AveragedProbeConfig = field(default_factory=AveragedProbeConfig)
@@ -478,9 +446,7 @@ class HDETConfigGroup:
     def __post_init__(self) -> None:
         if not self.enabled:
             return
-        from recsys_hdet.hdet.engine import HDETConfig
-
-        HDETConfig.from_mapping(vars(self))  # the engine's checks of the controller's values
+        super().__post_init__()  # the controller's checks
         if self.embedding_sync_every is not None:
             at_least("hdet.embedding_sync_every", self.embedding_sync_every, 1)
         require(_number(self.ceiling_multiple) and self.ceiling_multiple >= 1, "hdet.ceiling_multiple",

@@ -5,7 +5,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dist_helpers import spawn
-from recsys_hdet.hdet import HDETConfig, HDETEngine, ReplicaAxis, ScalarHParam
+from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.engine import HDETEngine, ReplicaAxis, ScalarHParam
 
 
 def _engine(hparams, world, **cfg):
@@ -86,7 +87,7 @@ def _applied_worker():
     """Values reach the modules, the optimizer and the loss on the step they change."""
     from recsys_hdet.components.hparam_bindings import LossSettings
     from recsys_hdet.hdet.explored import build_explored_hparams
-    from recsys_hdet.hdet import HDETOneCycleLR
+    from recsys_hdet.hdet.scheduler import HDETOneCycleLR
     from recsys_hdet.models.ranker import MultiTaskRanker, SparseFeature, dense_parameter_groups
 
     dist.init_process_group("gloo")

@@ -54,10 +54,10 @@ def test_the_schemas_choices_are_the_components_own():
     from recsys_hdet import config_schema as S
     from recsys_hdet.components.dataloader import TRAIN_EXPOSURES
     from recsys_hdet.components.optimizer import EMBEDDING_OPTIMIZERS
-    from recsys_hdet.hdet.engine import SCORES
+    from recsys_hdet.hdet.config import SCORES, HDETScore
     from recsys_hdet.hdet.signals import SIGNALS
 
     assert set(S.HDETSignal) == set(SIGNALS)
-    assert set(S.HDETScore) == set(SCORES)
+    assert set(HDETScore) == set(SCORES)
     assert set(S.EmbeddingOptimizer) == set(EMBEDDING_OPTIMIZERS)
     assert set(S.TrainExposure) == set(TRAIN_EXPOSURES)

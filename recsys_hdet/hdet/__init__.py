@@ -1,6 +1,7 @@
-"""HDET: Hyperparameter-Divergent Ensemble Training (see docs/method.md)."""
+"""HDET: Hyperparameter-Divergent Ensemble Training (see docs/method.md).
 
-from recsys_hdet.hdet.engine import HDETConfig, HDETEngine, ReplicaAxis, ScalarHParam, spread_multipliers
-from recsys_hdet.hdet.scheduler import HDETOneCycleLR
-
-__all__ = ["HDETConfig", "HDETEngine", "HDETOneCycleLR", "ReplicaAxis", "ScalarHParam", "spread_multipliers"]
+Modules: ``config`` (the one config dataclass; no torch), ``engine`` (replicas, syncs, the controller),
+``signals``, ``scheduler`` (the one-cycle base HDET moves), ``integration`` / ``explored`` /
+``warm_init`` (HDET built into a training job). Nothing is imported here, so that ``config`` loads
+without the engine.
+"""

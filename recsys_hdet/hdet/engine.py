@@ -78,6 +78,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from recsys_hdet.hdet.config import HDETConfig
 from recsys_hdet.hdet.signals import ReplicaSignal, WindowLoss
 
 
@@ -197,9 +198,6 @@ def effect_move(effect: Tuple[float, float, float], width: float, loss_level: fl
     return -trust * min(max(relative / effect_scale, -1.0), 1.0)
 
 
-SCORES = ("softmax", "zscore", "rank", "regression", "effect")
-
-
 @dataclass(frozen=True)
 class ReplicaAxis:
     """Which replica each world rank belongs to, for one hparam (e.g. ranks, or sharding groups)."""
@@ -247,67 +245,6 @@ class ScalarHParam:
             raise ValueError(f"hparam {self.name}: spread={self.spread}: must be a finite number >= 0")
         if not self.floor <= self.ceiling:
             raise ValueError(f"hparam {self.name}: floor {self.floor} above ceiling {self.ceiling}")
-
-
-@dataclass(frozen=True)
-class HDETConfig:
-    alpha: float = 1 / 9
-    sync_every: int = 1000  # T
-    controller_start: int = 100_000  # S_warm, in steps
-    beta: float = 0.9
-    sigma: float = 0.1
-    lam: float = 0.5  # lambda
-    autolr: bool = True
-    seed: int = 0
-    decay: str = "schedule"  # linear space: how the base decays with no signal: "schedule" or "geometric"
-    # Defaults are the paper's form; conf/hdet/enabled.yaml sets the measured product defaults.
-    space: str = "linear"  # how learning rates spread and are controlled: "linear" (paper) or "log"
-    score: str = "softmax"  # "softmax" (paper: absolute sigma), "zscore", "rank" or "regression" (scale-free)
-    log_step: Optional[float] = None  # log space: step in natural-log units per sync (None: from travel_decades)
-    travel_decades: float = 2.0  # log space: how far a consistent signal moves the base over the run
-    range_decades: Tuple[float, float] = (-2.0, 2.0)  # log space: bounds of base / schedule, in decades
-    # score="effect" (log space): moves by the estimated loss change per ln LR, relative to the loss
-    effect_scale: float = 0.005  # the relative slope that takes a whole trust-region step
-    min_t: float = 2.0  # a slope within min_t standard errors of zero moves nothing (the base rests)
-    trust_region: Optional[float] = None  # largest move per sync in ln units (None: ln(1 + alpha), the spread)
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "HDETConfig":
-        """The fields of this class read from a larger mapping (e.g. the ``hdet`` config group)."""
-        types = {"alpha": float, "sync_every": int, "controller_start": int, "beta": float, "sigma": float,
-                 "lam": float, "autolr": bool, "seed": int, "decay": str, "space": str, "score": str,
-                 "log_step": lambda v: None if v is None else float(v), "travel_decades": float,
-                 "range_decades": lambda v: tuple(float(x) for x in v), "effect_scale": float, "min_t": float,
-                 "trust_region": lambda v: None if v is None else float(v)}
-        return cls(**{k: t(values[k]) for k, t in types.items() if k in values})
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.alpha >= 0 and math.isfinite(self.alpha), "alpha", "must be a finite number >= 0"),
-            (self.sync_every >= 1, "sync_every", "must be an integer >= 1"),
-            (self.controller_start >= 0, "controller_start", "must be an integer >= 0"),
-            (0 <= self.beta < 1, "beta", "must be in [0, 1)"),
-            (self.sigma > 0 and math.isfinite(self.sigma), "sigma", "must be a finite number > 0"),
-            (self.lam >= 0 and math.isfinite(self.lam), "lam", "must be a finite number >= 0"),
-            (self.decay in ("schedule", "geometric"), "decay", "must be 'schedule' or 'geometric'"),
-            (self.space in ("linear", "log"), "space", "must be 'linear' or 'log'"),
-            (self.score in SCORES, "score", "must be one of " + ", ".join(repr(x) for x in SCORES)),
-            (self.score != "effect" or self.space == "log", "score", "'effect' moves in log units: needs space=log"),
-            (self.effect_scale > 0 and math.isfinite(self.effect_scale), "effect_scale", "must be a finite number > 0"),
-            (self.min_t >= 0 and math.isfinite(self.min_t), "min_t", "must be a finite number >= 0"),
-            (self.trust_region is None or (self.trust_region >= 0 and math.isfinite(self.trust_region)),
-             "trust_region", "must be null or a finite number >= 0"),
-            (self.log_step is None or (self.log_step >= 0 and math.isfinite(self.log_step)), "log_step",
-             "must be null or a finite number >= 0"),
-            (self.travel_decades >= 0 and math.isfinite(self.travel_decades), "travel_decades",
-             "must be a finite number >= 0"),
-            (len(self.range_decades) == 2 and self.range_decades[0] <= 0 <= self.range_decades[1]
-             and all(math.isfinite(x) for x in self.range_decades), "range_decades",
-             "must be [low, high] with low <= 0 <= high (decades around the schedule)"),
-        ]
-        for ok, key, expected in checks:
-            if not ok:
-                raise ValueError(f"config hdet.{key}={getattr(self, key)!r}: {expected}")
 
 
 @dataclass

@@ -30,18 +30,19 @@ bindings, and, for the probe, a function that scores batches.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
+from omegaconf import OmegaConf
 
 from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.train_metrics import weighted_task_mean
 from recsys_hdet.components.replicas import ReplicaAverager, all_finite, average_, mixed_replica_loss
 from recsys_hdet.components.train_state import ModelState
-from recsys_hdet.hdet.engine import HDETConfig, ReplicaAxis
+from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.engine import ReplicaAxis
 from recsys_hdet.hdet.explored import build_explored_hparams
 from recsys_hdet.hdet.scheduler import HDETOneCycleLR
 from recsys_hdet.hdet.signals import (SIGNALS, AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe,
@@ -187,8 +188,9 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int,
         log("HDET: one sharding group, so no embedding replicas: the embedding group follows the base "
             "schedule (use trainer.sharding_group_size < trainer.nproc to explore it)")
 
+    controller = HDETConfig.from_mapping(OmegaConf.to_container(h, resolve=True))
     signal = str(h.get("signal", "train"))
-    replica_signal = _build_signal(signal, h, cfg, optimizer=optimizer, model=model, averager=averager,
+    replica_signal = _build_signal(signal, h, cfg, controller, optimizer=optimizer, model=model, averager=averager,
                                    stream=stream, layout=layout, task_weights=task_weights, log=log,
                                    served_loss=served_loss, train_outside=train_outside,
                                    trained_steps=lambda: control.trained_steps,
@@ -216,7 +218,7 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int,
         div_factor=float(sched.div_factor),
         final_div_factor=float(sched.final_div_factor),
         three_phase=bool(sched.three_phase),
-        hdet=HDETConfig.from_mapping(h),
+        hdet=controller,
         ceiling_multiple=float(h.ceiling_multiple),
         replica_axes={"embedding": ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size)},
         converge=converge,
@@ -248,7 +250,7 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int,
     return control
 
 
-def _build_signal(signal: str, h: Any, cfg: Any, *, optimizer: Any, model: torch.nn.Module,
+def _build_signal(signal: str, h: Any, cfg: Any, controller: HDETConfig, *, optimizer: Any, model: torch.nn.Module,
                   averager: ReplicaAverager, stream: Any, layout: Any, task_weights: torch.Tensor,
                   log: Callable[[str], None], served_loss: Callable[[List[Any]], torch.Tensor],
                   train_outside: Callable[[Any], None], trained_steps: Callable[[], int],
@@ -288,7 +290,7 @@ def _build_signal(signal: str, h: Any, cfg: Any, *, optimizer: Any, model: torch
         tensors = list(averager.dense_tensors) + (list(averager.embedding_weights) if which == "all" else [])
         return AveragedIterateProbe(tensors, probe, float(h.averaged_probe.fraction))
     if signal == "discounted_credit":
-        return _discounted_credit(h, optimizer, averager, score, replica_offsets)
+        return _discounted_credit(h, controller.offset_width, optimizer, averager, score, replica_offsets)
     groups = optimizer.param_groups
 
     def cooldown_step(lr_scale: float, i: int) -> None:
@@ -307,7 +309,7 @@ def _build_signal(signal: str, h: Any, cfg: Any, *, optimizer: Any, model: torch
     return AnnealThenProbe(ModelState(model, optimizer.dense), cooldown_step, probe, cooldown_steps)
 
 
-def _discounted_credit(h: Any, optimizer: Any, averager: ReplicaAverager, probe: Callable[[], float],
+def _discounted_credit(h: Any, width: float, optimizer: Any, averager: ReplicaAverager, probe: Callable[[], float],
                        replica_offsets: Callable[[], Mapping[str, float]]) -> DiscountedCredit:
     """The signal ``discounted_credit`` over the optimizer's LR groups: the embedding group's tensors are
     this rank's shards (averaged over its replica group), a dense group's its parameters (averaged over
@@ -324,7 +326,5 @@ def _discounted_credit(h: Any, optimizer: Any, averager: ReplicaAverager, probe:
         average_(tensors, averager.replica_group if name == "embedding" else averager.world_group, include)
         return include
 
-    alpha = float(h.alpha)
-    width = math.log(1.0 + alpha) if str(h.space) == "log" else alpha  # d ln(value) per unit offset
     return DiscountedCredit(groups, average, replica_offsets, probe, float(h.discounted_credit.mu), width,
                             float(h.discounted_credit.fraction))

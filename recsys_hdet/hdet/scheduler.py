@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import torch.distributed as dist
 
 from recsys_hdet.components.lr_scheduler import OneCycle
-from recsys_hdet.hdet.engine import HDETConfig, HDETEngine, ReplicaAxis, ScalarHParam
+from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.engine import HDETEngine, ReplicaAxis, ScalarHParam
 from recsys_hdet.hdet.signals import ReplicaSignal
 
 
@@ -52,7 +53,7 @@ class HDETOneCycleLR:
         final_div_factor: float = 1e4,
         three_phase: bool = False,
         *,
-        hdet: HDETConfig = HDETConfig(),
+        hdet: Optional[HDETConfig] = None,  # None: the defaults (the paper's form)
         ceiling_multiple: float = 2.0,
         replica_axes: Optional[Mapping[str, ReplicaAxis]] = None,
         converge: Optional[Callable[[List[int]], None]] = None,
@@ -63,6 +64,7 @@ class HDETOneCycleLR:
         extra_hparams: Sequence[ScalarHParam] = (),
         signal: Optional[ReplicaSignal] = None,
     ) -> None:
+        hdet = hdet if hdet is not None else HDETConfig()
         self.optimizer = optimizer
         self.on_change = on_change
         self.log_prefix = log_prefix

@@ -1,0 +1,101 @@
+"""HDET's configuration: one dataclass with every controller field, its default and its check.
+
+The defaults are the paper's form (linear spread 1 +- 1/9, softmax weights with sigma 0.1, T = 1000,
+the controller from step 100k); ``conf/hdet/enabled.yaml`` sets the product's measured values. The
+config schema's ``hdet`` group (:class:`recsys_hdet.config_schema.HDETConfigGroup`) *is* this class,
+extended with the job's own HDET fields (enabled, the signal, the probe rows, explored
+hyperparameters, the warm start): the fields are declared once, here. Import-light (no torch), so
+the schema can extend it without importing the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, List, Mapping, Optional
+
+
+class HDETSpace(StrEnum):
+    linear = "linear"   # the paper's spread 1 + alpha u and its base update
+    log = "log"         # (1 + alpha)^u, the base controlled as a factor of the schedule
+
+
+class HDETScore(StrEnum):
+    softmax = "softmax"
+    zscore = "zscore"
+    rank = "rank"
+    regression = "regression"
+    effect = "effect"
+
+
+class HDETDecay(StrEnum):
+    schedule = "schedule"
+    geometric = "geometric"
+
+
+SCORES = tuple(s.value for s in HDETScore)
+
+
+@dataclass
+class HDETConfig:
+    alpha: float = 1 / 9
+    sync_every: int = 1000  # T
+    controller_start: int = 100_000  # S_warm, in steps
+    beta: float = 0.9
+    sigma: float = 0.1
+    lam: float = 0.5  # lambda
+    autolr: bool = True
+    seed: int = 0
+    decay: HDETDecay = HDETDecay.schedule  # linear space: how the base decays with no signal
+    space: HDETSpace = HDETSpace.linear  # how learning rates spread and are controlled
+    score: HDETScore = HDETScore.softmax  # softmax (paper: absolute sigma), or a scale-free score
+    log_step: Optional[float] = None  # log space: step in natural-log units per sync (None: from travel_decades)
+    travel_decades: float = 2.0  # log space: how far a consistent signal moves the base over the run
+    range_decades: List[float] = field(default_factory=lambda: [-2.0, 2.0])  # log space: bounds of base / schedule
+    # score="effect" (log space): moves by the estimated loss change per ln LR, relative to the loss
+    effect_scale: float = 0.005  # the relative slope that takes a whole trust-region step
+    min_t: float = 2.0  # a slope within min_t standard errors of zero moves nothing (the base rests)
+    trust_region: Optional[float] = None  # largest move per sync in ln units (None: ln(1 + alpha), the spread)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "HDETConfig":
+        """The controller's fields of a larger mapping (e.g. the ``hdet`` config group), nothing else."""
+        names = {f.name for f in dataclasses.fields(HDETConfig)}
+        return HDETConfig(**{k: v for k, v in values.items() if k in names})
+
+    @property
+    def offset_width(self) -> float:
+        """d ln(value) per unit of a replica's offset u in [-1, 1]: ln(1 + alpha) in log space; alpha in
+        linear space (to first order)."""
+        return math.log(1.0 + self.alpha) if self.space == "log" else self.alpha
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.alpha >= 0 and math.isfinite(self.alpha), "alpha", "must be a finite number >= 0"),
+            (self.sync_every >= 1, "sync_every", "must be an integer >= 1"),
+            (self.controller_start >= 0, "controller_start", "must be an integer >= 0"),
+            (0 <= self.beta < 1, "beta", "must be in [0, 1)"),
+            (self.sigma > 0 and math.isfinite(self.sigma), "sigma", "must be a finite number > 0"),
+            (self.lam >= 0 and math.isfinite(self.lam), "lam", "must be a finite number >= 0"),
+            (self.decay in ("schedule", "geometric"), "decay", "must be 'schedule' or 'geometric'"),
+            (self.space in ("linear", "log"), "space", "must be 'linear' or 'log'"),
+            (self.score in SCORES, "score", "must be one of " + ", ".join(repr(x) for x in SCORES)),
+            (self.score != "effect" or self.space == "log", "score", "'effect' moves in log units: needs space=log"),
+            (self.effect_scale > 0 and math.isfinite(self.effect_scale), "effect_scale", "must be a finite number > 0"),
+            (self.min_t >= 0 and math.isfinite(self.min_t), "min_t", "must be a finite number >= 0"),
+            (self.trust_region is None or (self.trust_region >= 0 and math.isfinite(self.trust_region)),
+             "trust_region", "must be null or a finite number >= 0"),
+            (self.log_step is None or (self.log_step >= 0 and math.isfinite(self.log_step)), "log_step",
+             "must be null or a finite number >= 0"),
+            (self.travel_decades >= 0 and math.isfinite(self.travel_decades), "travel_decades",
+             "must be a finite number >= 0"),
+            (len(self.range_decades) == 2 and self.range_decades[0] <= 0 <= self.range_decades[1]
+             and all(math.isfinite(x) for x in self.range_decades), "range_decades",
+             "must be [low, high] with low <= 0 <= high (decades around the schedule)"),
+        ]
+        for ok, key, expected in checks:
+            if not ok:
+                value = getattr(self, key)
+                raise ValueError(f"config hdet.{key}={str(value) if isinstance(value, StrEnum) else value!r}: {expected}")
