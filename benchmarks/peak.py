@@ -61,7 +61,7 @@ def _model_arithmetic(data: str, batch: int, threads: int) -> Dict[str, Any]:
 
     from recsys_hdet.components.dataloader import DatasetMeta, DenseNormalization, ParquetBatchStream, split_for
     from recsys_hdet.models.ranker import build_model
-    from recsys_hdet.train import prepare_data
+    from recsys_hdet.job_inputs import prepare_data
 
     torch.set_num_threads(threads)
     with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):

@@ -51,8 +51,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines.registry import Registry, RegistryBusy, RegistryError
-from recsys_hdet.components.metrics import read_json, read_jsonl
-from recsys_hdet.fileio import write_json_atomic
+from recsys_hdet.components.metrics_log import read_json, read_jsonl
+from recsys_hdet.api import TrainResult, compose_config
+from recsys_hdet.fileio import write_json_atomic, write_text_atomic
 from recsys_hdet.exit_status import ExitStatus
 
 # Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
@@ -209,13 +210,14 @@ def clamp_carried(bases: Dict[str, float], preset: Dict[str, float], factor: Opt
 
 
 def training_overrides(cfg: DictConfig, plan: DayPlan, all_days: Sequence[str], warm: Optional[str],
-                       lrs: Dict[str, float], run_dir: str) -> List[str]:
+                       lrs: Dict[str, float]) -> List[str]:
+    """The day's training config as overrides of ``conf/config.yaml`` (composed once, by :func:`train`)."""
     experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
     out = [f"+experiment={experiment}", f"data.root={os.path.abspath(str(cfg.data_root))}", "data.generator=null",
            f"data.until={plan.day}", f"data.skip_days={all_days.index(plan.train_days[0])}",
            f"data.train_days={len(plan.train_days)}", "data.eval_days=1",
            f"data.holdout.fraction={float(cfg.holdout.fraction)}", f"data.holdout.seed={int(cfg.holdout.seed)}",
-           f"seed={int(cfg.seed)}", f"hydra.run.dir={run_dir}", "trainer.resume=auto",
+           f"seed={int(cfg.seed)}", "trainer.resume=auto",
            *[str(o) for o in cfg.overrides]]
     if warm:
         out += [f"trainer.warm_start={warm}", "trainer.warm_start_preset=null"]
@@ -230,13 +232,18 @@ def _die_with_parent() -> None:  # a killed job takes its training run with it (
         pass
 
 
-def train(cfg: DictConfig, overrides: List[str], run_dir: str) -> Tuple[int, Optional[Dict[str, Any]]]:
-    """Runs (or resumes) the day's training; (exit status, summary or None)."""
-    summary_path = os.path.join(run_dir, "summary.json")
-    if os.path.isfile(summary_path):  # trained before the job was interrupted (evaluation or publish)
-        return 0, read_json(summary_path)
-    os.makedirs(run_dir, exist_ok=True)
-    cmd = [sys.executable, "-m", "recsys_hdet.train", *overrides]
+def train(cfg: DictConfig, overrides: List[str], run_dir: str) -> TrainResult:
+    """Runs (or resumes) the day's training through :mod:`recsys_hdet.api` in a process of its own (a
+    killed job takes it along): the config is composed here, once, and written resolved into the run
+    directory's ``.hydra/config.yaml`` (with ``overrides.yaml``), which the training process reads; the
+    outcome is read from the run's ``summary.json``."""
+    if os.path.isfile(os.path.join(run_dir, "summary.json")):  # trained before the job was interrupted
+        return TrainResult.load(run_dir, 0)
+    config = os.path.join(run_dir, ".hydra", "config.yaml")
+    os.makedirs(os.path.dirname(config), exist_ok=True)
+    write_text_atomic(config, OmegaConf.to_yaml(compose_config(overrides), resolve=True))
+    write_text_atomic(os.path.join(run_dir, ".hydra", "overrides.yaml"), OmegaConf.to_yaml(OmegaConf.create(overrides)))
+    cmd = [sys.executable, "-m", "recsys_hdet.api", config, run_dir]
     timeout = int(cfg.train_timeout_s) or None
     with open(os.path.join(run_dir, "train.log"), "a") as log:
         log.write(" ".join(cmd) + "\n")
@@ -248,7 +255,7 @@ def train(cfg: DictConfig, overrides: List[str], run_dir: str) -> Tuple[int, Opt
             proc.kill()
             proc.wait()
             code = -signal.SIGKILL
-    return code, read_json(summary_path) if os.path.isfile(summary_path) else None
+    return TrainResult.load(run_dir, code)
 
 
 def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Optional[str]) -> Tuple[Dict, Optional[Dict]]:
@@ -326,14 +333,15 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
         if (cfg.carry_lr and warm) else {}
     lr_source = f"carried from {current}" if carried else "the preset's static config"
     run_dir = os.path.join(registry.root, "work", plan.day)
-    overrides = training_overrides(cfg, plan, all_days, warm, carried, run_dir)
+    overrides = training_overrides(cfg, plan, all_days, warm, carried)
     what = "cold start" if plan.cold_start else f"warm start from {current}"
     log(f"day {plan.day}: training on {plan.train_days[0]}..{plan.train_days[-1]} ({what}; LRs: {lr_source}) "
         f"in {run_dir}")
     t0 = time.time()
-    code, summary = train(cfg, overrides, run_dir)
+    result = train(cfg, overrides, run_dir)
+    summary = result.summary
     if summary is None:
-        raise RetrainError(f"day {plan.day}: training failed (exit status {code}); see {run_dir}/train.log "
+        raise RetrainError(f"day {plan.day}: training failed (exit status {result.exit_status}); see {run_dir}/train.log "
                            "(a rerun resumes it from its last checkpoint)")
     candidate = published = None
     if summary.get("status") == "completed":

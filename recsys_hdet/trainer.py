@@ -26,9 +26,9 @@ from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, Dense
                                               RowHoldout, TrainedPosition, model_inputs, split_for)
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_scheduler import build_schedules
-from recsys_hdet.components.metrics import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl
+from recsys_hdet.components.metrics_log import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl
 from recsys_hdet.fileio import write_json_atomic
-from recsys_hdet.evaluation.metrics import oracle_metrics, task_metrics
+from recsys_hdet.evaluation.task_metrics import oracle_metrics, task_metrics
 from recsys_hdet.evaluation.scoring import predict_batches
 from recsys_hdet.components.train_metrics import TrainMetrics, weighted_task_mean
 from recsys_hdet.components.train_pipeline import TimedBatches, TrainStep
@@ -376,6 +376,7 @@ class Trainer:
             "experiment": str(self.cfg.experiment_name),
             "status": status,
             "steps": job.loop.step,
+            "total_steps": job.total_steps,  # the pass's planned steps (steps < total_steps: it stopped early)
             "examples": examples,
             "train_loss": train_loss,
             "examples_per_sec": examples / max(train_seconds, 1e-9),

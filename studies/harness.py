@@ -15,7 +15,7 @@ exactly)::
     seed, preset    the run's seed and its +experiment preset
     overrides       the Hydra overrides it was launched with (.hydra/overrides.yaml, verbatim)
     status          "completed" | "diverged" (| "stopped" where the trainer says so)
-    steps           steps trained; total_steps: the pass's planned steps (train.log)
+    steps           steps trained; total_steps: the pass's planned steps (summary.json)
     wall_seconds, train_seconds, process_seconds, exit_status, examples_per_sec
     eval            {task: {ne, auc, logloss, calibration}} (completed runs only)
     mean_ne         mean held-out NE over the tasks (completed runs only, else null)
@@ -63,14 +63,13 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from recsys_hdet.components.metrics import read_json
+from recsys_hdet.components.metrics_log import read_json
 from recsys_hdet.constants import PARAM_GROUPS as GROUPS, TASKS
 from recsys_hdet.fileio import write_json_atomic, write_text_atomic
 
@@ -353,16 +352,6 @@ def preset_lrs(preset: str) -> Dict[str, float]:
     return dict(_PRESET_LRS[preset])
 
 
-def planned_steps(path: str) -> Optional[int]:
-    """The pass's length as the run's train.log states it ("training N steps x ..."), if it does."""
-    log = os.path.join(path, "train.log")
-    if not os.path.isfile(log):
-        return None
-    with open(log, errors="replace") as f:
-        m = re.search(r"^training (\d+) steps x", f.read(), re.M)
-    return int(m.group(1)) if m else None
-
-
 def one_cycle(schedule: Mapping[str, Any], max_lr: float, total_steps: int):
     from recsys_hdet.components.lr_scheduler import build_one_cycle
 
@@ -445,11 +434,11 @@ def schedules(record: Mapping[str, Any], total_steps: Optional[int] = None) -> D
 
 def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
     """The results line of the finished run in ``path`` (summary.json, .hydra/, metrics.jsonl,
-    hdet.jsonl, ablation_run.json, train.log), named ``name`` within its study."""
+    hdet.jsonl, ablation_run.json), named ``name`` within its study."""
     import yaml
     from omegaconf import OmegaConf
 
-    from recsys_hdet.components.metrics import read_json, read_jsonl
+    from recsys_hdet.components.metrics_log import read_json, read_jsonl
 
     summary = read_json(os.path.join(path, "summary.json"))
     if summary is None:
@@ -459,7 +448,7 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
     cfg = OmegaConf.load(os.path.join(path, ".hydra", "config.yaml"))
     run_info = read_json(os.path.join(path, "ablation_run.json")) or {}
     preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("+experiment=")), None)
-    total = planned_steps(path) or int(summary["steps"])
+    total = int(summary.get("total_steps") or summary["steps"])  # older summaries lack total_steps
     schedule = OmegaConf.to_container(cfg.optim.schedule, resolve=True)
     max_lr = {g: float(cfg.optim.lr[g]) for g in GROUPS}
     base_lr = preset_lrs(preset) if preset else dict(max_lr)

@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from studies import harness as SR
 from studies.harness import (AblationConfig, StudyFiles, StudyMismatch, fmt as _f, machine_line, outcome, run_one,
                              paired, run_schedules, write_reports)
-from recsys_hdet.components.metrics import read_json, read_jsonl
+from recsys_hdet.components.metrics_log import read_json, read_jsonl
 from recsys_hdet.constants import TASKS
 
 DENSE = ("transformer", "non_embedding", "no_decay")

@@ -33,7 +33,7 @@ import torch
 from studies import harness as SR
 from studies.harness import AblationConfig, StudyFiles, StudyMismatch, fmt as _f, machine_line, run_one, write_reports
 from recsys_hdet.constants import PARAM_GROUPS as GROUPS
-from recsys_hdet.hdet.engine import preference, spread_offsets
+from recsys_hdet.hdet.statistics import preference, spread_offsets
 
 COMMON = ("hdet=enabled", "hdet.autolr=false", "hdet.space=log", "hdet.score=rank")
 RUNS = {

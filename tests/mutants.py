@@ -118,7 +118,7 @@ MUTANTS = (
            "            for t, a in zip(self.tensors, self.tail.average):\n                t.copy_(a)\n",
            "            for t, a in zip(self.tensors, self.tail.average):\n                pass\n",
            ["tests/test_hdet_signals.py::test_each_new_signal_picks_the_higher_lr_where_the_last_iterate_picks_the_lower"]),
-    Mutant("V", "score=effect moves by significance (no min_t gate, whole steps)", "recsys_hdet/hdet/engine.py",
+    Mutant("V", "score=effect moves by significance (no min_t gate, whole steps)", "recsys_hdet/hdet/statistics.py",
            "return -trust * min(max(relative / effect_scale, -1.0), 1.0)",
            "return -trust * math.copysign(1.0, relative)",
            ["tests/test_hdet_engine.py::test_effect_controller_rests_where_a_consistent_difference_is_negligible_and_regression_does_not"]),

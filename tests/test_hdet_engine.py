@@ -9,7 +9,7 @@ import torch.distributed as dist
 from dist_helpers import spawn
 from recsys_hdet.hdet.config import HDETConfig
 from recsys_hdet.hdet.scheduler import HDETOneCycleLR
-from recsys_hdet.hdet.engine import spread_multipliers
+from recsys_hdet.hdet.statistics import spread_multipliers
 
 
 # -- fan-out ----------------------------------------------------------------------------------------
@@ -266,7 +266,7 @@ def test_the_paper_s_softmax_controller_cannot_recover_a_10x_error_at_our_loss_s
 
 
 def test_preference_scores_are_scale_free_and_rank_a_non_finite_replica_worst():
-    from recsys_hdet.hdet.engine import preference, spread_offsets
+    from recsys_hdet.hdet.statistics import preference, spread_offsets
 
     u = spread_offsets(4)
     losses = torch.tensor([0.30, 0.25, 0.21, 0.20], dtype=torch.float64)  # higher offsets did better

@@ -137,7 +137,7 @@ def test_torchrun_max_restarts_resumes_and_completes(uninterrupted, tmp_path, da
 
 
 def test_resume_refuses_a_config_that_changes_the_checkpoints_meaning(tmp_path):
-    from recsys_hdet.train import config_changes
+    from recsys_hdet.run_dir import config_changes
 
     saved = {"model": {"embedding_dim": 16}, "trainer": {"log_every": 25, "nproc": 4}, "data": {"batch_size": 256}}
     now = {"model": {"embedding_dim": 32}, "trainer": {"log_every": 5, "nproc": 4}, "data": {"batch_size": 256}}

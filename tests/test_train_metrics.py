@@ -35,7 +35,7 @@ def _job(out_path):
 
 
 def test_interval_metrics_are_those_of_every_rank_s_rows_since_the_last_compute(tmp_path):
-    from recsys_hdet.evaluation.metrics import task_metrics
+    from recsys_hdet.evaluation.task_metrics import task_metrics
 
     out = tmp_path / "metrics.pt"
     spawn(_job, 2, str(out))

@@ -1,6 +1,6 @@
 """Evaluation: one package for scoring, metrics, the per-segment evaluation, the report and the CLI.
 
-- :mod:`~recsys_hdet.evaluation.metrics`: the metrics of probabilities against labels (AUC, NE,
+- :mod:`~recsys_hdet.evaluation.task_metrics`: the metrics of probabilities against labels (AUC, NE,
   log loss, calibration, ECE; the oracle's; reliability curves), one definition for every caller;
 - :mod:`~recsys_hdet.evaluation.scoring`: :func:`predict_batches`, the one scoring loop (the
   trainer's held-out pass, HDET's probe, and a finished run's checkpoint through :func:`score_run`);
@@ -10,7 +10,7 @@
 - :mod:`~recsys_hdet.evaluation.cli`: ``python -m recsys_hdet.evaluate``.
 """
 
-from recsys_hdet.evaluation.metrics import grouped_auc, oracle_metrics, reliability_curve, task_metrics
+from recsys_hdet.evaluation.task_metrics import grouped_auc, oracle_metrics, reliability_curve, task_metrics
 from recsys_hdet.evaluation.segments import (NO_RAND_COLUMN, RANDOM_EXPOSURE_LABEL, EvaluationError, RunInfo,
                                              evaluate_frame, load_run, popularity_buckets, predictions_frame)
 from recsys_hdet.evaluation.scoring import predict_batches, score_run

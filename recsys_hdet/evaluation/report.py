@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from recsys_hdet.components.metrics import read_json, read_jsonl, sync_records  # noqa: E402
+from recsys_hdet.components.metrics_log import read_json, read_jsonl, sync_records  # noqa: E402
 from recsys_hdet.fileio import write_text_atomic  # noqa: E402
 
 TASK_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]

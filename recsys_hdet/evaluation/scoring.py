@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from recsys_hdet.components.dataloader import DatasetMeta, RowHoldout
-from recsys_hdet.components.metrics import sync_records
+from recsys_hdet.components.metrics_log import sync_records
 from recsys_hdet.evaluation.segments import RunInfo
 
 

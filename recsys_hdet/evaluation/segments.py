@@ -5,7 +5,7 @@
    activity level (``user_active_degree``), item popularity bucket (from the video's impressions in
    the run's training days) and tab.
 3. :func:`evaluate_frame` computes, per task and per segment, the trainer's held-out metrics
-   (:func:`recsys_hdet.evaluation.metrics.task_metrics`: AUC, NE, log loss, calibration, ECE,
+   (:func:`recsys_hdet.evaluation.task_metrics.task_metrics`: AUC, NE, log loss, calibration, ECE,
    positive rate, count), plus equal-count reliability curves, and the same metrics on the
    random-exposure slice (``is_rand`` = 1: videos shown uniformly at random, the unbiased
    estimate), or why that slice is absent (no ``is_rand`` column in older data sets, or no such row).
@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.dataloader import (LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, RowHoldout,
                                               split_for)
-from recsys_hdet.components.metrics import read_json
-from recsys_hdet.evaluation.metrics import grouped_auc, oracle_metrics, reliability_curve, task_metrics
+from recsys_hdet.components.metrics_log import read_json
+from recsys_hdet.evaluation.task_metrics import grouped_auc, oracle_metrics, reliability_curve, task_metrics
 
 PRED_PREFIX = "pred_"
 # Segments: name -> column of predictions.parquet.

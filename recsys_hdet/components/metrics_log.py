@@ -1,5 +1,5 @@
 """The training job's records: the metrics.jsonl logger, JSON(-lines) reading and atomic writing,
-peak memory. The metrics themselves live in :mod:`recsys_hdet.evaluation.metrics`.
+peak memory. The metrics themselves live in :mod:`recsys_hdet.evaluation.task_metrics`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,232 @@
+"""Training as a typed API: ``train(config, run_dir) -> TrainResult``.
+
+The command (``python -m recsys_hdet.train``), the retraining job and the studies all train through
+:func:`train`; a job that wants a process of its own for isolation runs ``python -m recsys_hdet.api
+CONFIG_FILE RUN_DIR`` on a resolved config file and reads the run's ``summary.json`` (:meth:`TrainResult.load`),
+never the console.
+
+:func:`train` validates the config, prepares the data and the warm start (ConfigError / DataError: bad
+config or data, nothing written), takes the run directory's lock, then launches ``trainer.nproc`` local
+workers (or runs as one rank under torchrun), resuming a run the directory holds and restarting failed
+workers up to ``trainer.max_restarts`` times; the console is copied into ``train.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from recsys_hdet.config import ConfigError, validate_config
+from recsys_hdet.exit_status import ExitStatus
+from recsys_hdet.job_inputs import abs_path, prepare_data, stale_warm_start
+from recsys_hdet.run_dir import FINISHED, RunDirInUse, resolve_branch, resolve_resume, run_dir_lock
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training job left: its run directory, exit status and ``summary.json`` (None when the
+    job ended without one: a failure, or a usage error after the run directory was taken)."""
+
+    run_dir: str
+    exit_status: int
+    summary: Optional[Dict[str, Any]]
+
+    @property
+    def status(self) -> str:
+        """The run's status ("completed", "diverged", "stopped"), else "failed" (no summary)."""
+        return str(self.summary["status"]) if self.summary else "failed"
+
+    @property
+    def steps(self) -> Optional[int]:
+        return int(self.summary["steps"]) if self.summary else None
+
+    @property
+    def metrics(self) -> Dict[str, Dict[str, float]]:
+        """The held-out metrics per task (``summary.json``'s ``eval``; empty unless completed)."""
+        return dict((self.summary or {}).get("eval") or {})
+
+    def lr_trajectories(self) -> Dict[str, List[tuple]]:
+        """Each parameter group's LR over the pass, ``[(step, lr), ...]``, from ``metrics.jsonl``."""
+        from recsys_hdet.components.metrics_log import read_jsonl
+
+        out: Dict[str, List[tuple]] = {}
+        for record in read_jsonl(os.path.join(self.run_dir, "metrics.jsonl")):
+            for group, lr in (record.get("lr") or {}).items():
+                out.setdefault(group, []).append((int(record["step"]), float(lr)))
+        return out
+
+    @classmethod
+    def load(cls, run_dir: str, exit_status: int) -> "TrainResult":
+        """The result of a job that trained into ``run_dir`` (in another process): its summary.json."""
+        path = os.path.join(run_dir, "summary.json")
+        summary = None
+        if os.path.isfile(path):
+            with open(path) as f:
+                summary = json.load(f)
+        return cls(os.path.abspath(run_dir), int(exit_status), summary)
+
+
+def worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
+    from recsys_hdet.distributed import quiet_library_warnings
+
+    quiet_library_warnings()
+    import torch
+    import torch.distributed as dist
+
+    from recsys_hdet.distributed import init_process_groups, threads_per_worker
+    from recsys_hdet.trainer import Trainer
+
+    cfg = OmegaConf.create(cfg_dict)
+    torch.set_num_threads(threads_per_worker(cfg.trainer.get("threads_per_worker"), int(os.environ["LOCAL_WORLD_SIZE"])))
+    pgs = init_process_groups(int(cfg.trainer.sharding_group_size), float(cfg.trainer.collective_timeout_s))
+    try:
+        return Trainer(cfg, run_dir, pgs, job_start).run()
+    finally:
+        dist.destroy_process_group()
+
+
+def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -> TrainResult:
+    """Trains ``cfg`` (a composed config) into ``run_dir``. Raises ConfigError or DataError (from
+    data_tools.errors) for bad config or data before anything is written; every other outcome is a
+    TrainResult (exit status 2 when another job holds the run directory, or when its run cannot be resumed
+    with this config: the error is printed)."""
+    from recsys_hdet.components.console_log import ConsoleLog
+    from recsys_hdet.distributed import launch, under_torchrun
+
+    job_start = time.time() if job_start is None else job_start
+    validate_config(cfg)
+    if not under_torchrun() or os.environ.get("RANK") == "0":
+        root = prepare_data(cfg)
+    else:
+        root = abs_path(cfg.data.root)
+    warm_start = ensure_warm_start(cfg)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # plain values for the workers
+    cfg_dict["data"]["root"] = root
+    cfg_dict["trainer"]["warm_start"] = warm_start
+    if cfg_dict["trainer"].get("branch_from"):
+        cfg_dict["trainer"]["branch_from"] = resolve_branch(cfg_dict)
+    os.makedirs(run_dir, exist_ok=True)
+    saved = os.path.join(run_dir, ".hydra", "config.yaml")  # what evaluation reads (Hydra writes it for the command)
+    if not os.path.isfile(saved):
+        from recsys_hdet.fileio import write_text_atomic
+
+        os.makedirs(os.path.dirname(saved), exist_ok=True)
+        write_text_atomic(saved, OmegaConf.to_yaml(cfg))
+    try:
+        lock = run_dir_lock(run_dir)  # held (the open file) until the job ends: a second job refuses to start
+    except RunDirInUse as e:
+        print(f"error: {e}", file=sys.stderr)
+        return TrainResult(os.path.abspath(run_dir), ExitStatus.USAGE, None)
+    # the console, workers included, is copied into the run's train.log (torchrun keeps its own logs)
+    console = contextlib.nullcontext() if under_torchrun() else ConsoleLog(os.path.join(run_dir, "train.log"))
+    code = 0
+    with lock or contextlib.nullcontext(), console:
+        print(f"run directory: {run_dir}", flush=True)
+        max_restarts = 0 if under_torchrun() else int(cfg.trainer.max_restarts)  # torchrun restarts on its own
+        for attempt in range(max_restarts + 1):
+            try:
+                resume_from = resolve_resume(cfg_dict, run_dir)
+            except ConfigError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return TrainResult.load(run_dir, ExitStatus.USAGE)
+            if resume_from == FINISHED:
+                break
+            cfg_dict["trainer"]["resume_from"] = resume_from
+            code = launch(worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
+            if code in (0, ExitStatus.DIVERGED, ExitStatus.USAGE) or attempt == max_restarts:
+                break
+            print(f"the job failed (exit status {code}): restart {attempt + 1} of trainer.max_restarts={max_restarts}, "
+                  "from the newest complete checkpoint", file=sys.stderr, flush=True)
+    return TrainResult.load(run_dir, code)
+
+
+def ensure_warm_start(cfg: DictConfig) -> str | None:
+    """The absolute warm-start checkpoint path; trains it first with ``trainer.warm_start_preset``
+    when it is missing (once: concurrent jobs wait on a lock), so a preset is self-contained."""
+    from recsys_hdet.fileio import file_lock
+
+    from recsys_hdet.distributed import launch, under_torchrun
+
+    if not cfg.trainer.get("warm_start"):
+        return None
+    path = abs_path(cfg.trainer.warm_start)
+    preset = cfg.trainer.get("warm_start_preset")
+    stale = stale_warm_start(path, str(cfg.data.root))
+    if stale and preset and not under_torchrun():
+        # A checkpoint the preset trained on an earlier version of the data set (its inputs differ):
+        # derived data, so it is retrained rather than loaded into a model it does not fit.
+        print(f"warm start {path} was trained on other model inputs ({stale}): retraining it", flush=True)
+        import shutil
+
+        shutil.rmtree(path)
+    elif stale:
+        raise ConfigError(f"config trainer.warm_start={path}: trained on other model inputs than {cfg.data.root} "
+                          f"has ({stale})")
+    ready = lambda: os.path.isfile(os.path.join(path, ".metadata"))
+    if ready():
+        return path
+    if not preset or under_torchrun():
+        raise ConfigError(f"config trainer.warm_start={path}: no checkpoint there (no .metadata)"
+                          + ("" if preset else " and no trainer.warm_start_preset to produce it"))
+    run_dir = os.path.dirname(path)
+    with file_lock(run_dir + ".lock"):
+        if ready():
+            return path
+        pre = compose_config([f"+experiment={preset}", *cfg.trainer.get("warm_start_overrides", [])])
+        if pre.trainer.get("warm_start"):
+            raise ConfigError(f"config trainer.warm_start_preset={preset}: that preset needs a warm start itself")
+        validate_config(pre)
+        pre_dict = OmegaConf.to_container(pre, resolve=True, enum_to_str=True)
+        pre_dict["data"]["root"] = prepare_data(pre)
+        print(f"warm start {path} is missing: training it first with +experiment={preset}", flush=True)
+        os.makedirs(run_dir, exist_ok=True)
+        code = launch(worker, (pre_dict, run_dir, time.time()), int(pre.trainer.nproc))
+        if code or not ready():
+            raise ConfigError(f"config trainer.warm_start_preset={preset}: the pre-training run into {run_dir} "
+                              f"failed (exit status {code})")
+    return path
+
+
+
+
+def compose_config(overrides: List[str]) -> DictConfig:
+    """``conf/config.yaml`` composed with ``overrides`` (inside a Hydra command, or outside one)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from recsys_hdet.config import CONF_DIR
+
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=overrides)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m recsys_hdet.api CONFIG_FILE RUN_DIR``: trains a resolved config file (a job's own
+    process); the exit status is the run's (docs/operations.md)."""
+    from data_tools.errors import DataError
+
+    from recsys_hdet.config_schema import TrainConfig
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m recsys_hdet.api CONFIG_FILE RUN_DIR", file=sys.stderr)
+        return ExitStatus.USAGE
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(args[0]))
+        return train(cfg, args[1]).exit_status
+    except (ConfigError, DataError, ValueError) as e:
+        print(f"error: {args[0]}: {e}", file=sys.stderr)
+        return ExitStatus.USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
