@@ -59,7 +59,8 @@ def _model_arithmetic(data: str, batch: int, threads: int) -> Dict[str, Any]:
     from torch.utils.flop_counter import FlopCounterMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from recsys_hdet.components.dataloader import DatasetMeta, DenseNormalization, ParquetBatchStream, split_for
+    from recsys_hdet.components.dataset import DatasetMeta, DenseNormalization, split_for
+    from recsys_hdet.components.dataloader import ParquetBatchStream
     from recsys_hdet.models.ranker import build_model
     from recsys_hdet.job_inputs import prepare_data
 

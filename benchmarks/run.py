@@ -157,7 +157,8 @@ def _check(proc: subprocess.CompletedProcess, cmd: List[str]) -> None:
 
 def loader_rows_per_sec(mode: Dict[str, Any]) -> float:
     """Rank 0 of ``nproc``'s training stream over the same days: rows delivered per second."""
-    from recsys_hdet.components.dataloader import DatasetMeta, DenseNormalization, ParquetBatchStream, split_days
+    from recsys_hdet.components.dataset import DatasetMeta, DenseNormalization, split_days
+    from recsys_hdet.components.dataloader import ParquetBatchStream
 
     meta = DatasetMeta.load(data_root(mode["data"]))
     skip = 2 if mode["data"] == "bench" else 0

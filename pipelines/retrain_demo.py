@@ -35,7 +35,7 @@ DEMO_OVERRIDES = ("data=retrain_demo", "trainer.sharding_group_size=1", "hdet.pr
 
 def shuffle_labels(root: str, day: str, seed: int = 0) -> None:
     """Plants a bad day: permutes the rows' labels (all tasks together) in the day file, atomically."""
-    from recsys_hdet.components.dataloader import LABEL_PREFIX, DatasetMeta
+    from recsys_hdet.components.dataset import LABEL_PREFIX, DatasetMeta
 
     meta = DatasetMeta.load(root)
     path = meta.day_path(day)

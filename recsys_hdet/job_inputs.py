@@ -33,7 +33,7 @@ def prepare_data(cfg: DictConfig) -> str:
 
 def check_days_and_steps(cfg: DictConfig, root: str) -> None:
     """The day split and the pass length, checked before workers start (same arithmetic as theirs)."""
-    from recsys_hdet.components.dataloader import DatasetMeta, RowHoldout, day_rows, split_for
+    from recsys_hdet.components.dataset import DatasetMeta, RowHoldout, day_rows, split_for
 
     meta = DatasetMeta.load(root)
     exposure = str(cfg.data.get("train_exposure", "all"))
@@ -67,7 +67,7 @@ def stale_warm_start(path: str, data_root: str) -> str:
     checkpoint's rows into the first rows of each table and the new rows start fresh
     (recsys_hdet.components.checkpoint.load_model); one line names the grown tables. A feature
     added or removed, a table that shrinks, or other dense features do not."""
-    from recsys_hdet.components.dataloader import DatasetMeta, model_inputs
+    from recsys_hdet.components.dataset import DatasetMeta, model_inputs
 
     try:
         with open(os.path.join(path, "meta.json")) as f:

@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from recsys_hdet.components.checkpoint import CheckpointManager, load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, set_temperature
 from recsys_hdet.components.job_handles import JobHandles
-from recsys_hdet.components.dataloader import (ORACLE_PREFIX, DatasetMeta, DenseNormalization, ParquetBatchStream,
-                                              RowHoldout, TrainedPosition, model_inputs, split_for)
+from recsys_hdet.components.dataset import ORACLE_PREFIX, DatasetMeta, DenseNormalization, RowHoldout, model_inputs, split_for
+from recsys_hdet.components.dataloader import ParquetBatchStream, TrainedPosition
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.lr_scheduler import build_schedules
 from recsys_hdet.components.metrics_log import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl

@@ -75,7 +75,7 @@ MUTANTS = (
            "exposure=\"all\",",
            ["tests/test_random_exposure.py::test_train_on_standard_exposure_then_evaluate_the_random_slice"]),
     Mutant("K", "the loader reads is_rand but keeps the random-exposure rows", "recsys_hdet/components/dataloader.py",
-           "df = df.filter(_standard_rows).drop(RAND_COLUMN)",
+           "df = df.filter(standard_rows).drop(RAND_COLUMN)",
            "df = df.drop(RAND_COLUMN)",
            ["tests/test_random_exposure.py::test_standard_exposure_drops_the_random_rows_from_the_stream"]),
     Mutant("L", "the random-exposure slice scored on every held-out row", "recsys_hdet/evaluation/segments.py",

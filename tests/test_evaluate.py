@@ -95,7 +95,7 @@ def test_predictions_cover_the_held_out_day_in_order(hdet_run, tiny_dataset):
 
 
 def test_popularity_buckets_split_impressions_by_cumulative_share(tiny_dataset):
-    from recsys_hdet.components.dataloader import DatasetMeta
+    from recsys_hdet.components.dataset import DatasetMeta
     from recsys_hdet.evaluation import popularity_buckets
 
     meta = DatasetMeta.load(tiny_dataset)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from data_tools.schema import OUTCOME_COLUMNS
-from recsys_hdet.components.dataloader import DatasetMeta, ParquetBatchStream, split_days
+from recsys_hdet.components.dataset import DatasetMeta, split_days
+from recsys_hdet.components.dataloader import ParquetBatchStream
 
 KEYS = ["time_ms", "user_id_raw", "video_id_raw"]
 
@@ -193,7 +194,7 @@ def test_probe_rows_are_the_same_on_every_rank_never_trained_on_and_never_held_o
 
 
 def test_dense_inputs_are_standardized_with_the_training_days_only(tiny_dataset):
-    from recsys_hdet.components.dataloader import DenseNormalization
+    from recsys_hdet.components.dataset import DenseNormalization
 
     meta = DatasetMeta.load(tiny_dataset)
     train, held_out = split_days(meta, 1)
@@ -226,7 +227,7 @@ def test_dense_inputs_are_standardized_with_the_training_days_only(tiny_dataset)
 def test_row_holdout_is_never_trained_on_and_is_what_evaluation_scores(tiny_dataset):
     """data.holdout: a fixed slice of every day, chosen by file position, never in a training
     stream (any layout), and exactly the rows a part="holdout" stream reads."""
-    from recsys_hdet.components.dataloader import RowHoldout
+    from recsys_hdet.components.dataset import RowHoldout
 
     meta = DatasetMeta.load(tiny_dataset)
     holdout = RowHoldout(0.1, seed=3)

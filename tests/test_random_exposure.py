@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from conftest import REPO, read_json, run_train
-from recsys_hdet.components.dataloader import DatasetMeta, ParquetBatchStream, day_rows, split_days
+from recsys_hdet.components.dataset import DatasetMeta, day_rows, split_days
+from recsys_hdet.components.dataloader import ParquetBatchStream
 
 KEYS = ["time_ms", "user_id_raw", "video_id_raw"]
 TASKS = ["contribution", "like", "long_dwell"]

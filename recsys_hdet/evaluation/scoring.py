@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from recsys_hdet.components.dataloader import DatasetMeta, RowHoldout
+from recsys_hdet.components.dataset import DatasetMeta, RowHoldout
 from recsys_hdet.components.metrics_log import sync_records
 from recsys_hdet.evaluation.segments import RunInfo
 
@@ -72,7 +72,8 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
     import torch.distributed as dist
 
     from recsys_hdet.components.checkpoint import load_model
-    from recsys_hdet.components.dataloader import DenseNormalization, ParquetBatchStream
+    from recsys_hdet.components.dataset import DenseNormalization
+    from recsys_hdet.components.dataloader import ParquetBatchStream
     from recsys_hdet.components.hparam_bindings import set_temperature
     from recsys_hdet.components.optimizer import fused_params
     from recsys_hdet.distributed import init_process_groups, shard_model, threads_per_worker

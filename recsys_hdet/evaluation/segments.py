@@ -22,8 +22,7 @@ import polars as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.dataloader import (LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, RowHoldout,
-                                              split_for)
+from recsys_hdet.components.dataset import LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, RowHoldout, split_for
 from recsys_hdet.components.metrics_log import read_json
 from recsys_hdet.evaluation.task_metrics import grouped_auc, oracle_metrics, reliability_curve, task_metrics
 

@@ -1,0 +1,240 @@
+"""A processed data set as training and evaluation see it, apart from reading it: its metadata
+(:class:`DatasetMeta`, ``meta.json``), which days train and which are held out (:func:`split_days`),
+which rows of a day a stream reads (the exposure and the :class:`RowHoldout` policy,
+:func:`day_rows`), and how dense inputs are standardized (:class:`DenseNormalization`). The stream
+that reads the rows is :mod:`recsys_hdet.components.dataloader`.
+
+- Features are the names listed in ``meta.json`` under ``sparse`` and ``dense``; labels are
+  ``label_<task>``. Columns such as ``oracle_*`` and raw ids are never model inputs.
+- ``exposure``: ``"all"`` reads every row; ``"standard"`` drops the random-exposure rows
+  (``is_rand`` = 1, the video shown uniformly at random); a day file without the column is refused,
+  naming it.
+- ``holdout`` (:class:`RowHoldout`): a fixed random slice of every day's rows (drawn per day from a
+  seed, by position in the day file) that training never reads; a stream with ``part="holdout"``
+  reads only that slice (the retraining gate scores it). Chosen in file order, so it is the same
+  whatever the layout, batch size or shuffling.
+- Dense inputs are standardized by :class:`DenseNormalization`: the mean and standard deviation of
+  each dense feature over the *training* days only (from the per-day statistics the converter stores
+  in meta.json), so no held-out day leaks into the inputs; a missing value becomes 0, the training
+  mean, and its ``<name>_missing`` indicator says so. The trainer saves the normalization in the
+  checkpoint's meta.json; evaluation and warm starts reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import polars as pl
+
+
+LABEL_PREFIX = "label_"
+ORACLE_PREFIX = "oracle_"
+RAND_COLUMN = "is_rand"  # 1: a random-exposure impression (the unbiased sample); never a model input
+# data.train_exposure: "all" trains on every impression, "standard" drops the random-exposure ones.
+TRAIN_EXPOSURES = ("all", "standard")
+
+
+@dataclass
+class DatasetMeta:
+    root: str
+    sparse: Dict[str, Dict]  # name -> {"vocab": int, "multi": bool}
+    dense: List[str]
+    tasks: List[str]
+    days: Dict[str, Dict]  # "YYYYMMDD" -> {"file": str, "rows": int}
+    has_oracle: bool
+    source: Dict = field(default_factory=dict)  # provenance (generator config, string vocabularies)
+
+    @classmethod
+    def load(cls, root: str) -> "DatasetMeta":
+        path = os.path.join(root, "meta.json")
+        with open(path) as f:
+            meta = json.load(f)
+        return cls(
+            root=root,
+            sparse=meta["sparse"],
+            dense=list(meta["dense"]),
+            tasks=list(meta["tasks"]),
+            days=dict(sorted(meta["days"].items())),
+            has_oracle=bool(meta.get("has_oracle", False)),
+            source=dict(meta.get("source") or {}),
+        )
+
+    def day_path(self, day: str) -> str:
+        return os.path.join(self.root, self.days[day]["file"])
+
+    @property
+    def single_features(self) -> List[str]:
+        return [n for n, s in self.sparse.items() if not s.get("multi", False)]
+
+    @property
+    def multi_features(self) -> List[str]:
+        return [n for n, s in self.sparse.items() if s.get("multi", False)]
+
+
+@dataclass(frozen=True)
+class RowHoldout:
+    """A fixed slice of every day's rows never trained on: row i of day d (file order) is held out
+    when the generator seeded by ``(seed, d)`` draws ``u_i < fraction``. Independent of the layout,
+    batch size, shuffling and of the other days, so a day's slice never changes as days arrive."""
+
+    fraction: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fraction < 1.0:
+            raise ValueError(f"data.holdout.fraction={self.fraction}: must be in (0, 1) (0 turns the holdout off)")
+
+    def mask(self, day: str, rows: int) -> np.ndarray:
+        """True for the held-out rows of ``day`` (``rows``: the day file's row count)."""
+        return np.random.default_rng([int(self.seed), int(day), 0x401D]).random(rows) < self.fraction
+
+    @classmethod
+    def from_config(cls, data_cfg) -> Optional["RowHoldout"]:
+        """``data.holdout`` of a run's config: None when absent or its fraction is 0."""
+        h = data_cfg.get("holdout") if data_cfg is not None else None
+        if not h or not float(h.get("fraction") or 0.0):
+            return None
+        return cls(float(h["fraction"]), int(h.get("seed") or 0))
+
+
+STREAM_PARTS = ("train", "holdout")  # which rows a stream reads when a RowHoldout is set
+
+
+@dataclass(frozen=True)
+class DenseNormalization:
+    """Per dense feature: ``(x - mean) / std`` with the statistics of ``days``; missing -> 0."""
+
+    features: List[str]
+    mean: List[float]
+    std: List[float]
+    days: List[str]
+
+    @classmethod
+    def from_days(cls, meta: "DatasetMeta", days: Sequence[str]) -> "DenseNormalization":
+        mean, std = [], []
+        for name in meta.dense:
+            stats = [meta.days[d]["dense_stats"][name] for d in days]
+            n = sum(s["count"] for s in stats)
+            m = sum(s["sum"] for s in stats) / n if n else 0.0
+            var = sum(s["sumsq"] for s in stats) / n - m * m if n else 0.0
+            sd = var ** 0.5 if var > 1e-12 else 1.0  # a constant feature is centred, not scaled
+            mean.append(m)
+            std.append(sd)
+        return cls(list(meta.dense), mean, std, [str(d) for d in days])
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        out = x - np.asarray(self.mean, dtype=np.float64)
+        out /= np.asarray(self.std, dtype=np.float64)
+        np.copyto(out, 0.0, where=np.isnan(out))  # missing -> the mean; +-inf stay inf as float32 (as before)
+        return out.astype(np.float32)
+
+    def to_dict(self) -> Dict:
+        return {"features": self.features, "mean": self.mean, "std": self.std, "days": self.days}
+
+    @classmethod
+    def from_checkpoint(cls, directory: str) -> Optional["DenseNormalization"]:
+        """The normalization a checkpoint's model was trained with (its meta.json), or None."""
+        try:
+            with open(os.path.join(directory, "meta.json")) as f:
+                d = json.load(f).get("dense_normalization")
+        except (OSError, ValueError):
+            return None
+        return cls(list(d["features"]), list(d["mean"]), list(d["std"]), list(d["days"])) if d else None
+
+    def check(self, meta: "DatasetMeta") -> None:
+        if self.features != list(meta.dense):
+            raise ValueError(f"dense normalization for features {self.features}, but the data set at {meta.root} "
+                             f"has {list(meta.dense)}")
+
+
+def model_inputs(meta: "DatasetMeta") -> Dict:
+    """What a model built for this data set takes: embedding table sizes and dense features (a
+    checkpoint records it, so a warm start can tell whether it fits)."""
+    return {"sparse": {n: int(s["vocab"]) for n, s in meta.sparse.items()}, "dense": list(meta.dense)}
+
+
+# A row is standard exposure unless is_rand = 1 (a null carries no random-exposure information).
+standard_rows = pl.col(RAND_COLUMN).fill_null(0) != 1
+
+
+def require_rand_column(meta: DatasetMeta, days: Sequence[str]) -> None:
+    """ValueError naming the data root, the column and the first day file without ``is_rand``."""
+    for day in days:
+        if RAND_COLUMN not in pl.read_parquet_schema(meta.day_path(day)):
+            raise ValueError(
+                f"data.train_exposure=standard drops the random-exposure rows ({RAND_COLUMN} = 1), but the data set "
+                f"at {meta.root} has no {RAND_COLUMN!r} column ({meta.days[day]['file']} lacks it; it was processed "
+                f"before random exposure was recorded): re-convert it with data_tools.convert, or train with "
+                f"data.train_exposure=all"
+            )
+
+
+def day_rows(meta: DatasetMeta, days: Sequence[str], exposure: str = "all", holdout: Optional[RowHoldout] = None,
+             part: str = "train") -> Dict[str, int]:
+    """Rows per day the stream reads: every row (``"all"``, from meta.json), or the standard-exposure
+    ones (``"standard"``: counted from the files' ``is_rand`` column, the only column read); with a
+    ``holdout``, only the rows of ``part`` ("train": not held out, "holdout": held out)."""
+    if exposure not in TRAIN_EXPOSURES:
+        raise ValueError(f"exposure={exposure!r}: one of {TRAIN_EXPOSURES}")
+    if part not in STREAM_PARTS:
+        raise ValueError(f"part={part!r}: one of {STREAM_PARTS}")
+    if exposure == "standard":
+        require_rand_column(meta, days)
+    out = {}
+    for d in days:
+        total = int(meta.days[d]["rows"])
+        keep = part_mask(holdout, part, d, total)
+        if exposure == "all":
+            out[d] = int(keep.sum()) if keep is not None else total
+        else:
+            standard = pl.read_parquet(meta.day_path(d), columns=[RAND_COLUMN]).select(standard_rows).to_series()
+            standard = standard.to_numpy()
+            out[d] = int((standard & keep).sum()) if keep is not None else int(standard.sum())
+    return out
+
+
+def part_mask(holdout: Optional[RowHoldout], part: str, day: str, rows: int) -> Optional[np.ndarray]:
+    """Rows of the day file the stream's ``part`` keeps (None: every row)."""
+    if holdout is None:
+        return None
+    held = holdout.mask(day, rows)
+    return held if part == "holdout" else ~held
+
+
+def split_days(
+    meta: DatasetMeta, eval_days: int, train_days: Optional[int] = None, skip_days: int = 0,
+    until: Optional[str] = None, holdout: bool = False,
+) -> tuple[List[str], List[str]]:
+    """The held-out days are the last ``eval_days``; training days are the ones before them, after
+    skipping the first ``skip_days`` (e.g. days a warm-start checkpoint was trained on), at most
+    ``train_days`` of them. ``until`` (a day): the data set as it was that day; later days are
+    ignored (a backfill trains as if they had not arrived). ``holdout`` (rows are held out, see
+    :class:`RowHoldout`): the evaluated days are scored on their held-out slice only, so they are
+    training days too (their other rows): training days run from ``skip_days`` to the last day."""
+    days = list(meta.days)
+    if until is not None:
+        if str(until) not in meta.days:
+            raise ValueError(f"data.until={until}: not a day of the data set at {meta.root} (days {days[0]}.."
+                             f"{days[-1]})")
+        days = days[: days.index(str(until)) + 1]
+    needed = max(eval_days, skip_days + 1) if holdout else eval_days + skip_days + 1
+    if eval_days < 1 or needed > len(days):
+        raise ValueError(
+            f"data.eval_days={eval_days}, data.skip_days={skip_days}: the data set at {meta.root} has "
+            f"{len(days)} days{f' up to {until}' if until else ''}; need at least one training day and one "
+            f"held-out day"
+        )
+    train = days[skip_days:] if holdout else days[skip_days : len(days) - eval_days]
+    if train_days is not None:
+        train = train[:train_days]
+    return train, days[len(days) - eval_days :]
+
+
+def split_for(meta: DatasetMeta, data_cfg) -> tuple[List[str], List[str]]:
+    """:func:`split_days` with a run's ``data`` config."""
+    return split_days(meta, int(data_cfg.eval_days), data_cfg.get("train_days"), int(data_cfg.get("skip_days", 0)),
+                      data_cfg.get("until"), RowHoldout.from_config(data_cfg) is not None)
