@@ -31,6 +31,10 @@ nothing new is success; a dry run exits with it too), REJECTED, FAILED, BUSY, US
 
 Limits: one machine (flock and rename on a local filesystem); the day's training runs as a
 subprocess of this job, so a scheduler should kill the job's whole process group (systemd does).
+
+Modules: :mod:`pipelines.day_plan` (which days, the registry's checks), :mod:`pipelines.lr_carry`
+(carried LRs), :mod:`pipelines.gate` (scoring and the gate), :mod:`pipelines.registry` (versions and
+``current``); this one trains, publishes and holds the command.
 """
 
 from __future__ import annotations
@@ -38,115 +42,36 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import math
 import os
 import signal
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipelines.day_plan import (DayPlan, RetrainError, check_registry, finish_interrupted_publish, interrupted_publish,
+                                plan_days, trained_days, version_name)
+from pipelines.gate import evaluate_models, gate
+from pipelines.lr_carry import CONF_DIR, clamp_carried, final_hdet_bases, preset_lrs
 from pipelines.registry import Registry, RegistryBusy, RegistryError
-from recsys_hdet.components.metrics_log import read_json, read_jsonl
+from recsys_hdet.components.metrics_log import read_json
 from recsys_hdet.api import TrainResult, compose_config
-from recsys_hdet.fileio import write_json_atomic, write_text_atomic
+from recsys_hdet.fileio import write_text_atomic
 from recsys_hdet.exit_status import ExitStatus
 
 # Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
 # version's directory is renamed into place and before ``current`` is repointed.
 FAULT_ENV = "RECSYS_HDET_RETRAIN_FAULT"
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 # Files of a finished run copied into its version directory (when present).
 VERSION_FILES = ("checkpoint", ".hydra", "summary.json", "eval.json", "report.html", "hdet.jsonl", "metrics.jsonl",
                  "published_eval.json", "train.log")
 
 
-class RetrainError(RuntimeError):
-    """A day (or the registry) that cannot be processed; the message names the file and problem."""
-
-
-@dataclass
-class DayPlan:
-    day: str                 # the newest day of the window (the gate's day)
-    train_days: List[str]
-    cold_start: bool
-
-
 # ----------------------------------------------------------------------------------------------
 # Reading the registry and the data
-
-
-def version_name(number: int) -> str:
-    return f"v{number:04d}"
-
-
-def trained_days(registry: Registry) -> List[str]:
-    """Every day some version (published or rejected) was trained on, sorted."""
-    return sorted({d for v in registry.list_versions() for d in registry.manifest(v).get("train_days", [])})
-
-
-def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], force: bool) -> List[DayPlan]:
-    """The windows to train, in order: the days after the last day any version was trained on
-    (``force``: the newest day again when there is none). Until a version is published the job
-    cold-starts once, on every day up to the newest pending one; after that, one day per window."""
-    days = [d for d in days if until is None or d <= str(until)]
-    done = trained_days(registry)
-    pending = [d for d in days if not done or d > done[-1]]
-    if force and not pending and days:
-        pending = [days[-1]]
-    if not pending:
-        return []
-    if registry.current() is None:
-        return [DayPlan(pending[-1], [d for d in days if d <= pending[-1]], True)]
-    return [DayPlan(d, [d], False) for d in pending]
-
-
-def check_registry(registry: Registry) -> None:
-    """RetrainError for a damaged registry: ``current`` pointing at a missing or incomplete version,
-    or an unreadable manifest."""
-    if os.path.lexists(registry.current_link) and not os.path.islink(registry.current_link):
-        raise RetrainError(f"{registry.current_link}: not a symlink; the registry is damaged (remove it, then "
-                           f"run rollback --to VERSION)")
-    current = registry.current()
-    if current is not None and current not in registry.list_versions():
-        raise RetrainError(f"{registry.current_link} points at versions/{current}, which is missing or incomplete; "
-                           f"the registry is damaged: repoint it with `python -m pipelines.retrain rollback --to "
-                           f"VERSION registry={registry.root}` (versions: "
-                           f"{registry.list_versions() or 'none'})")
-
-
-def finish_interrupted_publish(registry: Registry) -> Optional[str]:
-    """A job killed between a published version's rename and ``current``'s leaves the newest version
-    published but not current; nothing after it (no rollback, no publish event) says otherwise.
-    Repoints ``current`` and returns the version, else None."""
-    newest = interrupted_publish(registry)
-    if newest is None:
-        return None
-    registry.set_current(newest)
-    registry.log_event({"event": "published", "version": newest, "day": registry.manifest(newest).get("day"),
-                        "note": "finished an interrupted publish"})
-    return newest
-
-
-def interrupted_publish(registry: Registry) -> Optional[str]:
-    """The version :func:`finish_interrupted_publish` would make current (reads only), or None."""
-    versions = registry.list_versions()
-    if not versions:
-        return None
-    newest = versions[-1]
-    m = registry.manifest(newest)
-    if m.get("status") != "published" or registry.current() == newest:
-        return None
-    events = read_jsonl(registry.events) if os.path.isfile(registry.events) else []
-    if any(e.get("time", 0) >= m.get("created", 0) and e.get("event") in ("published", "rollback") for e in events):
-        return None
-    if m.get("parent") != registry.current():
-        return None
-    return newest
 
 
 def data_fingerprint(root: str, days: Sequence[str]) -> str:
@@ -175,38 +100,6 @@ def git_commit() -> str:
 
 # ----------------------------------------------------------------------------------------------
 # One day
-
-
-def final_hdet_bases(run_dir: str) -> Dict[str, float]:
-    """Per LR group, the max LR the controller ended the pass with (summary.json's
-    ``lr.controlled_max_lr``, written by the trainer: the run's max LR times the last sync's base
-    over the schedule it replaces); empty when HDET was off."""
-    path = os.path.join(run_dir, "summary.json")
-    if not os.path.isfile(path):
-        return {}
-    lr = read_json(path).get("lr") or {}
-    return {g: float(v) for g, v in (lr.get("controlled_max_lr") or {}).items()}
-
-
-def preset_lrs(cfg: DictConfig, experiment: str) -> Dict[str, float]:
-    """Each group's max LR as the day's preset sets it (with the job's ``overrides``): what a carried
-    LR is clamped to and shown against."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        train_cfg = hydra_compose(config_name="config",
-                                  overrides=[f"+experiment={experiment}", *[str(o) for o in cfg.overrides]])
-    return {g: float(v) for g, v in train_cfg.optim.lr.items()}
-
-
-def clamp_carried(bases: Dict[str, float], preset: Dict[str, float], factor: Optional[float]) -> Dict[str, float]:
-    """The published model's per-group bases as the next day's max LRs, each kept within
-    [preset / factor, preset x factor] (no bound with ``factor`` null). A controller that drifts
-    one way day after day (short-horizon bias lowers LRs) cannot carry the job away from the
-    preset further than that."""
-    if factor is None:
-        return {g: float(v) for g, v in bases.items()}
-    return {g: min(max(float(v), preset[g] / float(factor)), preset[g] * float(factor)) for g, v in bases.items()}
 
 
 def training_overrides(cfg: DictConfig, plan: DayPlan, all_days: Sequence[str], warm: Optional[str],
@@ -256,64 +149,6 @@ def train(cfg: DictConfig, overrides: List[str], run_dir: str) -> TrainResult:
             proc.wait()
             code = -signal.SIGKILL
     return TrainResult.load(run_dir, code)
-
-
-def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Optional[str]) -> Tuple[Dict, Optional[Dict]]:
-    """(candidate eval.json, published model's metrics on the same rows or None): both score the
-    held-out slice of ``day`` with the recsys_hdet evaluation code. The published version's
-    directory is only read (its scratch files go to the candidate's run directory)."""
-    from recsys_hdet.evaluation import evaluate_frame, load_run, predictions_frame, score_run
-    from recsys_hdet.evaluate import evaluate_run
-
-    nproc = int(cfg.eval_nproc)
-    candidate = evaluate_run(run_dir, days=[day], nproc=nproc)  # eval.json, report.html
-    if current_dir is None:
-        return candidate, None
-    published_path = os.path.join(run_dir, "published_eval.json")
-    if os.path.isfile(published_path):
-        return candidate, read_json(published_path)
-    run = load_run(current_dir, [day], os.path.abspath(str(cfg.data_root)))
-    probs = score_run(run, nproc=nproc, scratch=run_dir)
-    published = {"version_dir": current_dir, "days": [day],
-                 **evaluate_frame(predictions_frame(run, probs), list(run.cfg.tasks))}
-    write_json_atomic(published_path, published)
-    return candidate, published
-
-
-def gate(cfg: DictConfig, summary: Optional[Dict[str, Any]], candidate: Optional[Dict],
-         published: Optional[Dict]) -> Dict[str, Any]:
-    """The gate's decision: ``{"decision": "published"|"rejected", "reasons": [...], "tasks": {...}}``."""
-    g = cfg.gate
-    reasons: List[str] = []
-    tasks: Dict[str, Dict[str, Any]] = {}
-    if summary is None or summary.get("status") != "completed":
-        reasons.append(f"the run did not complete (status {summary.get('status') if summary else None!r})")
-    if candidate is not None:
-        low, high = (float(x) for x in g.calibration)
-        for t, m in candidate["eval"].items():
-            row = {"candidate_ne": m["ne"], "candidate_calibration": m["calibration"], "rows": candidate.get("rows")}
-            if published is not None:
-                row["published_ne"] = published["eval"][t]["ne"]
-            if candidate.get("oracle"):
-                row["oracle_ne"] = candidate["oracle"][t]["ne"]
-            tasks[t] = row
-            ne = m["ne"]
-            if ne is None or not math.isfinite(ne):
-                reasons.append(f"{t}: NE is not finite")
-                continue
-            if ne >= float(g.max_ne):
-                reasons.append(f"{t}: NE {ne:.4f} >= gate.max_ne {float(g.max_ne):g} (no better than the held-out "
-                               f"rows' positive rate)")
-            if published is not None and ne > row["published_ne"] + float(g.ne_tolerance):
-                reasons.append(f"{t}: NE {ne:.4f} worse than the published model's {row['published_ne']:.4f} by "
-                               f"{ne - row['published_ne']:.4f} > gate.ne_tolerance {float(g.ne_tolerance):g}")
-            cal = m["calibration"]
-            if cal is None or not low <= cal <= high:
-                shown = "undefined" if cal is None else f"{cal:.3f}"
-                reasons.append(f"{t}: calibration {shown} outside gate.calibration [{low:g}, {high:g}]")
-    return {"decision": "rejected" if reasons else "published", "reasons": reasons, "tasks": tasks,
-            "ne_tolerance": float(g.ne_tolerance), "max_ne": float(g.max_ne),
-            "calibration": [float(x) for x in g.calibration]}
 
 
 def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequence[str],
@@ -401,7 +236,7 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
 def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -> int:
     from data_tools.errors import DataError
     from data_tools.validate import validate_processed
-    from recsys_hdet.components.dataloader import DatasetMeta
+    from recsys_hdet.components.dataset import DatasetMeta
 
     registry = Registry(str(cfg.registry))
     log = lambda msg: print(f"[retrain] {msg}", flush=True)

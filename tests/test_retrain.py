@@ -15,6 +15,9 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
+from pipelines import day_plan as P
+from pipelines import gate as G
+from pipelines import lr_carry as C
 from pipelines import retrain as R
 from pipelines.registry import Registry
 from recsys_hdet.exit_status import ExitStatus
@@ -44,25 +47,25 @@ def _cfg(**gate):
 
 def test_plan_cold_start_then_one_day_at_a_time(tmp_path):
     reg = Registry(str(tmp_path / "registry"))
-    (plan,) = R.plan_days(reg, DAYS[:3], None, force=False)
+    (plan,) = P.plan_days(reg, DAYS[:3], None, force=False)
     assert plan.cold_start and plan.train_days == DAYS[:3] and plan.day == DAYS[2]
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
-    assert R.plan_days(reg, DAYS[:3], None, force=False) == []  # idempotent: nothing new
-    plans = R.plan_days(reg, DAYS, None, force=False)
+    assert P.plan_days(reg, DAYS[:3], None, force=False) == []  # idempotent: nothing new
+    plans = P.plan_days(reg, DAYS, None, force=False)
     assert [(p.day, p.train_days, p.cold_start) for p in plans] == [(DAYS[3], [DAYS[3]], False)]
-    assert R.plan_days(reg, DAYS, DAYS[2], force=False) == []  # --until: later days wait
-    (forced,) = R.plan_days(reg, DAYS[:3], None, force=True)
+    assert P.plan_days(reg, DAYS, DAYS[2], force=False) == []  # --until: later days wait
+    (forced,) = P.plan_days(reg, DAYS[:3], None, force=True)
     assert forced.train_days == [DAYS[2]] and not forced.cold_start
     # A rejected day is not retried (unless forced); the next day follows it.
     _version(reg, tmp_path, "v0002", "rejected", "v0001", [DAYS[3]])
-    assert R.plan_days(reg, DAYS, None, force=False) == []
-    assert [p.day for p in R.plan_days(reg, DAYS + ["20220412"], None, False)] == ["20220412"]
+    assert P.plan_days(reg, DAYS, None, force=False) == []
+    assert [p.day for p in P.plan_days(reg, DAYS + ["20220412"], None, False)] == ["20220412"]
 
 
 def test_until_a_version_is_published_each_run_cold_starts(tmp_path):
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "rejected", None, DAYS[:2])
-    (plan,) = R.plan_days(reg, DAYS[:3], None, force=False)
+    (plan,) = P.plan_days(reg, DAYS[:3], None, force=False)
     assert plan.cold_start and plan.train_days == DAYS[:3]
 
 
@@ -75,18 +78,18 @@ def _evals(candidate_ne, published_ne, calibration=1.0):
 def test_gate_rules():
     cfg = _cfg(ne_tolerance=0.002, max_ne=1.0, calibration=[0.8, 1.25])
     done = {"status": "completed"}
-    ok = R.gate(cfg, done, *_evals({"like": 0.80, "long_dwell": 0.70}, {"like": 0.799, "long_dwell": 0.71}))
+    ok = G.gate(cfg, done, *_evals({"like": 0.80, "long_dwell": 0.70}, {"like": 0.799, "long_dwell": 0.71}))
     assert ok["decision"] == "published" and ok["reasons"] == []
     assert ok["tasks"]["like"] == {"candidate_ne": 0.80, "candidate_calibration": 1.0, "rows": 1000,
                                    "published_ne": 0.799}
-    worse = R.gate(cfg, done, *_evals({"like": 0.81, "long_dwell": 0.70}, {"like": 0.80, "long_dwell": 0.71}))
+    worse = G.gate(cfg, done, *_evals({"like": 0.81, "long_dwell": 0.70}, {"like": 0.80, "long_dwell": 0.71}))
     assert worse["decision"] == "rejected" and worse["reasons"] == [
         "like: NE 0.8100 worse than the published model's 0.8000 by 0.0100 > gate.ne_tolerance 0.002"]
-    useless = R.gate(cfg, done, *_evals({"like": 1.003}, None))
+    useless = G.gate(cfg, done, *_evals({"like": 1.003}, None))
     assert useless["decision"] == "rejected" and "gate.max_ne" in useless["reasons"][0]
-    miscalibrated = R.gate(cfg, done, *_evals({"like": 0.8}, {"like": 0.8}, calibration=1.4))
+    miscalibrated = G.gate(cfg, done, *_evals({"like": 0.8}, {"like": 0.8}, calibration=1.4))
     assert "calibration 1.400 outside gate.calibration [0.8, 1.25]" in miscalibrated["reasons"][0]
-    diverged = R.gate(cfg, {"status": "diverged"}, None, None)
+    diverged = G.gate(cfg, {"status": "diverged"}, None, None)
     assert diverged["decision"] == "rejected" and "did not complete (status 'diverged')" in diverged["reasons"][0]
 
 
@@ -99,18 +102,18 @@ def test_an_interrupted_publish_is_finished_but_a_rollback_is_not_undone(tmp_pat
     reg.add_version("v0002", {"checkpoint": str(src / "checkpoint")},
                     {"status": "published", "parent": "v0001", "train_days": [DAYS[3]], "day": DAYS[3]})
     assert reg.current() == "v0001"
-    assert R.finish_interrupted_publish(reg) == "v0002" and reg.current() == "v0002"
-    assert R.finish_interrupted_publish(reg) is None
+    assert P.finish_interrupted_publish(reg) == "v0002" and reg.current() == "v0002"
+    assert P.finish_interrupted_publish(reg) is None
     reg.rollback()  # an operator's rollback to v0001 stays
-    assert R.finish_interrupted_publish(reg) is None and reg.current() == "v0001"
+    assert P.finish_interrupted_publish(reg) is None and reg.current() == "v0001"
 
 
 def test_a_damaged_registry_is_named(tmp_path):
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
     os.rename(reg.version_dir("v0001"), str(tmp_path / "moved"))
-    with pytest.raises(R.RetrainError, match="points at versions/v0001, which is missing.*rollback --to"):
-        R.check_registry(reg)
+    with pytest.raises(P.RetrainError, match="points at versions/v0001, which is missing.*rollback --to"):
+        P.check_registry(reg)
 
 
 def _main(tmp_path, *args):
@@ -119,17 +122,17 @@ def _main(tmp_path, *args):
 
 def test_carried_lrs_stay_within_the_clamp_around_the_daily_preset():
     cfg = _cfg()
-    preset = R.preset_lrs(cfg, "retrain_daily")
+    preset = C.preset_lrs(cfg, "retrain_daily")
     assert set(preset) == {"embedding", "transformer", "non_embedding", "no_decay"}
-    assert preset == R.preset_lrs(OmegaConf.merge(cfg, {"overrides": []}), cfg.experiment)
+    assert preset == C.preset_lrs(OmegaConf.merge(cfg, {"overrides": []}), cfg.experiment)
     changed = OmegaConf.merge(cfg, {"overrides": ["optim.lr.transformer=0.123"]})
-    assert R.preset_lrs(changed, "retrain_daily")["transformer"] == 0.123  # the job's overrides count
+    assert C.preset_lrs(changed, "retrain_daily")["transformer"] == 0.123  # the job's overrides count
     e, t = preset["embedding"], preset["transformer"]
     bases = {"embedding": e * 10, "transformer": t / 100, "non_embedding": preset["non_embedding"] * 2}
-    clamped = R.clamp_carried(bases, preset, 4.0)
+    clamped = C.clamp_carried(bases, preset, 4.0)
     assert clamped["embedding"] == pytest.approx(e * 4) and clamped["transformer"] == pytest.approx(t / 4)
     assert clamped["non_embedding"] == pytest.approx(preset["non_embedding"] * 2)  # inside: carried as is
-    assert R.clamp_carried(bases, preset, None) == bases
+    assert C.clamp_carried(bases, preset, None) == bases
 
 
 def test_command_line_errors_and_statuses(tmp_path, capsys):
@@ -260,7 +263,7 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     registry = Registry(str(tmp_path / "reg"))
     m2 = registry.manifest("v0002")
     # Carried: v0001's bases, within the clamp around the preset (conf/retrain.yaml: x4).
-    assert m2["lr_start"] == R.clamp_carried(registry.manifest("v0001")["hdet_bases"], m2["lr_preset"], 4.0)
+    assert m2["lr_start"] == C.clamp_carried(registry.manifest("v0001")["hdet_bases"], m2["lr_preset"], 4.0)
     assert set(m2["hdet_bases"]) == {"embedding", "transformer", "non_embedding", "no_decay"}
     # Every version's runs held out the same slice (the loader never trains on it: test_loader).
     assert {json.dumps(registry.manifest(v)["holdout"]) for v in ("v0001", "v0002", "v0003")} \

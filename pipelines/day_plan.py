@@ -1,0 +1,93 @@
+"""The retraining job's plan: which days each run trains (a day some version was trained on is
+skipped; the first run cold-starts on every day so far), version names, and the registry's
+consistency checks (a publish interrupted between the version's rename and ``current``'s is finished).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from pipelines.registry import Registry
+from recsys_hdet.components.metrics_log import read_jsonl
+
+
+class RetrainError(RuntimeError):
+    """A day (or the registry) that cannot be processed; the message names the file and problem."""
+
+
+@dataclass
+class DayPlan:
+    day: str                 # the newest day of the window (the gate's day)
+    train_days: List[str]
+    cold_start: bool
+
+
+def version_name(number: int) -> str:
+    return f"v{number:04d}"
+
+
+def trained_days(registry: Registry) -> List[str]:
+    """Every day some version (published or rejected) was trained on, sorted."""
+    return sorted({d for v in registry.list_versions() for d in registry.manifest(v).get("train_days", [])})
+
+
+def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], force: bool) -> List[DayPlan]:
+    """The windows to train, in order: the days after the last day any version was trained on
+    (``force``: the newest day again when there is none). Until a version is published the job
+    cold-starts once, on every day up to the newest pending one; after that, one day per window."""
+    days = [d for d in days if until is None or d <= str(until)]
+    done = trained_days(registry)
+    pending = [d for d in days if not done or d > done[-1]]
+    if force and not pending and days:
+        pending = [days[-1]]
+    if not pending:
+        return []
+    if registry.current() is None:
+        return [DayPlan(pending[-1], [d for d in days if d <= pending[-1]], True)]
+    return [DayPlan(d, [d], False) for d in pending]
+
+
+def check_registry(registry: Registry) -> None:
+    """RetrainError for a damaged registry: ``current`` pointing at a missing or incomplete version,
+    or an unreadable manifest."""
+    if os.path.lexists(registry.current_link) and not os.path.islink(registry.current_link):
+        raise RetrainError(f"{registry.current_link}: not a symlink; the registry is damaged (remove it, then "
+                           f"run rollback --to VERSION)")
+    current = registry.current()
+    if current is not None and current not in registry.list_versions():
+        raise RetrainError(f"{registry.current_link} points at versions/{current}, which is missing or incomplete; "
+                           f"the registry is damaged: repoint it with `python -m pipelines.retrain rollback --to "
+                           f"VERSION registry={registry.root}` (versions: "
+                           f"{registry.list_versions() or 'none'})")
+
+
+def finish_interrupted_publish(registry: Registry) -> Optional[str]:
+    """A job killed between a published version's rename and ``current``'s leaves the newest version
+    published but not current; nothing after it (no rollback, no publish event) says otherwise.
+    Repoints ``current`` and returns the version, else None."""
+    newest = interrupted_publish(registry)
+    if newest is None:
+        return None
+    registry.set_current(newest)
+    registry.log_event({"event": "published", "version": newest, "day": registry.manifest(newest).get("day"),
+                        "note": "finished an interrupted publish"})
+    return newest
+
+
+def interrupted_publish(registry: Registry) -> Optional[str]:
+    """The version :func:`finish_interrupted_publish` would make current (reads only), or None."""
+    versions = registry.list_versions()
+    if not versions:
+        return None
+    newest = versions[-1]
+    m = registry.manifest(newest)
+    if m.get("status") != "published" or registry.current() == newest:
+        return None
+    events = read_jsonl(registry.events) if os.path.isfile(registry.events) else []
+    if any(e.get("time", 0) >= m.get("created", 0) and e.get("event") in ("published", "rollback") for e in events):
+        return None
+    if m.get("parent") != registry.current():
+        return None
+    return newest

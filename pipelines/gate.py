@@ -1,0 +1,73 @@
+"""The retraining job's gate: the candidate and the published model score the same held-out rows of
+the day just trained on (the recsys_hdet evaluation code), and the candidate is published only if
+the run completed and every task's NE, calibration and the base-rate bound pass (``gate.*``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from omegaconf import DictConfig
+
+from recsys_hdet.components.metrics_log import read_json
+from recsys_hdet.fileio import write_json_atomic
+
+
+def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Optional[str]) -> Tuple[Dict, Optional[Dict]]:
+    """(candidate eval.json, published model's metrics on the same rows or None): both score the
+    held-out slice of ``day`` with the recsys_hdet evaluation code. The published version's
+    directory is only read (its scratch files go to the candidate's run directory)."""
+    from recsys_hdet.evaluation import evaluate_frame, load_run, predictions_frame, score_run
+    from recsys_hdet.evaluate import evaluate_run
+
+    nproc = int(cfg.eval_nproc)
+    candidate = evaluate_run(run_dir, days=[day], nproc=nproc)  # eval.json, report.html
+    if current_dir is None:
+        return candidate, None
+    published_path = os.path.join(run_dir, "published_eval.json")
+    if os.path.isfile(published_path):
+        return candidate, read_json(published_path)
+    run = load_run(current_dir, [day], os.path.abspath(str(cfg.data_root)))
+    probs = score_run(run, nproc=nproc, scratch=run_dir)
+    published = {"version_dir": current_dir, "days": [day],
+                 **evaluate_frame(predictions_frame(run, probs), list(run.cfg.tasks))}
+    write_json_atomic(published_path, published)
+    return candidate, published
+
+
+def gate(cfg: DictConfig, summary: Optional[Dict[str, Any]], candidate: Optional[Dict],
+         published: Optional[Dict]) -> Dict[str, Any]:
+    """The gate's decision: ``{"decision": "published"|"rejected", "reasons": [...], "tasks": {...}}``."""
+    g = cfg.gate
+    reasons: List[str] = []
+    tasks: Dict[str, Dict[str, Any]] = {}
+    if summary is None or summary.get("status") != "completed":
+        reasons.append(f"the run did not complete (status {summary.get('status') if summary else None!r})")
+    if candidate is not None:
+        low, high = (float(x) for x in g.calibration)
+        for t, m in candidate["eval"].items():
+            row = {"candidate_ne": m["ne"], "candidate_calibration": m["calibration"], "rows": candidate.get("rows")}
+            if published is not None:
+                row["published_ne"] = published["eval"][t]["ne"]
+            if candidate.get("oracle"):
+                row["oracle_ne"] = candidate["oracle"][t]["ne"]
+            tasks[t] = row
+            ne = m["ne"]
+            if ne is None or not math.isfinite(ne):
+                reasons.append(f"{t}: NE is not finite")
+                continue
+            if ne >= float(g.max_ne):
+                reasons.append(f"{t}: NE {ne:.4f} >= gate.max_ne {float(g.max_ne):g} (no better than the held-out "
+                               f"rows' positive rate)")
+            if published is not None and ne > row["published_ne"] + float(g.ne_tolerance):
+                reasons.append(f"{t}: NE {ne:.4f} worse than the published model's {row['published_ne']:.4f} by "
+                               f"{ne - row['published_ne']:.4f} > gate.ne_tolerance {float(g.ne_tolerance):g}")
+            cal = m["calibration"]
+            if cal is None or not low <= cal <= high:
+                shown = "undefined" if cal is None else f"{cal:.3f}"
+                reasons.append(f"{t}: calibration {shown} outside gate.calibration [{low:g}, {high:g}]")
+    return {"decision": "rejected" if reasons else "published", "reasons": reasons, "tasks": tasks,
+            "ne_tolerance": float(g.ne_tolerance), "max_ne": float(g.max_ne),
+            "calibration": [float(x) for x in g.calibration]}
