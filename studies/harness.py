@@ -638,14 +638,17 @@ VOLATILE = ("name", "commit", "clean", "examples_per_sec", "fraction_of_train")
 
 def differences(recorded: Any, fresh: Any, where: str = "") -> List[str]:
     """Where two results lines differ, bit for bit (floats by ==), timings and stamps aside (:data:`VOLATILE`,
-    every key ending in ``seconds``)."""
+    every key ending in ``seconds``). A field only the retrained line has (recorded before the lines had it)
+    is not a difference; one only the recorded line has is."""
     if isinstance(recorded, dict) and isinstance(fresh, dict):
         out: List[str] = []
         for k in sorted(set(recorded) | set(fresh), key=str):
             if k in VOLATILE or str(k).endswith("seconds"):
                 continue
-            if k not in recorded or k not in fresh:
-                out.append(f"{where}{k}: only in the {'recorded' if k in recorded else 'retrained'} line")
+            if k not in fresh:
+                out.append(f"{where}{k}: only in the recorded line")
+            elif k not in recorded:
+                continue  # a field added to the lines after this one was recorded: nothing to compare with
             else:
                 out += differences(recorded[k], fresh[k], f"{where}{k}.")
         return out

@@ -660,8 +660,8 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
     plain_ok = {s: r for s, r in plain.items() if outcome(r) == "completed"}
     best_ne = lambda s: best.ne.get(s, best.mean)  # noqa: E731
     gap = paired([r["mean_ne"] - best_ne(s) for s, r in sorted(plain_ok.items())]) if best else None
-    misset = any(outcome(r) == "failed" for r in plain.values()) or (
-        sigma is not None and gap is not None and gap["mean"] >= 3 * sigma)
+    misset = None if not plain else any(outcome(r) == "failed" for r in plain.values()) or (
+        sigma is not None and gap is not None and gap["mean"] >= 3 * sigma)  # None: no plain run yet
     out: Dict[str, Any] = {"lr": start_lr, "misset": misset, "label": None,
                            "plain_minus_best_in_std": gap["mean"] / sigma if gap and sigma else None,
                            "variants": {}, "runs": per_variant}
@@ -763,7 +763,8 @@ def render_markdown(result: Dict[str, Any]) -> str:
         for v, c in s["variants"].items():
             lr_a, ip = c["lr_area_geomean"], c["lr_area_in_plateau"]
             head = (f"| {name} | {s['lr']['embedding']:.3g} / {s['lr']['dense']:.3g} | "
-                    f"{'yes' if s['misset'] else 'no'} ({_f(s['plain_minus_best_in_std'], 1)} std) |") if first else "| | | |"
+                    f"{'-' if s['misset'] is None else 'yes' if s['misset'] else 'no'} "
+                    f"({_f(s['plain_minus_best_in_std'], 1)} std) |") if first else "| | | |"
             first = False
             ne = "-" if c["ne"] is None else f"{c['ne']:.4f}" + (f" ± {c['ne_std']:.4f}" if c["ne_std"] is not None else "")
             failed = f"{c['failed']}/{c['seeds']}" + (f" ({c['collapsed']} collapsed)" if c["collapsed"] else "")

@@ -100,6 +100,9 @@ def test_differences_are_bit_for_bit_and_leave_timings_out():
     assert SR.differences(a, one_ulp) == [f"mean_ne: recorded {a['mean_ne']!r}, retrained {one_ulp['mean_ne']!r}"]
     deep = {**a, "syncs": {"losses": [[0.2, math.nextafter(0.21, 0.0)]]}}
     assert SR.differences(a, deep) == [f"syncs.losses.0.1: recorded 0.21, retrained {math.nextafter(0.21, 0.0)!r}"]
+    # A field the lines gained after this one was recorded is nothing to compare with; a lost one is reported.
+    assert SR.differences(a, {**a, "rows": {"reserve_rows": 4096}}) == []
+    assert SR.differences({**a, "rows": {"reserve_rows": 4096}}, a) == ["rows: only in the recorded line"]
 
 
 def test_verify_reproduces_a_tiny_recorded_run_and_reports_a_planted_one_ulp_change(tmp_path, tiny_dataset, data_cache,
