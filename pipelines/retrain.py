@@ -59,7 +59,7 @@ from pipelines.lr_carry import CONF_DIR, clamp_carried, final_hdet_bases, preset
 from pipelines.registry import Registry, RegistryBusy, RegistryError
 from recsys_hdet.components.metrics_log import read_json
 from recsys_hdet.api import TrainResult, compose_config
-from recsys_hdet.fileio import write_text_atomic
+from recsys_hdet.run_dir import write_job_config
 from recsys_hdet.exit_status import ExitStatus
 
 # Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
@@ -132,10 +132,7 @@ def train(cfg: DictConfig, overrides: List[str], run_dir: str) -> TrainResult:
     outcome is read from the run's ``summary.json``."""
     if os.path.isfile(os.path.join(run_dir, "summary.json")):  # trained before the job was interrupted
         return TrainResult.load(run_dir, 0)
-    config = os.path.join(run_dir, ".hydra", "config.yaml")
-    os.makedirs(os.path.dirname(config), exist_ok=True)
-    write_text_atomic(config, OmegaConf.to_yaml(compose_config(overrides), resolve=True))
-    write_text_atomic(os.path.join(run_dir, ".hydra", "overrides.yaml"), OmegaConf.to_yaml(OmegaConf.create(overrides)))
+    config = write_job_config(run_dir, compose_config(overrides), overrides, resolve=True)
     cmd = [sys.executable, "-m", "recsys_hdet.api", config, run_dir]
     timeout = int(cfg.train_timeout_s) or None
     with open(os.path.join(run_dir, "train.log"), "a") as log:

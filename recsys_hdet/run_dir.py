@@ -32,6 +32,24 @@ def run_dir_lock(run_dir: str):
                           "hydra.run.dir") from None
 
 
+def write_job_config(run_dir: str, cfg: Any, overrides: List[str], *, resolve: bool = False) -> str:
+    """Writes the composed ``cfg`` and the ``overrides`` it was composed with where the training command's
+    Hydra puts them (``run_dir/.hydra/config.yaml`` and ``overrides.yaml``: what evaluation, the studies and
+    a resume read), for a job that composes the config itself and trains it through ``python -m
+    recsys_hdet.api CONFIG RUN_DIR``. ``resolve=False`` keeps interpolations (``${oc.env:...}``) for the
+    training process to resolve, as Hydra does. Returns the config file's path."""
+    from omegaconf import OmegaConf
+
+    from recsys_hdet.fileio import write_text_atomic
+
+    config = os.path.join(run_dir, ".hydra", "config.yaml")
+    os.makedirs(os.path.dirname(config), exist_ok=True)
+    write_text_atomic(config, OmegaConf.to_yaml(cfg, resolve=resolve))
+    write_text_atomic(os.path.join(run_dir, ".hydra", "overrides.yaml"),
+                      OmegaConf.to_yaml(OmegaConf.create([str(o) for o in overrides])))
+    return config
+
+
 FINISHED = "finished"
 # Config keys a resumed run may change: how it logs, evaluates and checkpoints, not what it trains.
 RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.eval_batch_size", "trainer.profile", "trainer.checkpoint",

@@ -499,24 +499,29 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
 # Training one run.
 
 
-def train_run(final: str, command: Sequence[str], env: Optional[Mapping[str, str]] = None,
+def train_run(final: str, overrides: Sequence[str], env: Optional[Mapping[str, str]] = None,
               info: Mapping[str, Any] = {}) -> Dict[str, Any]:  # noqa: B006 - read only
-    """Runs ``command`` (a ``python -m recsys_hdet.train ...`` list without ``hydra.run.dir``) into
-    ``final + ".partial"``, its output in ``train.log``, and moves it to ``final`` once it has a
-    summary (exit 0, or 3: diverged), with ``ablation_run.json`` (command, exit status, process
-    seconds, the commit and whether the tree was clean: what :func:`record_from_run_dir` reads; plus
-    ``info``). A crashed attempt is started over.
-    Returns {"exit_status", "process_seconds", "finished", "log"}."""
+    """Trains ``conf/config.yaml`` composed with ``overrides`` into ``final + ".partial"`` through the
+    training API in a process of its own (``python -m recsys_hdet.api CONFIG RUN_DIR``: the config is
+    composed here, once, and written with its overrides into the run's ``.hydra/``, as the training
+    command writes them; ``env`` is the process's environment, where the data root's interpolation is
+    resolved), its console in ``train.log``; once it has a summary (exit 0, or 3: diverged) moves it to
+    ``final`` with ``ablation_run.json`` (the overrides, exit status, process seconds, the commit and
+    whether the tree was clean: what :func:`record_from_run_dir` reads; plus ``info``). A crashed attempt
+    is started over. Returns {"exit_status", "process_seconds", "finished", "log"}."""
     import shutil
     import subprocess
     import time
 
-    info = {**code_state(), **info}  # the commit the run trains from (record_from_run_dir stamps its line)
+    from recsys_hdet.api import TrainResult, compose_config
+    from recsys_hdet.run_dir import write_job_config
+
+    info = {**code_state(), "overrides": list(overrides), **info}  # the commit the run trains from
     partial = final + ".partial"
     if os.path.exists(partial):
         shutil.rmtree(partial)  # a crashed attempt: start over
-    os.makedirs(partial)
-    cmd = [*command, f"hydra.run.dir={partial}"]
+    config = write_job_config(partial, compose_config(list(overrides)), list(overrides))
+    cmd = [sys.executable, "-m", "recsys_hdet.api", config, partial]
     start = time.time()
     with open(os.path.join(partial, "train.log"), "w") as log:
         log.write(" ".join(cmd) + "\n")
@@ -524,7 +529,8 @@ def train_run(final: str, command: Sequence[str], env: Optional[Mapping[str, str
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                env=None if env is None else dict(env))
     seconds = time.time() - start
-    if code in (0, 3) and os.path.isfile(os.path.join(partial, "summary.json")):
+    result = TrainResult.load(partial, code)
+    if code in (0, 3) and result.summary is not None:
         with open(os.path.join(partial, "ablation_run.json"), "w") as f:
             json.dump({"command": cmd, **info, "exit_status": code, "process_seconds": seconds}, f, indent=2)
         if os.path.exists(final):
@@ -622,8 +628,8 @@ def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: 
             raise StudyMismatch(f"{final}: finished with overrides {previous}, not {list(extra_overrides)}; "
                                 "use another --out, or delete that run to redo it")
         return {"skipped": True, "record": study.add(record_from_run_dir(final, name))}
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"+experiment={cfg.preset}", f"seed={seed}", *extra_overrides]
-    run = train_run(final, cmd, info={"overrides": list(extra_overrides)})  # for the mismatch check
+    run = train_run(final, [f"+experiment={cfg.preset}", f"seed={seed}", *extra_overrides],
+                    info={"overrides": list(extra_overrides)})  # for the mismatch check
     if run["finished"]:
         record = study.add(record_from_run_dir(final, name))
         return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
@@ -678,11 +684,10 @@ def verify(study: StudyFiles, name: str) -> Dict[str, Any]:
     threads = (record.get("layout") or {}).get("threads_per_worker")
     pin = [f"trainer.threads_per_worker={threads}"] if threads and not any(
         o.startswith("trainer.threads_per_worker=") for o in overrides) else []
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"+experiment={record['preset']}", f"seed={record['seed']}",
-           *overrides, *pin]
     final = os.path.join(study.work, "verify", name)
     stamp = code_state()
-    run = train_run(final, cmd, info={"overrides": overrides})
+    run = train_run(final, [f"+experiment={record['preset']}", f"seed={record['seed']}", *overrides, *pin],
+                    info={"overrides": overrides})
     out = {"recorded_commit": record.get("commit"), **stamp, "record": None}
     if not run["finished"]:
         return {**out, "reproduced": False,

@@ -132,7 +132,7 @@ def train(work: str, name: str, overrides: Sequence[str], data_cache: Optional[s
     failed without a summary."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"RECSYS_HDET_DATA": data_cache} if data_cache else {})}
     final = os.path.join(work, name)
-    run = SR.train_run(final, [sys.executable, "-m", "recsys_hdet.train", *overrides], env)
+    run = SR.train_run(final, overrides, env)
     if not run["finished"]:
         raise StudyError(f"{name}: the job failed (exit status {run['exit_status']}) without a summary; see {run['log']}")
     return SR.record_from_run_dir(final, name)
