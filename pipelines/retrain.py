@@ -424,7 +424,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = compose(overrides, needs_data=command == "run")
     except Exception as e:  # noqa: BLE001 - Hydra's and ours: a config error, named
         from recsys_hdet.config import compose_error
-        from recsys_hdet.config_schema import RetrainConfig
+        from recsys_hdet.job_schema import RetrainConfig
 
         print(f"[retrain] config error: {compose_error(e, RetrainConfig) or e}\n{USAGE}", file=sys.stderr)
         return ExitStatus.USAGE

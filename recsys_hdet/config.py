@@ -14,12 +14,14 @@ import dataclasses
 import difflib
 import os
 import sys
+import typing
 from typing import Any, Callable, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet import config_schema
-from recsys_hdet.config_schema import PROBE_SIGNALS, ConfigError, require as _require
+from recsys_hdet.config_values import ConfigError, require as _require
+from recsys_hdet.hdet.config import PROBE_SIGNALS
 
 __all__ = ["CONF_DIR", "ConfigError", "compose_error", "probe_rows", "run_hydra_command", "validate_config"]
 
@@ -72,8 +74,7 @@ def compose_error(exc: BaseException, schema: type = config_schema.TrainConfig) 
         return None
     parent, _, name = key.rpartition(".")
     for part in parent.split(".") if parent else []:
-        schema = {f.name: f.type for f in dataclasses.fields(schema)}.get(part)
-        schema = getattr(config_schema, str(schema), schema)  # postponed annotations are strings
+        schema = typing.get_type_hints(schema).get(part)  # postponed annotations resolved in their modules
         if not dataclasses.is_dataclass(schema):
             return None
     fields = {f.name: f.type for f in dataclasses.fields(schema)}

@@ -51,13 +51,13 @@ def test_help_lists_every_preset_and_only_what_each_command_uses():
 def test_the_schemas_choices_are_the_components_own():
     # The schema lists each choice for Hydra (refused at composition); the components keep their own
     # lists (the HDET engine knows no config). The two must not drift apart.
-    from recsys_hdet import config_schema as S
+    from recsys_hdet import config_values as S
     from recsys_hdet.components.dataset import TRAIN_EXPOSURES
     from recsys_hdet.components.optimizer import EMBEDDING_OPTIMIZERS
-    from recsys_hdet.hdet.config import SCORES, HDETScore
+    from recsys_hdet.hdet.config import SCORES, HDETScore, HDETSignal
     from recsys_hdet.hdet.signals import SIGNALS
 
-    assert set(S.HDETSignal) == set(SIGNALS)
+    assert set(HDETSignal) == set(SIGNALS)
     assert set(HDETScore) == set(SCORES)
     assert set(S.EmbeddingOptimizer) == set(EMBEDDING_OPTIMIZERS)
     assert set(S.TrainExposure) == set(TRAIN_EXPOSURES)

@@ -104,7 +104,8 @@ def compare_runs(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[st
 def main(cfg: DictConfig) -> None:
     """The command's body, given the composed ``conf/evaluate.yaml`` (``recsys_hdet/evaluate.py``
     is the Hydra entry point: Hydra finds ``conf/`` relative to it)."""
-    from recsys_hdet.config_schema import ConfigError, check
+    from recsys_hdet.config_schema import check
+    from recsys_hdet.config_values import ConfigError
     from recsys_hdet.evaluation import EvaluationError
     from recsys_hdet.distributed import quiet_library_warnings
 

@@ -2,10 +2,10 @@
 
 The defaults are the paper's form (linear spread 1 +- 1/9, softmax weights with sigma 0.1, T = 1000,
 the controller from step 100k); ``conf/hdet/enabled.yaml`` sets the product's measured values. The
-config schema's ``hdet`` group (:class:`recsys_hdet.config_schema.HDETConfigGroup`) *is* this class,
-extended with the job's own HDET fields (enabled, the signal, the probe rows, explored
-hyperparameters, the warm start): the fields are declared once, here. Import-light (no torch), so
-the schema can extend it without importing the engine.
+config schema's ``hdet`` group (:class:`HDETConfigGroup`, below) *is* this class, extended with the
+job's own HDET fields (enabled, the signal, the probe rows, explored hyperparameters, the warm
+start): every HDET field is declared once, here. Import-light (no torch), so the schema can extend it
+without importing the engine.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
+
+from recsys_hdet.config_values import at_least, fraction, is_number, require
 
 
 class HDETSpace(StrEnum):
@@ -99,3 +101,112 @@ class HDETConfig:
             if not ok:
                 value = getattr(self, key)
                 raise ValueError(f"config hdet.{key}={str(value) if isinstance(value, StrEnum) else value!r}: {expected}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The job's HDET fields: the config schema's ``hdet`` group (conf/hdet/)
+
+
+class HDETSignal(StrEnum):
+    train = "train"
+    serving = "serving"
+    probe = "probe"
+    averaged_probe = "averaged_probe"
+    anneal_probe = "anneal_probe"
+    discounted_credit = "discounted_credit"
+
+
+# The signals that score rows reserved from training (hdet.probe_rows).
+PROBE_SIGNALS = (HDETSignal.probe, HDETSignal.averaged_probe, HDETSignal.anneal_probe, HDETSignal.discounted_credit)
+
+
+class AveragedTensors(StrEnum):
+    dense = "dense"
+    all = "all"
+
+
+@dataclass
+class AveragedProbeConfig:
+    fraction: float = 0.5
+    tensors: AveragedTensors = AveragedTensors.all
+
+    def __post_init__(self) -> None:
+        fraction("hdet.averaged_probe.fraction", self.fraction, low_open=True, high_open=False)
+
+
+@dataclass
+class AnnealProbeConfig:
+    steps: int = 4
+
+    def __post_init__(self) -> None:
+        at_least("hdet.anneal_probe.steps", self.steps, 1)
+
+
+@dataclass
+class DiscountedCreditConfig:
+    mu: float = 0.9
+    fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(is_number(self.mu) and 0 <= self.mu < 1, "hdet.discounted_credit.mu", self.mu, "must be in [0, 1)")
+        fraction("hdet.discounted_credit.fraction", self.fraction, low_open=True, high_open=False)
+
+
+@dataclass
+class ExploreConfig:
+    """Scalar hyperparameters beyond LR, steered like the LRs; null: not explored. Each a mapping:
+    ``spread`` and its bounds (``max``; ``max_multiple`` for weight decay; ``min``/``max`` for the
+    attention temperature)."""
+    dropout: Optional[Dict[str, float]] = None
+    weight_decay: Optional[Dict[str, float]] = None
+    temperature: Optional[Dict[str, float]] = None
+    label_smoothing: Optional[Dict[str, float]] = None
+
+    def __post_init__(self) -> None:
+        for name, spec in vars(self).items():
+            if spec is None:
+                continue
+            spread = spec.get("spread")
+            require(is_number(spread) and spread >= 0, f"hdet.explore.{name}.spread", spread, "must be a number >= 0")
+            if name in ("dropout", "label_smoothing"):
+                fraction(f"hdet.explore.{name}.max", spec.get("max", -1), low_open=True)
+
+
+@dataclass
+class WarmInitConfig:
+    nu: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(is_number(self.nu) and self.nu >= 0, "hdet.warm_init.nu", self.nu, "must be >= 0")
+
+
+@dataclass
+class HDETConfigGroup(HDETConfig):
+    """conf/hdet/: the controller's fields are :class:`recsys_hdet.hdet.config.HDETConfig`'s (declared,
+    defaulted and checked there, once; conf/hdet/enabled.yaml sets the product's values), plus the
+    job's own HDET fields below (their meanings: conf/hdet/enabled.yaml)."""
+    enabled: bool = False
+    embedding_sync_every: Optional[int] = None
+    ceiling_multiple: float = 2.0
+    signal: HDETSignal = HDETSignal.anneal_probe
+    probe_rows: int = 4096
+    averaged_probe: AveragedProbeConfig = field(default_factory=AveragedProbeConfig)
+    anneal_probe: AnnealProbeConfig = field(default_factory=AnnealProbeConfig)
+    discounted_credit: DiscountedCreditConfig = field(default_factory=DiscountedCreditConfig)
+    probe_mix: Any = 1.0     # a number in (0, 1], or "replicas"
+    explore: ExploreConfig = field(default_factory=ExploreConfig)
+    warm_init: WarmInitConfig = field(default_factory=WarmInitConfig)
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            return
+        super().__post_init__()  # the controller's checks
+        if self.embedding_sync_every is not None:
+            at_least("hdet.embedding_sync_every", self.embedding_sync_every, 1)
+        require(is_number(self.ceiling_multiple) and self.ceiling_multiple >= 1, "hdet.ceiling_multiple",
+                self.ceiling_multiple, "must be >= 1")
+        if self.signal in PROBE_SIGNALS:
+            at_least("hdet.probe_rows", self.probe_rows, 1)
+        mix = self.probe_mix
+        require(mix == "replicas" or (is_number(mix) and 0 < mix <= 1), "hdet.probe_mix", mix,
+                "'replicas' or a number in (0, 1]")
