@@ -19,22 +19,23 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.checkpoint import CheckpointManager, load_model, save_model
+from recsys_hdet.components.checkpoint import CheckpointManager, build_checkpoints
+from recsys_hdet.components.model_checkpoint import load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, set_temperature
 from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.dataset import ORACLE_PREFIX, DatasetMeta, DenseNormalization, RowHoldout, model_inputs, split_for
 from recsys_hdet.components.dataloader import ParquetBatchStream, TrainedPosition
 from recsys_hdet.components.faults import faults_from_env
+from recsys_hdet.components.profiler import StepProfiler
 from recsys_hdet.components.lr_scheduler import build_schedules
-from recsys_hdet.components.metrics_log import MetricLogger, peak_rss_mb, read_jsonl, truncate_jsonl
+from recsys_hdet.components.metrics_log import MetricLogger, lr_trajectory, peak_rss_mb, print_summary, truncate_jsonl
 from recsys_hdet.fileio import write_json_atomic
-from recsys_hdet.evaluation.task_metrics import oracle_metrics, task_metrics
-from recsys_hdet.evaluation.scoring import predict_batches
+from recsys_hdet.evaluation.scoring import predict_batches, score_held_out
 from recsys_hdet.components.train_metrics import TrainMetrics, weighted_task_mean
 from recsys_hdet.components.train_pipeline import TimedBatches, TrainStep
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState, TrainClock
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params, schedulefree_warmup
-from recsys_hdet.components.replicas import ReplicaAverager
+from recsys_hdet.components.replicas import PeriodicEmbeddingAveraging, ReplicaAverager
 from recsys_hdet.components.rollback import Rollback, build_rollback
 from recsys_hdet.components.tensorboard import build_tensorboard
 from recsys_hdet.config import probe_rows
@@ -43,38 +44,6 @@ from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.models.ranker import PARAM_GROUPS, build_model  # noqa: F401 (build_model: re-exported)
 from recsys_hdet.exit_status import ExitStatus
 
-
-
-class StepProfiler:
-    """``trainer.profile.steps > 0``: rank 0 records steps [skip, skip + steps) with torch.profiler
-    and writes ``profile.txt`` (operators by self CPU time) into the run directory. The profiler's
-    own overhead slows those steps: not for throughput numbers."""
-
-    def __init__(self, skip: int, steps: int, path: str) -> None:
-        self.skip, self.steps, self.path = skip, steps, path
-        self.prof: Optional[torch.profiler.profile] = None
-
-    @classmethod
-    def from_config(cls, spec, run_dir: str) -> Optional["StepProfiler"]:
-        if not spec or int(spec.get("steps", 0)) <= 0:
-            return None
-        return cls(int(spec.get("skip", 20)), int(spec["steps"]), os.path.join(run_dir, "profile.txt"))
-
-    def before_step(self, step: int) -> None:
-        if step == self.skip:
-            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            self.prof.__enter__()
-        elif step == self.skip + self.steps:
-            self.close()
-
-    def close(self) -> None:
-        if self.prof is None:
-            return
-        self.prof.__exit__(None, None, None)
-        table = self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
-        with open(self.path, "w") as f:
-            f.write(f"torch.profiler, rank 0, steps {self.skip}..{self.skip + self.steps - 1}\n{table}\n")
-        self.prof = None
 
 
 @dataclass
@@ -91,6 +60,7 @@ class Job:
     train_metrics: TrainMetrics
     optimizer: GroupedOptimizer
     averager: ReplicaAverager
+    embedding_averaging: PeriodicEmbeddingAveraging
     lr_control: LRControl
     loop: LoopState
     rollback: Rollback
@@ -204,8 +174,13 @@ class Trainer:
         loop = LoopState(len(self.tasks))
         model_state = ModelState(model, optimizer.dense)
         rollback = build_rollback(cfg.trainer.rollback, model_state, averager, lr_control)
-        checkpoints = self._build_checkpoints(model_state, lr_control, TrainedPosition(stream, lambda: loop.step),
-                                              loop, rollback, total_steps)
+        # Every stateful piece of the job, by name, for periodic checkpoints and resume: the LR control (the
+        # schedules' position, or the HDET engine's state); the loader after the batches trained on, not
+        # the ones read ahead.
+        checkpoints = build_checkpoints(
+            cfg.trainer, self.run_dir, total_steps, self.rank, self.world, self.log,
+            {"model": model_state, "schedule": lr_control, "loader": TrainedPosition(stream, lambda: loop.step),
+             "rng": RNGState(), "loop": loop, "rollback": rollback})
         resume_from = cfg.trainer.get("resume_from")
         branch_from = cfg.trainer.get("branch_from")
         if branch_from and not resume_from:
@@ -232,27 +207,9 @@ class Trainer:
         # NE, calibration and AUC per task over each logging interval, reduced over the ranks.
         train_metrics = TrainMetrics(self.tasks, int(cfg.data.batch_size), self.world, self.rank,
                                      int(cfg.trainer.log_every), self.pgs.device, self.pgs.world)
+        embedding_averaging = PeriodicEmbeddingAveraging(averager, lr_control.embedding_sync_every, total_steps)
         return Job(meta, train_days, eval_days, stream, total_steps, model, train_step, train_metrics, optimizer,
-                   averager, lr_control, loop, rollback, checkpoints, resume_from)
-
-    def _build_checkpoints(self, model_state: ModelState, lr_control: LRControl, position: TrainedPosition,
-                           loop: LoopState, rollback: Rollback, total_steps: int) -> CheckpointManager:
-        """Every stateful piece of the job, registered for periodic checkpoints and resume."""
-        spec = self.cfg.trainer.periodic_checkpoint
-        log_every = int(self.cfg.trainer.log_every)
-        # keep_at: on a divergence check (a multiple of log_every), where rollback's copy is taken too.
-        keep_steps = [round(float(f) * total_steps / log_every) * log_every for f in spec.get("keep_at") or []]
-        manager = CheckpointManager(os.path.join(self.run_dir, "checkpoint"), self.run_dir, int(spec.every_steps),
-                                    int(spec.keep_last), self.rank, self.world, say=self.log,
-                                    async_save=bool(spec.get("async_save", False)),
-                                    keep_steps=tuple(s for s in keep_steps if 0 < s < total_steps))
-        manager.register("model", model_state)
-        manager.register("schedule", lr_control)  # the LR schedules' position, or the HDET engine's state
-        manager.register("loader", position)  # after the batches trained on, not the ones read ahead
-        manager.register("rng", RNGState())
-        manager.register("loop", loop)
-        manager.register("rollback", rollback)
-        return manager
+                   averager, embedding_averaging, lr_control, loop, rollback, checkpoints, resume_from)
 
     # ------------------------------------------------------------------------------------------
     def train(self, job: Job):
@@ -260,7 +217,6 @@ class Trainer:
         Returns (status, mean train loss per task and avg, train seconds)."""
         cfg, loop, lr_control = self.cfg.trainer, job.loop, job.lr_control
         total_steps, log_every, stop_at = job.total_steps, int(cfg.log_every), cfg.get("stop_at_step")
-        embedding_sync_every = lr_control.embedding_sync_every  # the loop's embedding averaging (see build())
         logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps, start_step=loop.step) \
             if self.rank == 0 else None
         # TensorBoard scalars (rank 0); a resumed run continues its curves from its step.
@@ -283,8 +239,7 @@ class Trainer:
             lr_control.step(loop.step, per_task, served)
             loop.step += 1
             loop.window_steps += 1
-            if embedding_sync_every and (loop.step % embedding_sync_every == 0 or loop.step == total_steps):
-                job.averager.average_embeddings()
+            job.embedding_averaging.after_step(loop.step)  # at its cadence (none where the LR control averages)
             loop.add_step_losses(per_task.double())
             forced = lr_control.failed_check()
             if loop.step % log_every == 0 or loop.step in (total_steps, stop_at) or forced:
@@ -388,26 +343,30 @@ class Trainer:
         if job.rollback.enabled:
             summary["rollback"] = job.rollback.summary()
         control = job.lr_control.summary(train_seconds)
-        summary["lr"] = {**self._lr_trajectory(), **control.pop("lr", {})}
+        # Each group's configured max LR, its LR at every logged step and the last one (rank 0).
+        trajectory = lr_trajectory(self.run_dir, {g: float(self.cfg.optim.lr[g]) for g in PARAM_GROUPS}) \
+            if self.rank == 0 else {}
+        summary["lr"] = {**trajectory, **control.pop("lr", {})}
         summary.update(control)
         return summary
 
-    def _lr_trajectory(self) -> Dict[str, Any]:
-        """Each group's configured max LR, its LR at every logged step (metrics.jsonl: complete after
-        a resume too) and the last one: what a later job needs of this run's learning rates."""
-        if self.rank != 0:
-            return {}
-        records = [r for r in read_jsonl(os.path.join(self.run_dir, "metrics.jsonl")) if r.get("lr")]
-        groups = list(records[-1]["lr"]) if records else []
-        return {"max_lr": {g: float(self.cfg.optim.lr[g]) for g in PARAM_GROUPS},
-                "final": dict(records[-1]["lr"]) if records else {},
-                "trajectory": {"step": [r["step"] for r in records], **{g: [r["lr"][g] for r in records] for g in groups}}}
-
     def evaluate_and_save(self, job: Job) -> Dict[str, Any]:
         """After a completed pass: the held-out metrics and the final checkpoint."""
-        self._check_replicas_identical(job.averager)
+        # After the pass's final average every replica must hold the same model: evaluation scores each
+        # rank's copy and the checkpoint keeps one. A difference is a wiring bug, never data.
+        differing = job.averager.differing_state()
+        if differing:
+            raise RuntimeError(f"the replicas' {' and '.join(differing)} state differs after the final average")
+        if self.world > 1:
+            self.log(f"final model bit-identical on every replica (dense over {self.world} ranks, embeddings over "
+                     f"{self.pgs.layout.replicas} sharding group(s))")
         with job.optimizer.eval_weights():  # Schedule-Free's averaged weights; the live ones otherwise
-            eval_metrics, oracle = self._evaluate(job.train_step, job.meta, job.eval_days)
+            stream = ParquetBatchStream(
+                job.meta, job.eval_days, int(self.cfg.trainer.eval_batch_size), self.rank, self.world, int(self.cfg.seed),
+                shuffle_within_day=False, pad_last=True, extras=[ORACLE_PREFIX + t for t in self.tasks] if job.meta.has_oracle
+                else [], normalization=self.normalization, holdout=self.holdout, part="holdout")
+            with job.train_step.model_detached() as model:
+                eval_metrics, oracle = score_held_out(model.module.logits, stream, self.tasks, self.pgs.device)
             out: Dict[str, Any] = {"eval": eval_metrics, **({"oracle": oracle} if oracle else {})}
             if bool(self.cfg.trainer.checkpoint):
                 save_model(job.model, os.path.join(self.run_dir, "checkpoint"),
@@ -434,54 +393,6 @@ class Trainer:
         summary["threads_per_worker"] = torch.get_num_threads()
         if self.rank == 0:
             write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
-            self._print_summary(summary)
+            print_summary(summary)
         # Only now: a job killed before summary.json was written resumes from them.
         ckpt.remove_all()
-
-    def _check_replicas_identical(self, averager: ReplicaAverager) -> None:
-        """After the pass's final average every replica must hold the same model: evaluation scores
-        each rank's copy and the checkpoint keeps one. A difference is a wiring bug, never data."""
-        differing = averager.differing_state()
-        if differing:
-            raise RuntimeError(f"the replicas' {' and '.join(differing)} state differs after the final average")
-        if self.world > 1:
-            self.log(f"final model bit-identical on every replica (dense over {self.world} ranks, embeddings over "
-                     f"{self.pgs.layout.replicas} sharding group(s))")
-
-    # ------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _evaluate(self, train_step: TrainStep, meta: DatasetMeta, eval_days: List[str]):
-        """Scores the held-out days on all ranks; rank 0 computes the metrics."""
-        extras = [ORACLE_PREFIX + t for t in self.tasks] if meta.has_oracle else []
-        stream = ParquetBatchStream(
-            meta, eval_days, int(self.cfg.trainer.eval_batch_size), self.rank, self.world,
-            int(self.cfg.seed), shuffle_within_day=False, pad_last=True, extras=extras,
-            normalization=self.normalization, holdout=self.holdout, part="holdout",
-        )
-        with train_step.model_detached() as model:
-            scored = predict_batches(model.module.logits, stream, self.pgs.device, extras)
-        mask = scored["mask"]
-        local = (scored["probs"][mask], scored["labels"][mask],
-                 torch.stack([scored[c] for c in extras], dim=1)[mask] if extras else None)
-        gathered: Optional[List[Any]] = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(local, gathered, dst=0)
-        if self.rank != 0:
-            return {}, {}
-        all_p = torch.cat([g[0] for g in gathered])
-        all_y = torch.cat([g[1] for g in gathered])
-        eval_metrics = {t: task_metrics(all_p[:, i], all_y[:, i]) for i, t in enumerate(self.tasks)}
-        oracle_out = {}
-        if extras:
-            all_o = torch.cat([g[2] for g in gathered])
-            oracle_out = {t: oracle_metrics(all_o[:, i], all_y[:, i]) for i, t in enumerate(self.tasks)}
-        return eval_metrics, oracle_out
-
-    def _print_summary(self, s: Dict[str, Any]) -> None:
-        print(f"{s['experiment']}: {s['status']} after {s['steps']} steps, {s['examples']} examples, "
-              f"{s['examples_per_sec']:.0f} ex/s, {s['wall_seconds']:.1f} s wall", flush=True)
-        print(f"train loss: " + " ".join(f"{k}={v:.4f}" for k, v in s["train_loss"].items()))
-        for task, m in s.get("eval", {}).items():
-            o = s.get("oracle", {}).get(task)
-            extra = f"  oracle NE {o['ne']:.4f} (gap {m['ne'] - o['ne']:+.4f})" if o else ""
-            print(f"held-out {task:>12}: AUC {m['auc']:.4f}  NE {m['ne']:.4f}  logloss {m['logloss']:.4f}  "
-                  f"calibration {m['calibration']:.3f}{extra}", flush=True)

@@ -262,7 +262,7 @@ def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, shardi
     see the module)."""
     import torch
 
-    from recsys_hdet.hdet.engine import ReplicaAxis
+    from recsys_hdet.hdet.hparams import ReplicaAxis
     from recsys_hdet.hdet.statistics import effect_move, joint_effects, joint_preferences, new_joint_fit, preference
 
     names = list(syncs[0]["hparams"])

@@ -220,7 +220,7 @@ _CURVE = {"predicted": [0.01, 0.03, 0.2], "observed": [0.0, 0.05, 0.25], "count"
 def _artifacts(tmp_path, label, oracle):
     """A RunArtifacts with an eval.json as the evaluation writes it; ``oracle``: synthetic data
     (the generator's true probabilities scored too) or real data (no oracle anywhere)."""
-    from recsys_hdet.evaluation.report import RunArtifacts
+    from recsys_hdet.evaluation.run_artifacts import RunArtifacts
 
     run = RunArtifacts(str(tmp_path), label)
     run.summary = {"status": "completed", "steps": 6, "examples": 24, "train_loss": {"avg": 0.6},
@@ -268,7 +268,7 @@ def test_report_on_real_data_has_no_oracle_columns_and_says_why(tmp_path):
 
 
 def test_examples_axis_unit_follows_the_run_size():
-    from recsys_hdet.evaluation.report import examples_axis_unit
+    from recsys_hdet.evaluation.report_figures import examples_axis_unit
 
     assert examples_axis_unit(24) == (1.0, "examples")
     assert examples_axis_unit(9_999) == (1.0, "examples")
@@ -279,7 +279,7 @@ def test_examples_axis_unit_follows_the_run_size():
 def test_reliability_curves_are_linear_and_leave_empty_bins_out(tmp_path):
     import matplotlib.pyplot as plt
 
-    from recsys_hdet.evaluation.report import reliability_figure, reliability_points
+    from recsys_hdet.evaluation.report_figures import reliability_figure, reliability_points
 
     run = _artifacts(tmp_path, "real", oracle=False)
     # A bin without examples (and one without a value) between bins with an observed rate of 0 and 1.

@@ -6,7 +6,8 @@ from torch import nn
 
 from dist_helpers import spawn
 from recsys_hdet.hdet.config import HDETConfig
-from recsys_hdet.hdet.engine import HDETEngine, ReplicaAxis, ScalarHParam
+from recsys_hdet.hdet.engine import HDETEngine
+from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
 
 def _engine(hparams, world, **cfg):

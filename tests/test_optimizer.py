@@ -72,7 +72,7 @@ def _hdet_worker():
     from recsys_hdet.distributed import init_process_groups, shard_model
     from recsys_hdet.hdet.config import HDETConfig
     from recsys_hdet.hdet.scheduler import HDETOneCycleLR
-    from recsys_hdet.hdet.engine import ReplicaAxis
+    from recsys_hdet.hdet.hparams import ReplicaAxis
 
     pgs = init_process_groups(sharding_group_size=1)
     model = shard_model(_EmbeddingOnly(), pgs, fused_params({"type": "sgd"}, 0.123), ["table_wise"])

@@ -243,7 +243,8 @@ def test_random_exposure_slice_absent_is_reported_with_the_reason(tiny_dataset, 
 
 
 def test_report_shows_the_slice_its_row_count_or_why_it_is_absent(tmp_path):
-    from recsys_hdet.evaluation.report import RunArtifacts, render_comparison, render_run
+    from recsys_hdet.evaluation.report import render_comparison, render_run
+    from recsys_hdet.evaluation.run_artifacts import RunArtifacts
 
     metrics = {"auc": 0.71, "ne": 0.93, "logloss": 0.21, "calibration": 1.02, "ece": 0.01, "positive_rate": 0.05,
                "count": 1234}

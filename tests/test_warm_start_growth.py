@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from conftest import read_json, run_train
 from dist_helpers import NUM_DENSE, spawn
 
-from recsys_hdet.components.checkpoint import CheckpointMismatch, grown_tables, load_model
+from recsys_hdet.components.model_checkpoint import CheckpointMismatch, grown_tables, load_model
 from recsys_hdet.models.ranker import MultiTaskRanker, SparseFeature
 
 OLD = {"user_id": 40, "video_id": 60, "tab": 8, "tag": 30}
@@ -170,7 +170,7 @@ def _sharded(pgs, vocab, types, dim, seed):
 def _grow_worker(out_dir, layouts):
     import torch.distributed as dist
 
-    from recsys_hdet.components.checkpoint import save_model
+    from recsys_hdet.components.model_checkpoint import save_model
     from recsys_hdet.distributed import init_process_groups
     from dist_helpers import random_batch
 

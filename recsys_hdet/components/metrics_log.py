@@ -91,3 +91,25 @@ def peak_rss_mb() -> float:
 
     # ru_maxrss is KiB on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def lr_trajectory(run_dir: str, max_lr: Mapping[str, float]) -> Dict[str, Any]:
+    """``summary.json``'s ``lr``: each group's configured max LR, its LR at every logged step (``metrics.jsonl``:
+    complete after a resume too) and the last one: what a later job needs of this run's learning rates."""
+    records = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r.get("lr")]
+    groups = list(records[-1]["lr"]) if records else []
+    return {"max_lr": dict(max_lr),
+            "final": dict(records[-1]["lr"]) if records else {},
+            "trajectory": {"step": [r["step"] for r in records], **{g: [r["lr"][g] for r in records] for g in groups}}}
+
+
+def print_summary(s: Mapping[str, Any]) -> None:
+    """The run's closing console lines, from its ``summary.json``."""
+    print(f"{s['experiment']}: {s['status']} after {s['steps']} steps, {s['examples']} examples, "
+          f"{s['examples_per_sec']:.0f} ex/s, {s['wall_seconds']:.1f} s wall", flush=True)
+    print("train loss: " + " ".join(f"{k}={v:.4f}" for k, v in s["train_loss"].items()))
+    for task, m in s.get("eval", {}).items():
+        o = s.get("oracle", {}).get(task)
+        extra = f"  oracle NE {o['ne']:.4f} (gap {m['ne'] - o['ne']:+.4f})" if o else ""
+        print(f"held-out {task:>12}: AUC {m['auc']:.4f}  NE {m['ne']:.4f}  logloss {m['logloss']:.4f}  "
+              f"calibration {m['calibration']:.3f}{extra}", flush=True)

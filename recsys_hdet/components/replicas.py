@@ -168,6 +168,21 @@ class ReplicaAverager:
 
 
 @torch.no_grad()
+class PeriodicEmbeddingAveraging:
+    """The step hook that averages the embedding replicas (one per sharding group) every ``every`` steps
+    and after the pass's last step, as TorchRec's ``DMPCollection.sync()`` does: the loop calls
+    :meth:`after_step` after every step. ``every = 0``: never (no embedding replicas, or the LR control
+    averages them itself: HDET at its syncs while their LR is spread)."""
+
+    def __init__(self, averager: ReplicaAverager, every: int, total_steps: int) -> None:
+        self.averager, self.every, self.total_steps = averager, int(every), int(total_steps)
+
+    def after_step(self, step: int) -> None:
+        """After training step ``step`` (1-based: the number of steps trained)."""
+        if self.every and (step % self.every == 0 or step == self.total_steps):
+            self.averager.average_embeddings()
+
+
 def mixed_replica_loss(averager: ReplicaAverager, score: Callable[[], float], dense_mix: float,
                        embedding_mix: float) -> float:
     """``score()`` of ``avg + c (own - avg)``: this replica's weights pulled toward the replicas' average

@@ -31,7 +31,8 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
     """Evaluates one run directory; returns eval.json's content."""
     from recsys_hdet.fileio import write_json_atomic
     from recsys_hdet.evaluation import evaluate_frame, load_run, predictions_frame, score_run
-    from recsys_hdet.evaluation.report import RunArtifacts, render_run, write_report
+    from recsys_hdet.evaluation.report import render_run, write_report
+    from recsys_hdet.evaluation.run_artifacts import RunArtifacts
 
     run = load_run(run_dir, days, data_root)
     eval_path = os.path.join(run.run_dir, "eval.json")
@@ -83,7 +84,8 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
 
 def compare_runs(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[str]] = None, **kwargs) -> str:
     from recsys_hdet.evaluation import EvaluationError
-    from recsys_hdet.evaluation.report import RunArtifacts, render_comparison, write_report
+    from recsys_hdet.evaluation.report import render_comparison, write_report
+    from recsys_hdet.evaluation.run_artifacts import RunArtifacts
 
     if labels is not None and len(labels) != len(run_dirs):
         raise EvaluationError(f"labels: {len(labels)} names for {len(run_dirs)} runs")

@@ -54,6 +54,36 @@ def predict_batches(logits: Callable[[torch.Tensor, Any], torch.Tensor], batches
     return result
 
 
+@torch.no_grad()
+def score_held_out(logits: Callable[[torch.Tensor, Any], torch.Tensor], stream: Any, tasks: Sequence[str],
+                   device: torch.device):
+    """The trainer's held-out pass: every rank scores its part of ``stream`` (a padded stream over the
+    held-out rows, with the oracle columns where the data has them); rank 0 gathers the scores and returns
+    (metrics per task, oracle metrics per task or {}), the other ranks ({}, {})."""
+    import torch.distributed as dist
+
+    from recsys_hdet.evaluation.task_metrics import oracle_metrics, task_metrics
+
+    extras = list(stream.extras)
+    scored = predict_batches(logits, stream, device, extras)
+    mask = scored["mask"]
+    local = (scored["probs"][mask], scored["labels"][mask],
+             torch.stack([scored[c] for c in extras], dim=1)[mask] if extras else None)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered: Optional[List[Any]] = [None] * world if rank == 0 else None
+    dist.gather_object(local, gathered, dst=0)
+    if rank != 0:
+        return {}, {}
+    all_p = torch.cat([g[0] for g in gathered])
+    all_y = torch.cat([g[1] for g in gathered])
+    metrics = {t: task_metrics(all_p[:, i], all_y[:, i]) for i, t in enumerate(tasks)}
+    oracle = {}
+    if extras:
+        all_o = torch.cat([g[2] for g in gathered])
+        oracle = {t: oracle_metrics(all_o[:, i], all_y[:, i]) for i, t in enumerate(tasks)}
+    return metrics, oracle
+
+
 def final_temperature(run_dir: str, default: float) -> float:
     """The attention temperature the run ended with: HDET's last base when it explored it (the
     value lives in the module, not in the checkpoint), else the configured one."""
@@ -71,7 +101,7 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
     quiet_library_warnings()
     import torch.distributed as dist
 
-    from recsys_hdet.components.checkpoint import load_model
+    from recsys_hdet.components.model_checkpoint import load_model
     from recsys_hdet.components.dataset import DenseNormalization
     from recsys_hdet.components.dataloader import ParquetBatchStream
     from recsys_hdet.components.hparam_bindings import set_temperature

@@ -9,62 +9,22 @@ The engine knows nothing of models. It sees:
   not excluded (see ``recsys_hdet.components.replicas``);
 - one process group over which the window losses are gathered, once per sync for all hparams.
 
-Method, section by section:
-1. Fan-out: replica r of N gets ``rho_r = 1 + alpha (r - (N-1)/2) / max((N-1)/2, 0.5)`` and trains
-   with ``value = base * rho_pi(r)``, from the first step. Each hparam has its own permutation pi,
-   redrawn at every sync from a ``torch.Generator`` seeded identically on all ranks (never the
-   global RNG, which is neither read nor reseeded).
-2. Converge: every T steps, ``converge`` averages the replicas.
-3. Auto-LR, after ``controller_start`` steps, at each sync: window loss per replica L_r, scores
-   ``s = (mean L - L) / sigma``, ``w = softmax(s)``, signal ``Delta = sum w v - mean v``, momentum
-   ``m <- beta m + (1 - beta) Delta``, base ``b <- b (1 - gamma) + lambda m``, clamped to
-   [floor, ceiling]. ``gamma`` is recomputed at each sync so that, with no signal, the base reaches
-   the schedule's end at the last window: by default (``decay="schedule"``) it is the schedule's
-   own ratio over the coming window, ``1 - gamma = schedule(t-1+T) / schedule(t-1)``, so a base with
-   no signal follows the schedule's shape; ``decay="geometric"`` uses one constant ratio down to
-   the floor, ``gamma = 1 - (floor / b) ** (1 / syncs_left)``. (The reference code's
-   ``1 - exp(-log(div/final_div) / K)`` is negative with PyTorch's defaults and grows the LR
-   ~400x; both of ours decay, since the schedule only falls after its peak.)
-   Before the controller starts, and for any hparam with alpha = 0 or a single replica (no signal
-   to read), the base is the schedule's value at the current step.
-3b. Scale-free, log-space control (our extension, ``space="log"``; the paper's form above stays
-   ``space="linear"``, ``score="softmax"``). Replica r's value is ``base * (1 + alpha) ** u_pi(r)``
-   with the same offsets ``u`` in [-1, 1] (geometric multipliers, mean log-multiplier 0). The base
-   is the schedule times a controlled factor, ``base(t) = schedule(t) * exp(o)``: with no signal
-   ``o`` stays put and the base keeps the schedule's shape (warm-up included, so the controller may
-   start at step 0). At a sync the signal ``g`` in [-1, 1] is how strongly the window's losses
-   favour the higher offsets (``score``: "zscore", the correlation of ``-L`` with ``u``; "rank",
-   the same on ranks, i.e. centred-rank fitness shaping; "softmax", the paper's weights, giving
-   ``g = sum w u - mean u``; "regression", every hparam's partial correlation from one joint
-   least-squares fit of the ranks' losses on all hparams' offsets, pooled over syncs: see
-   ``_joint_preferences``); the scale-free scores rank a non-finite replica worst, so a replica
-   that blew up is the strongest signal, not only an exclusion. Then ``m <- beta m + (1 - beta) g``
-   and ``o <- clamp(o + step * m, range)``: ``step`` is in natural-log units per sync (by default
-   ``travel_decades * ln 10 / max(controlled syncs, 1 / (1 - beta))``, so a short and a long run can
-   travel as far, but a run shorter than the momentum's memory travels proportionally less), and
-   ``range`` is given in decades around the schedule (``range_decades``).
-3c. Moving by effect size (``score="effect"``, log space; our extension): the same pooled joint fit
-   as "regression", but the move follows the fitted slope itself, not its significance: the loss
-   change per ln LR relative to the loss level, ``o += -trust * clip(slope / effect_scale, -1, 1)``,
-   and nothing where the slope is within ``min_t`` standard errors of zero. So with no real
-   difference the base rests (a significance score keeps moving at any consistent 1e-5
-   difference), and no sync moves it further than ``trust`` (default: the spread, ln(1 + alpha)).
-   Curvature is not estimated (two embedding replicas give two points; the step is clipped instead).
-5. Beyond learning rate: any scalar is a :class:`ScalarHParam`. Scale-like ones spread
-   multiplicatively (above); bounded ones additively, ``value = clamp(base + w u_pi(r))`` with
-   ``u`` the same symmetric offsets in [-1, 1], and their base moves additively
-   (``b <- b + drift + lambda m``, clamped). Every hparam has its own permutation.
-8. Non-finite guard: a rank whose window loss or state is non-finite is excluded from the average
-   and from the controller's weights (a replica is excluded when any of its ranks is), restored
-   by the average, and reported in the sync record. When every rank is non-finite nothing is
-   averaged or controlled, and the record lists every rank as excluded (the run has diverged).
+Method: spread (each replica's value ``base * rho_pi(r)`` in linear space, ``base * (1 + alpha) ** u_pi(r)``
+in log space, ``base + w u_pi(r)`` for additive hparams; one permutation per hparam redrawn at every sync
+from a generator seeded identically on every rank, never the global RNG), converge every T steps, and
+at each sync the controller (the paper's softmax form, or the scale-free log-space scores "zscore",
+"rank", "regression" and the effect-size move "effect"; see :mod:`recsys_hdet.hdet.statistics`), with
+the non-finite guard (a rank whose window loss or state is non-finite is excluded from the average
+and the controller, and restored by the average). Section by section, with every formula:
+``docs/method.md`` ("The engine, section by section").
 
 Signal: what each rank reports at a sync, a :class:`recsys_hdet.hdet.signals.ReplicaSignal`: by
 default its mean training loss over the window (:class:`~recsys_hdet.hdet.signals.WindowLoss`);
 others score the replica on the same probe rows at the sync, before averaging (the last iterate,
 the window's averaged iterate, after a short cooldown, or at the replicas' average moved along a
 discounted sum of past displacements by the replica's offset, :meth:`HDETEngine.my_offset`), so
-that the differences come from the parameters, not the data. The engine tells the signal each step's place in its window. Limits: in linear space values are
+that the differences come from the parameters, not the data. The engine tells the signal each step's
+place in its window. Limits: in linear space values are
 constant within a window once the controller runs, as in the paper; in log space they follow the
 schedule within the window.
 """
@@ -79,58 +39,10 @@ import torch
 import torch.distributed as dist
 
 from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.hparams import ScalarHParam
 from recsys_hdet.hdet.statistics import (effect_move, joint_effects, joint_preferences, new_joint_fit, preference,
                                         spread_multipliers, spread_offsets)
 from recsys_hdet.hdet.signals import ReplicaSignal, WindowLoss
-
-
-@dataclass(frozen=True)
-class ReplicaAxis:
-    """Which replica each world rank belongs to, for one hparam (e.g. ranks, or sharding groups)."""
-
-    replica_of_rank: tuple  # length world_size; values in [0, num_replicas)
-
-    @property
-    def num_replicas(self) -> int:
-        return max(self.replica_of_rank) + 1
-
-    @classmethod
-    def per_rank(cls, world_size: int) -> "ReplicaAxis":
-        return cls(tuple(range(world_size)))
-
-    @classmethod
-    def per_block(cls, world_size: int, block: int) -> "ReplicaAxis":
-        """Contiguous blocks of ``block`` ranks form one replica (the sharding groups)."""
-        return cls(tuple(r // block for r in range(world_size)))
-
-
-@dataclass
-class ScalarHParam:
-    name: str
-    axis: ReplicaAxis
-    schedule: Callable[[int], float]  # the base value at a step (0-based)
-    floor: float  # lower bound of the controlled base; the schedule's end
-    ceiling: float  # upper bound of the controlled base
-    apply: Callable[[float], None]  # puts this replica's value where it takes effect
-    # How values spread around the base: "multiplicative" (value = base * (1 + alpha u), the
-    # paper's linear form, for scale-like values: LR, weight decay, temperature), "log" (value =
-    # base * (1 + alpha) ** u, controlled in log space relative to the schedule; floor and ceiling
-    # are then unused: the config's range_decades bounds it) or "additive" (value = base + offset,
-    # clamped to [floor, ceiling], for bounded values: dropout, label smoothing).
-    space: str = "multiplicative"
-    # Half-width of the spread: alpha for multiplicative (None: the config's alpha), the largest
-    # offset for additive (required there).
-    spread: Optional[float] = None
-
-    def __post_init__(self) -> None:
-        if self.space not in ("multiplicative", "log", "additive"):
-            raise ValueError(f"hparam {self.name}: space={self.space!r}: 'multiplicative', 'log' or 'additive'")
-        if self.space == "additive" and self.spread is None:
-            raise ValueError(f"hparam {self.name}: an additive hparam needs its spread (largest offset)")
-        if self.spread is not None and (self.spread < 0 or not math.isfinite(self.spread)):
-            raise ValueError(f"hparam {self.name}: spread={self.spread}: must be a finite number >= 0")
-        if not self.floor <= self.ceiling:
-            raise ValueError(f"hparam {self.name}: floor {self.floor} above ceiling {self.ceiling}")
 
 
 @dataclass

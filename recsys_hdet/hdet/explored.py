@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping
 from torch import nn
 
 from recsys_hdet.components.hparam_bindings import LossSettings, set_dropout, set_temperature
-from recsys_hdet.hdet.engine import ReplicaAxis, ScalarHParam
+from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
 EXPLORABLE = ("dropout", "weight_decay", "temperature", "label_smoothing")
 

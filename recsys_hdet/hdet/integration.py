@@ -42,7 +42,7 @@ from recsys_hdet.components.train_metrics import weighted_task_mean
 from recsys_hdet.components.replicas import ReplicaAverager, all_finite, average_, mixed_replica_loss
 from recsys_hdet.components.train_state import ModelState
 from recsys_hdet.hdet.config import HDETConfig
-from recsys_hdet.hdet.engine import ReplicaAxis
+from recsys_hdet.hdet.hparams import ReplicaAxis
 from recsys_hdet.hdet.explored import build_explored_hparams
 from recsys_hdet.hdet.scheduler import HDETOneCycleLR
 from recsys_hdet.hdet.signals import (SIGNALS, AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe,

@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from recsys_hdet.components.lr_scheduler import OneCycle
 from recsys_hdet.hdet.config import HDETConfig
-from recsys_hdet.hdet.engine import HDETEngine, ReplicaAxis, ScalarHParam
+from recsys_hdet.hdet.engine import HDETEngine
+from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 from recsys_hdet.hdet.signals import ReplicaSignal
 
 
