@@ -201,6 +201,18 @@ class RollbackConfig:
 
 
 @dataclass
+class CollapseConfig:
+    ne: Optional[float] = 0.999
+    armed_below: float = 0.99
+
+    def __post_init__(self) -> None:
+        if self.ne is not None:
+            positive("trainer.collapse.ne", self.ne)
+            require(is_number(self.armed_below) and 0 < self.armed_below < self.ne, "trainer.collapse.armed_below",
+                    self.armed_below, f"must be in (0, trainer.collapse.ne={self.ne})")
+
+
+@dataclass
 class PeriodicCheckpointConfig:
     every_steps: int = 250
     keep_last: int = 2
@@ -234,6 +246,7 @@ class TrainerConfig:
     threads_per_worker: Optional[int] = None
     log_every: int = 25
     diverge_loss: float = 2.0
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
     rollback: RollbackConfig = field(default_factory=RollbackConfig)
     eval_batch_size: int = 2048
     checkpoint: bool = True

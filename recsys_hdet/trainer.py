@@ -23,6 +23,7 @@ from recsys_hdet.components.checkpoint import CheckpointManager, build_checkpoin
 from recsys_hdet.components.model_checkpoint import load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, set_temperature
 from recsys_hdet.components.job_handles import JobHandles
+from recsys_hdet.components.divergence import interval_failure
 from recsys_hdet.components.dataset import ORACLE_PREFIX, DatasetMeta, DenseNormalization, RowHoldout, model_inputs, split_for
 from recsys_hdet.components.dataloader import ParquetBatchStream, TrainedPosition
 from recsys_hdet.components.faults import faults_from_env
@@ -297,9 +298,12 @@ class Trainer:
         Returns (why the interval diverged or '', the metrics.jsonl record: rank 0 writes it, the
         interval's all-reduced sums for LoopState.end_interval)."""
         loop, examples_per_step, num_tasks = job.loop, job.stream.examples_per_step, len(self.tasks)
-        stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps)], dtype=torch.float64)])
+        train_metrics = job.train_metrics.compute()  # ne, calibration, auc: {task: value} on rank 0 (a collective)
+        # Rank 0's training NE rides on the all-reduce (the other ranks add zeros): every rank checks the same NE.
+        ne = [float((train_metrics.get("ne") or {}).get(t, math.nan)) if self.rank == 0 else 0.0 for t in self.tasks]
+        stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps), *ne], dtype=torch.float64)])
         dist.all_reduce(stats)
-        good_steps = stats[-1] - stats[num_tasks]
+        good_steps = stats[num_tasks + 1] - stats[num_tasks]
         mean = stats[:num_tasks] / good_steps.clamp(min=1)
         avg = weighted_task_mean(mean, self.task_weights)
         metrics_record = {
@@ -307,7 +311,7 @@ class Trainer:
             "examples": loop.step * examples_per_step,
             "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
             "lr": job.optimizer.group_lrs(),
-            **job.train_metrics.compute(),  # ne, calibration, auc: {task: value} (a collective)
+            **train_metrics,
             "examples_per_sec": loop.window_steps * examples_per_step / max(seconds, 1e-9),
         }
         loop.window.zero_()
@@ -315,14 +319,8 @@ class Trainer:
         # Where the LR control tolerates a non-finite replica (it is excluded and restored at the
         # next sync), the interval fails only when no replica produced a finite loss in it.
         non_finite = (good_steps == 0) if job.lr_control.tolerates_non_finite_replicas else (stats[num_tasks] > 0)
-        diverge_loss = float(self.cfg.trainer.diverge_loss)
-        if forced:
-            return forced, metrics_record, stats
-        if non_finite or not math.isfinite(avg):
-            return "a non-finite loss", metrics_record, stats
-        if avg > diverge_loss:
-            return f"average loss {avg:.3g} above trainer.diverge_loss={diverge_loss}", metrics_record, stats
-        return "", metrics_record, stats
+        ne_all = {t: float(stats[num_tasks + 2 + i]) for i, t in enumerate(self.tasks)}
+        return forced or interval_failure(avg, bool(non_finite), ne_all, self.cfg.trainer, loop), metrics_record, stats
 
     # ------------------------------------------------------------------------------------------
     def summarize(self, job: Job, status: str, train_loss: Dict[str, float], train_seconds: float) -> Dict[str, Any]:

@@ -48,6 +48,35 @@ def test_a_planted_divergence_is_rolled_back_and_the_run_completes(tmp_path, dat
     assert "final model bit-identical on every replica" in proc.stdout
 
 
+# The tiny run's mean training NE first falls below trainer.collapse.armed_below (0.99) at the check of
+# step 35 (0.973); zero_dense at step 36 leaves a model whose logits no longer depend on its inputs.
+COLLAPSE = "zero_dense@step=36"
+
+
+def test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes(tmp_path, data_cache, tiny_dataset):
+    proc = _run(tmp_path / "collapse", COLLAPSE, data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = read_json(tmp_path / "collapse" / "summary.json")
+    assert s["status"] == "completed" and s["rollback"]["count"] == 1
+    event = s["rollback"]["events"][0]
+    assert (event["step"], event["restored_step"]) == (40, 35)
+    assert "collapsed to the base-rate predictor" in event["reason"] and "trainer.collapse.ne=0.999" in event["reason"]
+    records = {m["step"]: m for m in read_jsonl(tmp_path / "collapse" / "metrics.jsonl")}
+    assert all(v >= 0.999 for v in records[40]["ne"].values())  # what the check saw
+    assert max(records[45]["ne"].values()) < 1.1  # the restored model predicts again
+    for task, m in s["eval"].items():
+        assert m["ne"] < 1.1, (task, m)
+
+
+@pytest.mark.slow  # the control of the test above (`make test-all`)
+def test_without_the_collapse_check_a_collapsed_run_completes_as_a_base_rate_model(tmp_path, data_cache, tiny_dataset):
+    proc = _run(tmp_path / "unchecked", COLLAPSE, data_cache, "trainer.collapse.ne=null")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = read_json(tmp_path / "unchecked" / "summary.json")
+    assert s["status"] == "completed" and s["rollback"]["count"] == 0
+    assert all(m["ne"] >= 0.999 for m in s["eval"].values()), s["eval"]
+
+
 @pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it
 def test_rollbacks_exhausted_end_the_run_as_diverged_with_the_record(tmp_path, data_cache, tiny_dataset):
     # The spike lasts: the checks at 15 and 20 are rolled back, the one at 25 ends the run.

@@ -6,6 +6,8 @@ training step ``S`` (1-based) on rank ``R``:
 
 - ``nan_state``: writes NaN into the rank's first replicated dense parameter, as an update that
   blew up would (the state is non-finite; the losses that follow are too).
+- ``zero_dense``: zeroes every replicated dense parameter: every logit becomes one constant, the
+  gradients below the heads vanish, and the model can only learn the base rate (a collapse).
 - ``kill``: the rank kills itself with SIGKILL (an OOM kill, a preempted host), once per run
   directory: a marker file there keeps a restarted job that passes step S again from dying again.
 - ``checkpoint_fails``: the periodic checkpoint written at step S fails on that rank with "No
@@ -31,7 +33,7 @@ from typing import Dict, List, Optional
 import torch
 
 ENV = "RECSYS_HDET_FAULTS"
-KINDS = ("nan_state", "kill", "checkpoint_fails", "lr_spike")
+KINDS = ("nan_state", "zero_dense", "kill", "checkpoint_fails", "lr_spike")
 LR_SPIKE = 1000.0
 
 
@@ -79,6 +81,11 @@ class FaultPlan:
             if kind == "nan_state":
                 with torch.no_grad():
                     dense_tensors[0].view(-1)[0] = float("nan")
+            elif kind == "zero_dense":
+                with torch.no_grad():
+                    for t in dense_tensors:
+                        if t.is_floating_point():
+                            t.zero_()
             elif kind == "kill":
                 marker = os.path.join(self.run_dir or ".", f".fault-kill-step{step}-rank{self.rank}")
                 if not os.path.exists(marker):

@@ -92,6 +92,7 @@ class LoopState:
     total: torch.Tensor = field(default=None)  # per-task loss sums over the pass (all-reduced)
     rolled_back_steps: int = 0  # rank-steps of rolled-back intervals: not in ``total``
     train_seconds: float = 0.0  # before this attempt (a resumed job adds its own)
+    learned: bool = False  # an interval's mean training NE was below trainer.collapse.armed_below (arms the check)
 
     def __post_init__(self) -> None:
         if self.window is None:
@@ -116,7 +117,8 @@ class LoopState:
 
     def state_dict(self) -> Dict[str, Any]:
         return {"step": self.step, "window": self.window, "window_steps": self.window_steps, "total": self.total,
-                "train_seconds": self.train_seconds, "rolled_back_steps": self.rolled_back_steps}
+                "train_seconds": self.train_seconds, "rolled_back_steps": self.rolled_back_steps,
+                "learned": self.learned}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.step = int(state["step"])
@@ -125,6 +127,7 @@ class LoopState:
         self.window_steps = int(state["window_steps"])
         self.train_seconds = float(state["train_seconds"])
         self.rolled_back_steps = int(state["rolled_back_steps"])
+        self.learned = bool(state.get("learned", False))  # absent in checkpoints from before the collapse check
 
 
 class TrainClock:
