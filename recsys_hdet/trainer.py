@@ -208,7 +208,7 @@ class Trainer:
         # NE, calibration and AUC per task over each logging interval, reduced over the ranks.
         train_metrics = TrainMetrics(self.tasks, int(cfg.data.batch_size), self.world, self.rank,
                                      int(cfg.trainer.log_every), self.pgs.device, self.pgs.world)
-        embedding_averaging = PeriodicEmbeddingAveraging(averager, lr_control.embedding_sync_every, total_steps)
+        embedding_averaging = PeriodicEmbeddingAveraging(averager, lambda: lr_control.embedding_sync_every, total_steps)
         return Job(meta, train_days, eval_days, stream, total_steps, model, train_step, train_metrics, optimizer,
                    averager, embedding_averaging, lr_control, loop, rollback, checkpoints, resume_from)
 

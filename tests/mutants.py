@@ -34,7 +34,7 @@ class Mutant:
 
 MUTANTS = (
     Mutant("A", "plain runs never average their embedding replicas", "recsys_hdet/components/replicas.py",
-           "if self.every and (step % self.every == 0 or step == self.total_steps):",
+           "if every and (step % every == 0 or step == self.total_steps):",
            "if False:",
            ["tests/test_train.py::test_two_process_run_writes_the_artifact_contract"]),
     Mutant("B", "HDET silently off at alpha = 0", "recsys_hdet/lr_control.py",

@@ -169,17 +169,19 @@ class ReplicaAverager:
 
 @torch.no_grad()
 class PeriodicEmbeddingAveraging:
-    """The step hook that averages the embedding replicas (one per sharding group) every ``every`` steps
+    """The step hook that averages the embedding replicas (one per sharding group) every ``every()`` steps
     and after the pass's last step, as TorchRec's ``DMPCollection.sync()`` does: the loop calls
-    :meth:`after_step` after every step. ``every = 0``: never (no embedding replicas, or the LR control
-    averages them itself: HDET at its syncs while their LR is spread)."""
+    :meth:`after_step` after every step. ``every()`` is asked at each step (the LR control's
+    ``embedding_sync_every``): 0 is never (no embedding replicas, or the LR control averages them itself:
+    HDET at its syncs while their LR is spread)."""
 
-    def __init__(self, averager: ReplicaAverager, every: int, total_steps: int) -> None:
-        self.averager, self.every, self.total_steps = averager, int(every), int(total_steps)
+    def __init__(self, averager: ReplicaAverager, every: Callable[[], int], total_steps: int) -> None:
+        self.averager, self.every, self.total_steps = averager, every, int(total_steps)
 
     def after_step(self, step: int) -> None:
         """After training step ``step`` (1-based: the number of steps trained)."""
-        if self.every and (step % self.every == 0 or step == self.total_steps):
+        every = int(self.every())
+        if every and (step % every == 0 or step == self.total_steps):
             self.averager.average_embeddings()
 
 

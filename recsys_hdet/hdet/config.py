@@ -60,6 +60,16 @@ class HDETConfig:
     effect_scale: float = 0.005  # the relative slope that takes a whole trust-region step
     min_t: float = 2.0  # a slope within min_t standard errors of zero moves nothing (the base rests)
     trust_region: Optional[float] = None  # largest move per sync in ln units (None: ln(1 + alpha), the spread)
+    # Explore-then-commit (log space): the first explore_rounds x explore_steps steps are rounds in which each
+    # spread group's replicas train apart (no averaging inside a round) at a wide spread, explore_decades
+    # between the extreme replicas in the first round, explore_narrow times that in each next one; at a
+    # round's end the replicas are averaged and the base moves to the best replica's value; after the
+    # last round the spread is 0 (the plain run from there, syncs every sync_every steps) and the
+    # controller moves nothing. 0 rounds: off (the controller of `score` runs throughout).
+    explore_rounds: int = 0
+    explore_steps: int = 0
+    explore_decades: float = 1.0
+    explore_narrow: float = 0.5
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "HDETConfig":
@@ -93,6 +103,13 @@ class HDETConfig:
              "must be null or a finite number >= 0"),
             (self.travel_decades >= 0 and math.isfinite(self.travel_decades), "travel_decades",
              "must be a finite number >= 0"),
+            (isinstance(self.explore_rounds, int) and self.explore_rounds >= 0, "explore_rounds",
+             "must be an integer >= 0"),
+            (self.explore_rounds == 0 or (self.space == "log" and self.explore_steps >= 1), "explore_steps",
+             "explore_rounds > 0 needs space=log and explore_steps >= 1 (steps per round)"),
+            (self.explore_decades > 0 and math.isfinite(self.explore_decades), "explore_decades",
+             "must be a finite number > 0"),
+            (0 < self.explore_narrow <= 1, "explore_narrow", "must be in (0, 1]"),
             (len(self.range_decades) == 2 and self.range_decades[0] <= 0 <= self.range_decades[1]
              and all(math.isfinite(x) for x in self.range_decades), "range_decades",
              "must be [low, high] with low <= 0 <= high (decades around the schedule)"),

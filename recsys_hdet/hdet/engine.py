@@ -40,8 +40,9 @@ import torch.distributed as dist
 
 from recsys_hdet.hdet.config import HDETConfig
 from recsys_hdet.hdet.hparams import ScalarHParam
-from recsys_hdet.hdet.statistics import (effect_move, joint_effects, joint_preferences, new_joint_fit, preference,
-                                        spread_multipliers, spread_offsets)
+from recsys_hdet.hdet.rounds import best_replica, round_width, window_bounds
+from recsys_hdet.hdet.statistics import (additive_drift, decay_gamma, effect_move, joint_effects, joint_preferences,
+                                        new_joint_fit, preference, replica_losses, spread_multipliers, spread_offsets)
 from recsys_hdet.hdet.signals import ReplicaSignal, WindowLoss
 
 
@@ -108,10 +109,50 @@ class HDETEngine:
         self.window_loss_sum = 0.0
         self.window_steps = 0
         self.state: Dict[str, _HParamState] = {h.name: _HParamState(base=h.schedule(0)) for h in self.hparams}
+        # Explore-then-commit: the log-space hparams spread at the start explore in rounds (_set_round_widths).
+        # The learning rates (log space, spread by alpha: ``spread`` None) over more than one replica.
+        self.explored = [h.name for h in self.hparams if config.explore_rounds and h.space == "log" and h.spread is None
+                         and h.axis.num_replicas > 1]
+        self._set_round_widths()
         # score="regression": the pooled normal equations of the joint fit (see _joint_preferences).
         self.fit = new_joint_fit(len(self.hparams))
         self._draw_permutations()
         self._apply()
+
+    # -- explore-then-commit ---------------------------------------------------------------------
+    @property
+    def exploration_steps(self) -> int:
+        """The steps the exploration rounds take (0: no exploration)."""
+        return min(self.config.explore_rounds * self.config.explore_steps, self.total_steps) if self.explored else 0
+
+    @property
+    def committed(self) -> bool:
+        """Whether the exploration rounds are over (the explored hparams' spread is 0 from here on)."""
+        return bool(self.explored) and self.step_count >= self.exploration_steps
+
+    def _set_round_widths(self) -> None:
+        """The explored hparams' spread for the window the next step trains in: round k's, or 0 once
+        committed (a function of the step count alone, so a resumed engine sets it alike)."""
+        for name in self.explored:
+            width = 0.0 if self.committed else round_width(self.config, self.step_count // self.config.explore_steps)
+            self.widths[name] = width
+            self.spreads[name] = spread_multipliers(self.by_name[name].axis.num_replicas, width, "log")
+
+    def _window(self) -> Tuple[int, int]:
+        """(start, end) of the window the current step trains in; the sync is at its end."""
+        return window_bounds(self.step_count, self.total_steps, self.config, self.exploration_steps)
+
+    def _commit_round(self, h: ScalarHParam, s: _HParamState, losses: torch.Tensor, ok: torch.Tensor) -> Dict[str, Any]:
+        """At an exploration round's end: the base moves to the value of the replica with the lowest
+        signal loss (the controlled factor takes that replica's multiplier). Returns what the sync record
+        says of it."""
+        best = best_replica(losses, ok)
+        if best is None:
+            return {"best_multiplier": None}
+        rho = float(self.spreads[h.name][s.permutation[best]])
+        s.log_offset = min(max(s.log_offset + math.log(rho), self.log_range[0]), self.log_range[1])
+        s.velocity, s.controlled = math.log(rho), True
+        return {"best_multiplier": rho}
 
     def controlled_syncs(self) -> int:
         """Syncs whose controller update still has steps to act on: at or after controller_start,
@@ -170,6 +211,7 @@ class HDETEngine:
         """Takes over a pass at ``step`` (after ``step`` steps trained elsewhere): values from there on."""
         self.step_count = int(step)
         self.discard_window()
+        self._set_round_widths()
         self._apply()
 
     def discard_window(self) -> None:
@@ -191,12 +233,12 @@ class HDETEngine:
         self.step_count += 1
         self.window_loss_sum += float(loss)
         self.window_steps += 1
-        T = self.config.sync_every
-        window_start = (self.step_count - 1) // T * T
-        self.signal.after_step(self.step_count - window_start, min(window_start + T, self.total_steps) - window_start)
+        window_start, window_end = self._window()
+        self.signal.after_step(self.step_count - window_start, window_end - window_start)
         record = None
-        if self.step_count % T == 0 or self.step_count == self.total_steps:
+        if self.step_count == window_end:
             record = self._sync()
+            self._set_round_widths()
         self._apply()
         return record
 
@@ -232,12 +274,18 @@ class HDETEngine:
         joint = self._joint_preferences(rank_loss, rank_ok) if self.config.score in ("regression", "effect") else {}
         finite_losses = rank_loss[torch.isfinite(rank_loss) & rank_ok]
         self.loss_level = float(finite_losses.abs().mean()) if len(finite_losses) else float("nan")
+        exploring = self.step_count <= self.exploration_steps
         for h in self.hparams:
-            losses, ok = self._replica_losses(h, rank_loss, rank_ok)
+            losses, ok = replica_losses(h.axis.replica_of_rank, h.axis.num_replicas, rank_loss, rank_ok)
             values = self.values(h.name)
             s = self.state[h.name]
             window_base = s.base
-            if self.signal_possible(h) and self.step_count >= self.config.controller_start:
+            explored = {}
+            if h.name in self.explored:
+                if exploring:  # a round's end; after the last round the explored hparams are never moved
+                    explored = {"explore_round": (self.step_count - 1) // self.config.explore_steps,
+                                **self._commit_round(h, s, losses, ok)}
+            elif self.signal_possible(h) and self.step_count >= self.config.controller_start:
                 s.controlled = True
                 self._control(h, s, losses, ok, values, syncs_left, joint.get(h.name))
             elif h.space != "log":
@@ -248,21 +296,10 @@ class HDETEngine:
             if h.space == "log":
                 entry["next_base"] = self._schedule_now(h) * math.exp(s.log_offset)
                 entry["log_offset"] = s.log_offset
-            record["hparams"][h.name] = entry
+            record["hparams"][h.name] = {**entry, **explored}
         self._draw_permutations()
         self.window_loss_sum, self.window_steps = 0.0, 0
         return record
-
-    def _replica_losses(self, h: ScalarHParam, rank_loss: torch.Tensor, rank_ok: torch.Tensor):
-        n = h.axis.num_replicas
-        owner = torch.tensor(h.axis.replica_of_rank)
-        losses = torch.zeros(n, dtype=torch.float64)
-        ok = torch.ones(n, dtype=torch.bool)
-        for r in range(n):
-            members = owner == r
-            ok[r] = bool(rank_ok[members].all())
-            losses[r] = rank_loss[members].mean() if ok[r] else float("nan")
-        return losses, ok
 
     def _joint_preferences(self, rank_loss: torch.Tensor, rank_ok: torch.Tensor) -> Dict[str, float]:
         """score="regression": for every hparam with a signal, the partial correlation of -loss with its
@@ -304,9 +341,11 @@ class HDETEngine:
             delta = g * self.widths[h.name] * (s.base if h.space == "multiplicative" else 1.0)
         s.velocity = cfg.beta * s.velocity + (1 - cfg.beta) * delta
         if h.space == "multiplicative":
-            decayed = s.base * (1 - self._gamma(h, s.base, syncs_left))
+            decayed = s.base * (1 - decay_gamma(h.schedule, self.config, self.step_count, self.total_steps, h.floor,
+                                                s.base, syncs_left))
         else:
-            decayed = s.base + self._drift(h, s.base, syncs_left)
+            decayed = s.base + additive_drift(h.schedule, self.config, self.step_count, self.total_steps, h.floor,
+                                              s.base, syncs_left)
         s.base = min(max(decayed + cfg.lam * s.velocity, h.floor), h.ceiling)
 
     def _effect_move(self, h: ScalarHParam, effect: Optional[Tuple[float, float, float]]) -> float:
@@ -322,34 +361,6 @@ class HDETEngine:
         width = math.log(1.0 + self.widths[h.name])
         return effect_move(effect, width, self.loss_level, cfg.effect_scale, cfg.min_t,
                            width if cfg.trust_region is None else cfg.trust_region)
-
-    def _drift(self, h: ScalarHParam, base: float, syncs_left: int) -> float:
-        """The additive counterpart of :meth:`_gamma`: the schedule's change over the coming window
-        ("schedule"), or an equal step per sync down to the floor ("geometric")."""
-        if syncs_left <= 0:
-            return 0.0
-        if self.config.decay == "schedule":
-            last = self.step_count - 1
-            return h.schedule(min(last + self.config.sync_every, self.total_steps - 1)) - h.schedule(min(last, self.total_steps - 1))
-        return (h.floor - base) / syncs_left
-
-    def _gamma(self, h: ScalarHParam, base: float, syncs_left: int) -> float:
-        """The per-sync decay; with no signal the base reaches the schedule's end at the last window.
-
-        "schedule": the base schedule's own ratio over the coming window, so with no signal the
-        base keeps the schedule's shape (and equals it, if it started equal). "geometric": one
-        constant ratio per sync from the current base down to the floor.
-        """
-        if syncs_left <= 0:
-            return 0.0
-        if self.config.decay == "schedule":
-            # From the last step of the window just scored to the last step of the next one: a base
-            # that equalled the schedule becomes the schedule's value at the next window's end.
-            last = self.step_count - 1
-            now = h.schedule(min(last, self.total_steps - 1))
-            nxt = h.schedule(min(last + self.config.sync_every, self.total_steps - 1))
-            return 1.0 - nxt / now if now > 0 else 0.0
-        return 1.0 - (h.floor / base) ** (1.0 / syncs_left) if base > h.floor else 0.0
 
     # -- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -383,4 +394,5 @@ class HDETEngine:
             self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]),
                                          bool(s["controlled"]), float(s.get("log_offset", 0.0)),
                                          float(s.get("scale", 1.0)))
+        self._set_round_widths()
         self._apply()

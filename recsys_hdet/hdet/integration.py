@@ -62,7 +62,10 @@ class HDETControl:
         self.signal = signal
         self.task_weights = task_weights
         self.world_size = world_size
-        self.embedding_sync_every = embedding_sync_every
+        self._embedding_sync_every = embedding_sync_every
+        # Explore-then-commit: once the rounds are over the embedding replicas train at one LR and are
+        # averaged at the plain run's cadence (0: HDET's own cadence throughout).
+        self.committed_embedding_sync_every = 0
         self.run_dir, self.rank = run_dir, rank
         self.seconds = 0.0  # time in HDET's hooks (for benchmarks)
         self.syncs = 0
@@ -73,6 +76,13 @@ class HDETControl:
         self._failure = ""
         self._log = None
         self._tensorboard = None
+
+    @property
+    def embedding_sync_every(self) -> int:
+        """How often the loop's hook averages the embedding replicas now (0: at HDET's syncs)."""
+        if self.committed_embedding_sync_every and self.scheduler.engine.committed:
+            return self.committed_embedding_sync_every
+        return self._embedding_sync_every
 
     # -- every step ----------------------------------------------------------------------------
     @property
@@ -247,6 +257,8 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int,
     control = HDETControl(scheduler, signal=signal, task_weights=task_weights, world_size=layout.world_size,
                           embedding_sync_every=every if averager.has_embedding_replicas else 0,
                           run_dir=run_dir, rank=layout.rank)
+    if averager.has_embedding_replicas and override is None and scheduler.engine.explored:
+        control.committed_embedding_sync_every = plain_embedding_sync_every
     return control
 
 

@@ -8,7 +8,7 @@ at every sync; the studies replay them over recorded syncs (``studies.lr_truth``
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
 
@@ -127,3 +127,44 @@ def effect_move(effect: Tuple[float, float, float], width: float, loss_level: fl
         return 0.0
     relative = slope / width / loss_level
     return -trust * min(max(relative / effect_scale, -1.0), 1.0)
+
+
+def replica_losses(replica_of_rank: Sequence[int], num_replicas: int, rank_loss: torch.Tensor, rank_ok: torch.Tensor):
+    """Each replica's loss (the mean over its ranks) and whether every one of its ranks is finite."""
+    owner = torch.tensor(list(replica_of_rank))
+    losses = torch.zeros(num_replicas, dtype=torch.float64)
+    ok = torch.ones(num_replicas, dtype=torch.bool)
+    for r in range(num_replicas):
+        members = owner == r
+        ok[r] = bool(rank_ok[members].all())
+        losses[r] = rank_loss[members].mean() if ok[r] else float("nan")
+    return losses, ok
+
+
+def decay_gamma(schedule: Callable[[int], float], config: Any, step: int, total_steps: int, floor: float, base: float,
+                syncs_left: int) -> float:
+    """Linear space's per-sync decay of a controlled base; with no signal the base reaches the schedule's
+    end at the last window. "schedule": the base schedule's own ratio over the coming window (from the
+    last step of the window just scored to the last step of the next one), so with no signal the base
+    keeps the schedule's shape (and equals it, if it started equal). "geometric": one constant ratio per
+    sync from the current base down to the floor."""
+    if syncs_left <= 0:
+        return 0.0
+    if config.decay == "schedule":
+        last = step - 1
+        now = schedule(min(last, total_steps - 1))
+        nxt = schedule(min(last + config.sync_every, total_steps - 1))
+        return 1.0 - nxt / now if now > 0 else 0.0
+    return 1.0 - (floor / base) ** (1.0 / syncs_left) if base > floor else 0.0
+
+
+def additive_drift(schedule: Callable[[int], float], config: Any, step: int, total_steps: int, floor: float,
+                   base: float, syncs_left: int) -> float:
+    """The additive counterpart of :func:`decay_gamma`: the schedule's change over the coming window
+    ("schedule"), or an equal step per sync down to the floor ("geometric")."""
+    if syncs_left <= 0:
+        return 0.0
+    if config.decay == "schedule":
+        last = step - 1
+        return schedule(min(last + config.sync_every, total_steps - 1)) - schedule(min(last, total_steps - 1))
+    return (floor - base) / syncs_left
