@@ -30,6 +30,7 @@ class HDETScore(StrEnum):
     rank = "rank"
     regression = "regression"
     effect = "effect"
+    aimd = "aimd"
 
 
 class HDETDecay(StrEnum):
@@ -60,6 +61,18 @@ class HDETConfig:
     effect_scale: float = 0.005  # the relative slope that takes a whole trust-region step
     min_t: float = 2.0  # a slope within min_t standard errors of zero moves nothing (the base rests)
     trust_region: Optional[float] = None  # largest move per sync in ln units (None: ln(1 + alpha), the spread)
+    # The pooled fit (scores regression, effect, aimd): "raw" pools every sync's losses in loss units, so the
+    # syncs with the widest loss spread (warm-up) dominate it for the rest of the pass; "per_sync" weighs
+    # each sync by the inverse of its loss variance across the ranks (each sync counts alike; the slopes
+    # stay in loss units). fit_reset_at: the fraction of the pass at which the fit starts over (0.3: the
+    # one-cycle warm-up's end; null: never).
+    fit_weighting: str = "raw"
+    fit_reset_at: Optional[float] = None
+    # score="aimd" (log space): every sync the base is raised by aimd_up unless the pooled fit shows a
+    # higher rate to do significant harm (slope > 0 beyond min_t standard errors) or a rank was
+    # non-finite; then it is cut by aimd_down (upward-biased: the short-horizon bias pulls the other way).
+    aimd_up: float = 1.1
+    aimd_down: float = 0.5
     # Explore-then-commit (log space): the first explore_rounds x explore_steps steps are rounds in which each
     # spread group's replicas train apart (no averaging inside a round) at a wide spread, explore_decades
     # between the extreme replicas in the first round, explore_narrow times that in each next one; at a
@@ -103,6 +116,11 @@ class HDETConfig:
              "must be null or a finite number >= 0"),
             (self.travel_decades >= 0 and math.isfinite(self.travel_decades), "travel_decades",
              "must be a finite number >= 0"),
+            (self.fit_weighting in ("raw", "per_sync"), "fit_weighting", "must be 'raw' or 'per_sync'"),
+            (self.fit_reset_at is None or 0 < self.fit_reset_at < 1, "fit_reset_at", "must be null or in (0, 1)"),
+            (self.score != "aimd" or self.space == "log", "score", "'aimd' moves in log units: needs space=log"),
+            (self.aimd_up >= 1 and math.isfinite(self.aimd_up), "aimd_up", "must be a finite number >= 1"),
+            (0 < self.aimd_down <= 1, "aimd_down", "must be in (0, 1]"),
             (isinstance(self.explore_rounds, int) and self.explore_rounds >= 0, "explore_rounds",
              "must be an integer >= 0"),
             (self.explore_rounds == 0 or (self.space == "log" and self.explore_steps >= 1), "explore_steps",

@@ -12,21 +12,14 @@ The engine knows nothing of models. It sees:
 Method: spread (each replica's value ``base * rho_pi(r)`` in linear space, ``base * (1 + alpha) ** u_pi(r)``
 in log space, ``base + w u_pi(r)`` for additive hparams; one permutation per hparam redrawn at every sync
 from a generator seeded identically on every rank, never the global RNG), converge every T steps, and
-at each sync the controller (the paper's softmax form, or the scale-free log-space scores "zscore",
-"rank", "regression" and the effect-size move "effect"; see :mod:`recsys_hdet.hdet.statistics`), with
-the non-finite guard (a rank whose window loss or state is non-finite is excluded from the average
-and the controller, and restored by the average). Section by section, with every formula:
-``docs/method.md`` ("The engine, section by section").
-
-Signal: what each rank reports at a sync, a :class:`recsys_hdet.hdet.signals.ReplicaSignal`: by
-default its mean training loss over the window (:class:`~recsys_hdet.hdet.signals.WindowLoss`);
-others score the replica on the same probe rows at the sync, before averaging (the last iterate,
-the window's averaged iterate, after a short cooldown, or at the replicas' average moved along a
-discounted sum of past displacements by the replica's offset, :meth:`HDETEngine.my_offset`), so
-that the differences come from the parameters, not the data. The engine tells the signal each step's
-place in its window. Limits: in linear space values are
-constant within a window once the controller runs, as in the paper; in log space they follow the
-schedule within the window.
+at each sync the controller (the paper's softmax, the scale-free scores "zscore", "rank", "regression",
+the moves "effect" and "aimd": :mod:`recsys_hdet.hdet.statistics`; or explore-then-commit's rounds:
+:mod:`recsys_hdet.hdet.rounds`), with the non-finite guard (a non-finite rank is excluded from the
+average and the controller, and restored by the average). Every formula: ``docs/method.md`` ("The
+engine, section by section"). Signals (what each rank reports at a sync: the window's training loss, or
+a score on the same probe rows so that differences come from the parameters): :mod:`~.signals`.
+Limits: in linear space values are constant within a window once the controller runs, as in the paper;
+in log space they follow the schedule within the window.
 """
 
 from __future__ import annotations
@@ -41,7 +34,7 @@ import torch.distributed as dist
 from recsys_hdet.hdet.config import HDETConfig
 from recsys_hdet.hdet.hparams import ScalarHParam
 from recsys_hdet.hdet.rounds import best_replica, round_width, window_bounds
-from recsys_hdet.hdet.statistics import (additive_drift, decay_gamma, effect_move, joint_effects, joint_preferences,
+from recsys_hdet.hdet.statistics import (additive_drift, aimd_move, decay_gamma, effect_move, joint_effects, joint_preferences,
                                         new_joint_fit, preference, replica_losses, spread_multipliers, spread_offsets)
 from recsys_hdet.hdet.signals import ReplicaSignal, WindowLoss
 
@@ -116,6 +109,8 @@ class HDETEngine:
         self._set_round_widths()
         # score="regression": the pooled normal equations of the joint fit (see _joint_preferences).
         self.fit = new_joint_fit(len(self.hparams))
+        self.fit_was_reset = False  # hdet.fit_reset_at: the fit started over once
+        self.any_excluded = False  # a rank was left out at the last sync (score aimd cuts then)
         self._draw_permutations()
         self._apply()
 
@@ -271,7 +266,12 @@ class HDETEngine:
                                   "hparams": {}, "excluded": excluded_ranks}
         if type(self.signal) is not WindowLoss:
             record["train_losses"] = finite_or_none(table[:, 2].tolist())
-        joint = self._joint_preferences(rank_loss, rank_ok) if self.config.score in ("regression", "effect") else {}
+        if self.config.fit_reset_at is not None and not self.fit_was_reset and \
+                self.step_count >= self.config.fit_reset_at * self.total_steps:
+            self.fit, self.fit_was_reset = new_joint_fit(len(self.hparams)), True  # the pooled fit starts over
+        joint = self._joint_preferences(rank_loss, rank_ok) if self.config.score in ("regression", "effect", "aimd") \
+            else {}
+        self.any_excluded = bool(excluded_ranks)
         finite_losses = rank_loss[torch.isfinite(rank_loss) & rank_ok]
         self.loss_level = float(finite_losses.abs().mean()) if len(finite_losses) else float("nan")
         exploring = self.step_count <= self.exploration_steps
@@ -310,18 +310,19 @@ class HDETEngine:
         # Each rank's offset for each hparam: the offset of the replica it belongs to this window.
         X = torch.stack([self.offsets[h.name][torch.tensor(self.state[h.name].permutation)]
                          [torch.tensor(h.axis.replica_of_rank)] for h in self.hparams], dim=1)
-        if self.config.score == "effect":
-            effects = joint_effects(self.fit, X, rank_loss, rank_ok, usable, self.config.beta)
+        if self.config.score in ("effect", "aimd"):
+            effects = joint_effects(self.fit, X, rank_loss, rank_ok, usable, self.config.beta, self.config.fit_weighting)
             return {names[i]: e for i, e in effects.items()}
-        prefs = joint_preferences(self.fit, X, rank_loss, rank_ok, usable, self.config.beta)
+        prefs = joint_preferences(self.fit, X, rank_loss, rank_ok, usable, self.config.beta, self.config.fit_weighting)
         return {names[i]: g for i, g in prefs.items()}
 
     def _control(self, h, s: _HParamState, losses, ok, values, syncs_left: int,
                  joint: Optional[float] = None) -> None:
         cfg = self.config
         u = self.offsets[h.name][torch.tensor(s.permutation)]  # each replica's offset this window
-        if cfg.score == "effect":
-            s.velocity = self._effect_move(h, joint)
+        if cfg.score in ("effect", "aimd"):  # moves by the pooled fit's slope (statistics.effect_move, aimd_move)
+            s.velocity = self._effect_move(h, joint) if cfg.score == "effect" else aimd_move(
+                joint, self.any_excluded, cfg.min_t, cfg.aimd_up, cfg.aimd_down)
             s.log_offset = min(max(s.log_offset + s.velocity, self.log_range[0]), self.log_range[1])
             return
         g = joint if cfg.score == "regression" else preference(losses, ok, u, cfg.score, cfg.sigma)
@@ -349,18 +350,13 @@ class HDETEngine:
         s.base = min(max(decayed + cfg.lam * s.velocity, h.floor), h.ceiling)
 
     def _effect_move(self, h: ScalarHParam, effect: Optional[Tuple[float, float, float]]) -> float:
-        """score="effect": this sync's move of ln(base / schedule). The pooled fit's slope d loss / d
-        offset becomes d loss / d ln(value) (an offset of 1 is a factor 1 + alpha), relative to the loss
-        level (NE differences are relative loss differences); the move is ``-trust * clip(relative
-        slope / effect_scale, -1, 1)``, and 0 where the slope is within ``min_t`` standard errors of
-        zero: with no real difference the base rests, and no sync moves it further than ``trust``
-        (by default the spread itself, ln(1 + alpha): no further than the replicas measured)."""
-        cfg = self.config
+        """score="effect": this sync's move of ln(base / schedule) (:func:`effect_move`; the trust region is
+        by default the spread itself, ln(1 + alpha): no further than the replicas measured)."""
         if effect is None:
             return 0.0
         width = math.log(1.0 + self.widths[h.name])
-        return effect_move(effect, width, self.loss_level, cfg.effect_scale, cfg.min_t,
-                           width if cfg.trust_region is None else cfg.trust_region)
+        trust = width if self.config.trust_region is None else self.config.trust_region
+        return effect_move(effect, width, self.loss_level, self.config.effect_scale, self.config.min_t, trust)
 
     # -- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -371,6 +367,7 @@ class HDETEngine:
             "generator": self.generator.get_state(),
             "fit": {"xx": self.fit["xx"].tolist(), "xy": self.fit["xy"].tolist(), "yy": self.fit["yy"],
                     "dof": self.fit["dof"]},
+            "fit_was_reset": self.fit_was_reset,
             "hparams": {
                 n: {"base": s.base, "velocity": s.velocity, "permutation": list(s.permutation),
                     "controlled": s.controlled, "log_offset": s.log_offset, "scale": s.scale}
@@ -389,6 +386,7 @@ class HDETEngine:
             self.fit = {"xx": torch.tensor(fit["xx"], dtype=torch.float64).reshape(self.fit["xx"].shape),
                         "xy": torch.tensor(fit["xy"], dtype=torch.float64), "yy": float(fit["yy"]),
                         "dof": float(fit["dof"])}
+        self.fit_was_reset = bool(state.get("fit_was_reset", False))
         self.signal.load_state_dict(state.get("signal") or {})  # absent before signals had state
         for n, s in state["hparams"].items():
             self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]),

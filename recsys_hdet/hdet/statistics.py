@@ -8,7 +8,7 @@ at every sync; the studies replay them over recorded syncs (``studies.lr_truth``
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -68,7 +68,7 @@ def new_joint_fit(num_hparams: int) -> Dict[str, Any]:
 
 
 def joint_preferences(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Tensor, rank_ok: torch.Tensor,
-                      usable: Sequence[int], beta: float) -> Dict[int, float]:
+                      usable: Sequence[int], beta: float, weighting: str = "raw") -> Dict[int, float]:
     """score="regression": adds one sync to ``fit`` (in place) and returns, for every hparam index in
     ``usable``, the partial correlation of -loss with its offset from ONE least-squares fit of the
     ranks' losses on all hparams' offsets at once (``X``: rank x hparam offsets).
@@ -82,17 +82,22 @@ def joint_preferences(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Ten
     non-finite rank scores one spread above the worst finite one (the strongest signal). No
     signal (0) until the pooled fit has more degrees of freedom than hparams.
     """
-    effects = joint_effects(fit, X, rank_loss, rank_ok, usable, beta)
+    effects = joint_effects(fit, X, rank_loss, rank_ok, usable, beta, weighting)
     return {i: float(-slope / se / math.sqrt((slope / se) ** 2 + dof)) if se > 0 else 0.0
             for i, (slope, se, dof) in effects.items()}
 
 
 def joint_effects(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Tensor, rank_ok: torch.Tensor,
-                  usable: Sequence[int], beta: float) -> Dict[int, Tuple[float, float, float]]:
+                  usable: Sequence[int], beta: float, weighting: str = "raw") -> Dict[int, Tuple[float, float, float]]:
     """The fit behind :func:`joint_preferences` (it adds the sync to ``fit``): for every hparam index
     in ``usable``, ``(slope, standard error, residual dof)``, the slope being d loss / d offset in
     loss units (offsets in [-1, 1]), from one least-squares fit of the ranks' losses on all hparams'
-    offsets, pooled over syncs. ``(0, 0, 0)`` until the pooled fit has more dof than hparams."""
+    offsets, pooled over syncs. ``(0, 0, 0)`` until the pooled fit has more dof than hparams.
+
+    ``weighting``: "raw" adds every sync as it is, so a sync whose losses spread 1000x wider (warm-up)
+    outweighs the later ones by 10^6 for as long as beta leaves it any weight; "per_sync" adds each sync
+    weighted by the inverse of its losses' variance across the ranks (weighted least squares: the
+    slopes stay in loss units, each sync counts alike)."""
     finite = torch.isfinite(rank_loss) & rank_ok
     if not usable or int(finite.sum()) < 2:
         return {}
@@ -100,6 +105,9 @@ def joint_effects(fit: Dict[str, Any], X: torch.Tensor, rank_loss: torch.Tensor,
     good = y[finite]
     y[~finite] = good.max() + (good.std() if len(good) > 1 else 0.0) + 1e-12
     Xc, yc = X - X.mean(0), y - y.mean()
+    if weighting == "per_sync":
+        weight = 1.0 / max(float(yc @ yc) / max(len(y) - 1, 1), 1e-300)
+        Xc, yc = Xc * math.sqrt(weight), yc * math.sqrt(weight)
     fit["xx"] = beta * fit["xx"] + Xc.T @ Xc
     fit["xy"] = beta * fit["xy"] + Xc.T @ yc
     fit["yy"] = beta * fit["yy"] + float(yc @ yc)
@@ -168,3 +176,14 @@ def additive_drift(schedule: Callable[[int], float], config: Any, step: int, tot
         last = step - 1
         return schedule(min(last + config.sync_every, total_steps - 1)) - schedule(min(last, total_steps - 1))
     return (floor - base) / syncs_left
+
+
+def aimd_move(effect: Optional[Tuple[float, float, float]], any_excluded: bool, min_t: float, up: float,
+              down: float) -> float:
+    """score="aimd"'s move of ln(base / schedule) at one sync: ``ln(down)`` when a rank was non-finite or
+    the pooled fit's slope (``(slope, se, dof)``, loss per offset: > 0 means a higher rate does worse) is
+    more than ``min_t`` standard errors above zero, else ``ln(up)``: additive increase, multiplicative
+    decrease, biased upward against the short-horizon bias (Wu et al. 2018, arXiv 1803.02021)."""
+    slope, se, _ = effect if effect is not None else (0.0, 0.0, 0.0)
+    harm = any_excluded or (se > 0 and slope > min_t * se)
+    return math.log(down if harm else up)
