@@ -189,7 +189,7 @@ def _pooled_slopes(weighting, reset_after=None):
 def test_raw_pooling_keeps_the_warm_up_s_slope_to_the_end_and_per_sync_weighting_does_not():
     raw, per_sync = _pooled_slopes("raw"), _pooled_slopes("per_sync")
     assert raw[-1] > 0  # today's estimator: 18 syncs of the opposite sign never outweigh the warm-up
-    assert per_sync[-1] < 0 and all(s < 0 for s in per_sync[8:])  # each sync counts alike
+    assert all(s < 0 for s in per_sync[2:])  # each sync counts alike: the first later sync decides
     assert -2.0 < per_sync[-1] < -0.5  # and the slope is in loss units, near the planted -1
     # A reset at the warm-up's end forgets it outright, raw or not.
     assert _pooled_slopes("raw", reset_after=2)[-1] == pytest.approx(-1.0, abs=0.2)
