@@ -27,6 +27,13 @@ lower learning rate for this group end the pass better? That can be measured dir
   to the truth's side (x2: +, x0.5: -). Cases whose truth is ``none`` or ``x1`` are listed, not
   scored: a sign cannot say "stay".
 
+**Explore round** (``--explore-round``: explore-then-commit's falsification, ``hdet.explore_rounds``):
+from the pass's start and from the trunk's checkpoints at ``round_fractions``, each group's LR (and all
+groups') x1, x3.16 and x10 for one round of ``round_steps`` steps scored by the anneal-then-probe signal at
+the round's end, and to the end of the pass; the table (``explore_round`` in the JSON) says whether the
+round's score orders the multipliers as the held-out NE at the end does. Record mode: the ``low`` start,
+rounds of 125 steps from 0% and 25%, the embedding, the dense groups and all.
+
 Every run is one line of ``results.jsonl`` (``studies.harness``: overrides, seed, status,
 NE per task, steps, times, and a signal run's sync records; a line's kind, start, seed, checkpoint,
 group and multiplier are read from its name and overrides): the report is rebuilt from it alone
@@ -54,6 +61,7 @@ from studies.harness import REPO, paired_ci95
 
 DENSE = ("transformer", "non_embedding", "no_decay")
 GROUPS = {"embedding": ("embedding",), "dense": DENSE}  # what a branch multiplies
+ROUND_MULTIPLIERS = (1.0, 10 ** 0.5, 10.0)  # explore_round: x1, x3.16, x10 of the start, one group (or all)
 MULTIPLIERS = (0.5, 1.0, 2.0)
 FRACTIONS = (0.25, 0.5, 0.75)
 DIVERGED_NE = 1.0  # a diverged run scores as the base-rate predictor (docs/lr_recovery.md's rule)
@@ -100,6 +108,13 @@ class Mode:
     reserve_rows: int = 4096
     fractions: Tuple[float, ...] = FRACTIONS  # where the trunk keeps checkpoints
     groups: Tuple[str, ...] = tuple(GROUPS)  # which groups' LRs are branched
+    # Explore-then-commit's falsification (--explore-round): where one round starts (0: the pass's start,
+    # else a trunk checkpoint), how long it is (it must divide the checkpoint's step: the round is one
+    # HDET window), which groups and which starts.
+    round_fractions: Tuple[float, ...] = (0.0, 0.25)
+    round_steps: int = 125
+    round_groups: Tuple[str, ...] = ("embedding", "dense", "all")
+    round_starts: Tuple[str, ...] = ("low",)
 
 
 # The record's plateau start is the recovery grid's best cell (docs/lr_recovery.md: embedding 6,
@@ -112,7 +127,8 @@ MODES = {
                  {"preset": (0.05, 0.002), "low": (0.005, 0.0002)}, (0, 1, 2), 25, 4),
     # For the harness's own end-to-end test: tiny data, two ranks.
     "tiny": Mode(("data=tiny",), {"preset": (0.05, 0.002)}, (0, 1), 5, 1, layout=(2, 1), reserve_rows=2048,
-                 fractions=(0.5,), groups=("dense",)),
+                 fractions=(0.5,), groups=("dense",), round_fractions=(0.0, 0.5), round_steps=5,
+                 round_groups=("dense",), round_starts=("preset",)),
 }
 
 
@@ -225,6 +241,124 @@ class Study:
                          [*base, f"trainer.branch_from={ckpt}", "hdet=enabled", *signal_overrides,
                           "hdet.space=log", f"hdet.alpha={ALPHA}", f"hdet.sync_every={T}", f"hdet.controller_start={at}",
                           f"trainer.stop_at_step={at + self.mode.windows * T}"])
+
+
+    def trunk(self, start: str, seed: int) -> Dict[str, Any]:
+        embedding, dense = self.mode.starts[start]
+        keep_at = ",".join(map(str, self.mode.fractions))
+        return self.run(f"{start}/seed{seed}/trunk",
+                        [*self.common(embedding, dense, seed), f"trainer.periodic_checkpoint.keep_at=[{keep_at}]"])
+
+    def explore_round(self, start: str, seed: int) -> None:
+        """Explore-then-commit's falsification at one (start, seed): from the pass's start and from the
+        trunk's checkpoints at ``round_fractions``, each group's LR x1, x3.16 and x10 (i) for one round of
+        ``round_steps`` steps, scored at its end by the anneal-then-probe signal (HDET with alpha 0: no
+        spread, no controller; the round's score is the ranks' mean probe loss), and (ii) to the end of the
+        pass (the truth: held-out NE; x1 is the trunk). :func:`explore_round_cases` compares the orders."""
+        m, R = self.mode, self.mode.round_steps
+        embedding, dense = m.starts[start]
+        prefix = f"{start}/seed{seed}"
+        trunk = self.trunk(start, seed)
+        if trunk["status"] != "completed":
+            raise StudyError(f"{prefix}: the trunk {trunk['status']}: no truth from a pass that does not train")
+        for fraction in m.round_fractions:
+            at = round(fraction * trunk["steps"] / m.sync_every) * m.sync_every
+            if at % R:
+                raise StudyError(f"explore round at {fraction:.0%}: step {at} is not a multiple of the round's "
+                                 f"{R} steps (the round must be one HDET window)")
+            branch: List[str] = []
+            if at:
+                ckpt = os.path.join(self.work, prefix, "trunk", "checkpoint", f"step-{at}")
+                if not os.path.isdir(ckpt):
+                    self.retrain_trunk(f"{prefix}/trunk", trunk, ckpt)
+                branch = [f"trainer.branch_from={ckpt}"]
+            for group in m.round_groups:
+                for mult in ROUND_MULTIPLIERS:
+                    e = embedding * (mult if group in ("embedding", "all") else 1.0)
+                    d = dense * (mult if group in ("dense", "all") else 1.0)
+                    if mult != 1.0:
+                        self.run(f"{prefix}/{pct(fraction)}/{group}_x{mult:.3g}", [*self.common(e, d, seed), *branch])
+                    name = f"{prefix}/{pct(fraction)}/round_x1" if mult == 1.0 else \
+                        f"{prefix}/{pct(fraction)}/round_{group}_x{mult:.3g}"
+                    self.run(name, [*self.common(e, d, seed), *branch, "hdet=enabled", "hdet.signal=anneal_probe",
+                                    "hdet.space=log", "hdet.alpha=0", "hdet.autolr=false", f"hdet.sync_every={R}",
+                                    f"trainer.stop_at_step={at + R}"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Explore-then-commit's falsification table (from the results lines alone).
+
+def round_score(line: Optional[Dict[str, Any]], at: int, round_steps: int) -> Optional[float]:
+    """A round run's score: the ranks' mean anneal-then-probe loss at the sync that ends the round (inf when
+    the round diverged first: the worst; None when the run is missing)."""
+    if line is None:
+        return None
+    syncs = [x for x in SR.sync_records(line) if x["step"] == at + round_steps]
+    finite = [v for v in (syncs[0]["losses"] if syncs else []) if v is not None and math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.inf
+
+
+def explore_round_cases(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
+    """Per (start, round fraction, group): each multiplier's end-of-pass NE and round score, mean over the
+    seeds that have all of both; the order of the multipliers by each, and whether they agree (the whole
+    order, and the best)."""
+    cases = []
+    for start in mode.round_starts:
+        for fraction in mode.round_fractions:
+            for group in mode.round_groups:
+                end: Dict[float, Dict[int, float]] = {x: {} for x in ROUND_MULTIPLIERS}
+                score: Dict[float, Dict[int, float]] = {x: {} for x in ROUND_MULTIPLIERS}
+                for seed in mode.seeds:
+                    prefix = f"{start}/seed{seed}"
+                    trunk = results.get(f"{prefix}/trunk_again") if fraction else None
+                    trunk = trunk or results.get(f"{prefix}/trunk")  # branches start from the trunk trained again
+                    if trunk is None:
+                        continue
+                    at = round(fraction * trunk["steps"] / mode.sync_every) * mode.sync_every
+                    for mult in ROUND_MULTIPLIERS:
+                        line = trunk if mult == 1.0 else results.get(f"{prefix}/{pct(fraction)}/{group}_x{mult:.3g}")
+                        name = f"{prefix}/{pct(fraction)}/round_x1" if mult == 1.0 else \
+                            f"{prefix}/{pct(fraction)}/round_{group}_x{mult:.3g}"
+                        ne, sc = branch_ne(line), round_score(results.get(name), at, mode.round_steps)
+                        if ne is not None and sc is not None:
+                            end[mult][seed], score[mult][seed] = ne, sc
+                seeds = sorted(set.intersection(*(set(v) for v in end.values())))
+                case: Dict[str, Any] = {"start": start, "fraction": fraction, "group": group, "seeds": seeds}
+                if seeds:
+                    end_mean = {x: statistics.fmean(end[x][s] for s in seeds) for x in ROUND_MULTIPLIERS}
+                    score_mean = {x: statistics.fmean(score[x][s] for s in seeds) for x in ROUND_MULTIPLIERS}
+                    by_end = [f"x{x:.3g}" for x in sorted(ROUND_MULTIPLIERS, key=end_mean.get)]
+                    by_round = [f"x{x:.3g}" for x in sorted(ROUND_MULTIPLIERS, key=score_mean.get)]
+                    case.update({"end_ne": {f"x{x:.3g}": v for x, v in end_mean.items()},
+                                 "round_score": {f"x{x:.3g}": v for x, v in score_mean.items()},
+                                 "order_by_end": by_end, "order_by_round": by_round,
+                                 "same_order": by_end == by_round, "same_best": by_end[0] == by_round[0]})
+                cases.append(case)
+    scored = [c for c in cases if c["seeds"]]
+    return {"round_steps": mode.round_steps, "cases": cases,
+            "same_order": sum(c["same_order"] for c in scored), "same_best": sum(c["same_best"] for c in scored),
+            "scored": len(scored)}
+
+
+def render_explore_round(table: Dict[str, Any]) -> List[str]:
+    lines = ["", "## Explore round: does one round's score rank x1 / x3.16 / x10 as the end of the pass does?", "",
+             f"Each multiplier of one group's LR (or all groups') trained for one round of {table['round_steps']} steps "
+             "from the pass's start or a trunk checkpoint, scored by the anneal-then-probe signal at the round's end "
+             "(HDET with alpha 0: no spread, no controller); and trained to the end of the pass (held-out NE; x1 is the "
+             "trunk). Means over the seeds that have every run. "
+             f"Same order in {table['same_order']} of {table['scored']} cases, same best in {table['same_best']}.", "",
+             "| start | from | group | end NE x1 / x3.16 / x10 | round score x1 / x3.16 / x10 | order by end | "
+             "order by round | same order | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in table["cases"]:
+        if not c["seeds"]:
+            lines.append(f"| {c['start']} | {c['fraction']:.0%} | {c['group']} | - | - | - | - | - | 0 |")
+            continue
+        ends = " / ".join(f"{v:.4f}" for v in c["end_ne"].values())
+        rounds = " / ".join(f"{v:.5f}" for v in c["round_score"].values())
+        lines.append(f"| {c['start']} | {c['fraction']:.0%} | {c['group']} | {ends} | {rounds} | "
+                     f"{' < '.join(c['order_by_end'])} | {' < '.join(c['order_by_round'])} | "
+                     f"{'yes' if c['same_order'] else 'no'} | {len(c['seeds'])} |")
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,7 +507,8 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
     trunks_again = [{"trunk": n[:-len("_again")], "recorded": results[n[:-len("_again")]]["mean_ne"],
                      "again": line["mean_ne"]}
                     for n, line in sorted(results.items()) if n.endswith("/trunk_again") and n[:-len("_again")] in results]
-    return {"cases": cases, "scorecard": signal_table, "chosen": chosen_signal(), "trunks_again": trunks_again}
+    return {"cases": cases, "scorecard": signal_table, "chosen": chosen_signal(), "trunks_again": trunks_again,
+            "explore_round": explore_round_cases(results, mode)}
 
 
 def chosen_signal() -> str:
@@ -440,6 +575,8 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
         lines.append(f"| {c['start']} | {c['checkpoint']:.0%} | {c['group']} | {c.get('best') or '-'} | "
                      + " | ".join(f"{c['signals'][k]:+.2f}" if k in c["signals"] else "-"
                                   for k in sorted(result["scorecard"])) + " |")
+    if result.get("explore_round", {}).get("scored"):
+        lines += render_explore_round(result["explore_round"])
     return "\n".join(lines) + "\n"
 
 
@@ -455,6 +592,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--signals", nargs="+", choices=list(SIGNAL_RUNS), default=list(SIGNAL_RUNS),
                         help="train only these signal runs (every recorded one is reported; default: all)")
     parser.add_argument("--data-cache", help="data directory (RECSYS_HDET_DATA)")
+    parser.add_argument("--explore-round", action="store_true",
+                        help="train explore-then-commit's falsification runs (one round vs the end of the pass) "
+                             "instead of the branches and signal runs")
     args = parser.parse_args(argv)
     mode = MODES[args.mode]
     if args.seeds:
@@ -473,8 +613,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.report_only:
         try:
             for seed in mode.seeds:  # seed-major: an interrupted study has whole seeds for every start
-                for start in mode.starts:
-                    study.start(start, seed)
+                for start in (mode.round_starts if args.explore_round else mode.starts):
+                    (study.explore_round if args.explore_round else study.start)(start, seed)
         except StudyError as e:
             print(f"error: {e}", file=sys.stderr)
             status = 2

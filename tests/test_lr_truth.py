@@ -1,6 +1,7 @@
 """The learning-rate ground-truth harness (studies/lr_truth.py): its truth rule and signal scores
 on records with known answers, and the harness end to end on tiny data (slow)."""
 import json
+import math
 import os
 import sys
 
@@ -123,3 +124,37 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
     # A start whose plain run diverges is refused, named.
     bad = run_command([*cmd, "--start", "wild:500:5"], env=env, timeout=300)
     assert bad.returncode == 2 and "start 'wild'" in bad.stderr and "diverged" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_the_explore_round_table_compares_the_round_s_order_with_the_end_of_the_pass():
+    from studies.harness import compact_syncs
+    from studies.lr_truth import MODES, ROUND_MULTIPLIERS, explore_round_cases, pct
+
+    mode = MODES["tiny"]  # rounds of 5 steps from step 0 and from the trunk's 50% checkpoint (step 25 of 46)
+    # End of the pass: x10 best, then x3.16, then x1 (the trunk); the rounds rank x3.16 first from step 0
+    # (a miss) and like the end from 50%.
+    end = {1.0: 0.80, ROUND_MULTIPLIERS[1]: 0.78, 10.0: 0.77}
+    rounds = {0.0: {1.0: 0.30, ROUND_MULTIPLIERS[1]: 0.28, 10.0: 0.29},
+              0.5: {1.0: 0.30, ROUND_MULTIPLIERS[1]: 0.29, 10.0: 0.28}}
+    results = {}
+    for seed in mode.seeds:
+        prefix = f"preset/seed{seed}"
+        results[f"{prefix}/trunk"] = {"status": "completed", "steps": 46, "mean_ne": end[1.0] + 0.001 * seed}
+        for fraction, at in ((0.0, 0), (0.5, 25)):
+            for mult in ROUND_MULTIPLIERS:
+                if mult != 1.0:
+                    results[f"{prefix}/{pct(fraction)}/dense_x{mult:.3g}"] = {"status": "completed", "steps": 46,
+                                                                             "mean_ne": end[mult] + 0.001 * seed}
+                name = f"{prefix}/{pct(fraction)}/round_x1" if mult == 1.0 else f"{prefix}/{pct(fraction)}/round_dense_x{mult:.3g}"
+                losses = [rounds[fraction][mult] + 0.01 * seed, None]  # a non-finite rank is left out of the mean
+                results[name] = {"syncs": compact_syncs([{"step": at + 5, "losses": losses, "hparams": {}}])}
+    # A round that diverged before its end scores worst (inf).
+    table = explore_round_cases(results, mode)
+    by_fraction = {c["fraction"]: c for c in table["cases"]}
+    assert by_fraction[0.0]["order_by_end"] == ["x10", "x3.16", "x1"]
+    assert by_fraction[0.0]["order_by_round"] == ["x3.16", "x10", "x1"] and not by_fraction[0.0]["same_order"]
+    assert by_fraction[0.5]["same_order"] and by_fraction[0.5]["same_best"]
+    assert by_fraction[0.0]["round_score"]["x1"] == pytest.approx(0.305)  # (0.30 + 0.31) / 2 over the seeds
+    assert (table["same_order"], table["same_best"], table["scored"]) == (1, 1, 2)
+    del results["preset/seed1/c50/round_dense_x10"]["syncs"]  # no sync record: the round diverged
+    assert explore_round_cases(results, mode)["cases"][1]["round_score"]["x10"] == math.inf
