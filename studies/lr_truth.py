@@ -310,8 +310,9 @@ def explore_round_cases(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[
                 score: Dict[float, Dict[int, float]] = {x: {} for x in ROUND_MULTIPLIERS}
                 for seed in mode.seeds:
                     prefix = f"{start}/seed{seed}"
-                    trunk = results.get(f"{prefix}/trunk_again") if fraction else None
-                    trunk = trunk or results.get(f"{prefix}/trunk")  # branches start from the trunk trained again
+                    # x1's end: the trunk as trained again beside the branches (its latest line) where there is one:
+                    # a trunk recorded on another day can end a little away (Study.retrain_trunk)
+                    trunk = results.get(f"{prefix}/trunk_again") or results.get(f"{prefix}/trunk")
                     if trunk is None:
                         continue
                     at = round(fraction * trunk["steps"] / mode.sync_every) * mode.sync_every
