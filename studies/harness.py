@@ -500,14 +500,15 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
 
 
 def train_run(final: str, overrides: Sequence[str], env: Optional[Mapping[str, str]] = None,
-              info: Mapping[str, Any] = {}) -> Dict[str, Any]:  # noqa: B006 - read only
+              study_overrides: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Trains ``conf/config.yaml`` composed with ``overrides`` into ``final + ".partial"`` through the
     training API in a process of its own (``python -m recsys_hdet.api CONFIG RUN_DIR``: the config is
     composed here, once, and written with its overrides into the run's ``.hydra/``, as the training
     command writes them; ``env`` is the process's environment, where the data root's interpolation is
     resolved), its console in ``train.log``; once it has a summary (exit 0, or 3: diverged) moves it to
     ``final`` with ``ablation_run.json`` (the overrides, exit status, process seconds, the commit and
-    whether the tree was clean: what :func:`record_from_run_dir` reads; plus ``info``). A crashed attempt
+    whether the tree was clean: what :func:`record_from_run_dir` reads; the overrides recorded there are
+    ``study_overrides``, those a study compares a finished run by, default all of them). A crashed attempt
     is started over. Returns {"exit_status", "process_seconds", "finished", "log"}."""
     import shutil
     import subprocess
@@ -516,7 +517,7 @@ def train_run(final: str, overrides: Sequence[str], env: Optional[Mapping[str, s
     from recsys_hdet.api import TrainResult, compose_config
     from recsys_hdet.run_dir import write_job_config
 
-    info = {**code_state(), "overrides": list(overrides), **info}  # the commit the run trains from
+    info = {**code_state(), "overrides": list(overrides if study_overrides is None else study_overrides)}
     partial = final + ".partial"
     if os.path.exists(partial):
         shutil.rmtree(partial)  # a crashed attempt: start over
@@ -629,7 +630,7 @@ def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: 
                                 "use another --out, or delete that run to redo it")
         return {"skipped": True, "record": study.add(record_from_run_dir(final, name))}
     run = train_run(final, [f"+experiment={cfg.preset}", f"seed={seed}", *extra_overrides],
-                    info={"overrides": list(extra_overrides)})  # for the mismatch check
+                    study_overrides=extra_overrides)
     if run["finished"]:
         record = study.add(record_from_run_dir(final, name))
         return {"skipped": False, "exit_status": run["exit_status"], "process_seconds": run["process_seconds"],
@@ -685,10 +686,9 @@ def verify(study: StudyFiles, name: str) -> Dict[str, Any]:
     pin = [f"trainer.threads_per_worker={threads}"] if threads and not any(
         o.startswith("trainer.threads_per_worker=") for o in overrides) else []
     final = os.path.join(study.work, "verify", name)
-    stamp = code_state()
     run = train_run(final, [f"+experiment={record['preset']}", f"seed={record['seed']}", *overrides, *pin],
-                    info={"overrides": overrides})
-    out = {"recorded_commit": record.get("commit"), **stamp, "record": None}
+                    study_overrides=overrides)
+    out = {"recorded_commit": record.get("commit"), **code_state(), "record": None}
     if not run["finished"]:
         return {**out, "reproduced": False,
                 "differences": [f"the retrained run crashed (exit status {run['exit_status']}): see {run['log']}"]}

@@ -55,7 +55,8 @@ class HDETControl:
     tolerates_non_finite_replicas = True
 
     def __init__(self, scheduler: HDETOneCycleLR, *, signal: str, task_weights: torch.Tensor, world_size: int,
-                 embedding_sync_every: int, run_dir: str, rank: int) -> None:
+                 embedding_sync_every: int, committed_embedding_sync_every: int = 0, run_dir: str,
+                 rank: int) -> None:
         if signal not in SIGNALS:
             raise ValueError(f"hdet.signal={signal!r}: choose one of {list(SIGNALS)}")
         self.scheduler = scheduler
@@ -65,7 +66,7 @@ class HDETControl:
         self._embedding_sync_every = embedding_sync_every
         # Explore-then-commit: once the rounds are over the embedding replicas train at one LR and are
         # averaged at the plain run's cadence (0: HDET's own cadence throughout).
-        self.committed_embedding_sync_every = 0
+        self.committed_embedding_sync_every = committed_embedding_sync_every
         self.run_dir, self.rank = run_dir, rank
         self.seconds = 0.0  # time in HDET's hooks (for benchmarks)
         self.syncs = 0
@@ -254,12 +255,11 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int,
         every = 0
     else:
         every = plain_embedding_sync_every
-    control = HDETControl(scheduler, signal=signal, task_weights=task_weights, world_size=layout.world_size,
-                          embedding_sync_every=every if averager.has_embedding_replicas else 0,
-                          run_dir=run_dir, rank=layout.rank)
-    if averager.has_embedding_replicas and override is None and scheduler.engine.explored:
-        control.committed_embedding_sync_every = plain_embedding_sync_every
-    return control
+    committed_every = plain_embedding_sync_every if override is None and scheduler.engine.explored else 0
+    return HDETControl(scheduler, signal=signal, task_weights=task_weights, world_size=layout.world_size,
+                       embedding_sync_every=every if averager.has_embedding_replicas else 0,
+                       committed_embedding_sync_every=committed_every if averager.has_embedding_replicas else 0,
+                       run_dir=run_dir, rank=layout.rank)
 
 
 def _build_signal(signal: str, h: Any, cfg: Any, controller: HDETConfig, *, optimizer: Any, model: torch.nn.Module,
