@@ -120,12 +120,18 @@ def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_e
     """The config's LR control: HDET's when ``hdet.enabled`` (it acts on the job through ``handles``:
     :func:`recsys_hdet.hdet.integration.build_hdet_control`), else the per-group schedules."""
     optimizer = handles.optimizer
+    groups: List[str] = list(optimizer.groups)
+
+    def plain(max_lrs: Mapping[str, float]) -> ScheduledLR:
+        """The plain run's control with each group's max LR from ``max_lrs`` (the config's elsewhere)."""
+        optim = {**cfg.optim, "lr": {**cfg.optim.lr, **max_lrs}}
+        return ScheduledLR(optimizer, build_schedules(optim, groups, total_steps),
+                           bool(cfg.optim.schedule.cycle_momentum), total_steps, plain_embedding_sync_every)
+
     if bool(cfg.hdet.enabled):
         from recsys_hdet.hdet.integration import build_hdet_control
 
+        # After explore-then-commit's last round HDET hands the pass to the plain control at the held LRs.
         return build_hdet_control(cfg, handles, total_steps=total_steps,
-                                  plain_embedding_sync_every=plain_embedding_sync_every)
-    groups: List[str] = list(optimizer.groups)
-    schedules = build_schedules(cfg.optim, groups, total_steps)
-    return ScheduledLR(optimizer, schedules, bool(cfg.optim.schedule.cycle_momentum), total_steps,
-                       plain_embedding_sync_every)
+                                  plain_embedding_sync_every=plain_embedding_sync_every, plain_after_commit=plain)
+    return plain({})

@@ -23,6 +23,11 @@ LAYOUTS = {
     # HDET on, 2 x 2: replicas differ by design between syncs (T = 6, checkpoints every 5 steps).
     "hdet": ["trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled", "hdet.sync_every=6",
              "hdet.controller_start=0"],
+    # Explore-then-commit: two rounds of 10 steps, then the pass handed to the plain control (resumed
+    # after the hand-over, its state is the plain control's at the held LRs; tests/test_hdet_hand_over.py).
+    "hdet_explore": ["trainer.nproc=2", "trainer.sharding_group_size=1", "trainer.embedding_sync_every=3",
+                     "hdet=enabled", "hdet.explore_rounds=2", "hdet.explore_steps=10", "hdet.sync_every=5",
+                     "hdet.probe_rows=1024", "hdet.anneal_probe.steps=2"],
 }
 
 
@@ -64,18 +69,20 @@ def uninterrupted(tmp_path_factory, data_cache, tiny_dataset):
     return runs
 
 
-# kill case -> (layout, extra overrides); the async case is compared with the plain layout's run.
-KILL_CASES = {"plain": ("plain", []), "hdet": ("hdet", []),
-              "plain_async": ("plain", ["trainer.periodic_checkpoint.async_save=true"])}
+# kill case -> (layout, extra overrides, the first step it may be killed at); the async case is compared
+# with the plain layout's run; the explore case is killed after its hand-over at step 20.
+KILL_CASES = {"plain": ("plain", [], 5), "hdet": ("hdet", [], 5),
+              "plain_async": ("plain", ["trainer.periodic_checkpoint.async_save=true"], 5),
+              "hdet_explore": ("hdet_explore", [], 26)}
 
 
 @pytest.mark.slow  # six tiny runs, two of them on four workers: about 3 min on 2 cores
 @pytest.mark.parametrize("name", list(KILL_CASES))
 def test_a_killed_run_resumes_bit_for_bit(name, uninterrupted, tmp_path, data_cache, monkeypatch):
-    layout, extra = KILL_CASES[name]
+    layout, extra, earliest = KILL_CASES[name]
     ref = uninterrupted[layout]
     steps = read_json(ref / "summary.json")["steps"]
-    kill_step = random.Random(f"kill-{name}").randrange(5, steps - 1)  # seeded: the same step every run
+    kill_step = random.Random(f"kill-{name}").randrange(earliest, steps - 1)  # seeded: the same step every run
     run_dir = tmp_path / "killed"
     monkeypatch.setenv("RECSYS_HDET_FAULTS", f"kill@step={kill_step}:rank=1")
     first = run_train(run_dir, *FAST, *LAYOUTS[layout], *extra, data_cache=data_cache)

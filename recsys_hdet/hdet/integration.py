@@ -52,11 +52,15 @@ from recsys_hdet.hdet.warm_init import perturb_
 
 
 class HDETControl:
-    tolerates_non_finite_replicas = True
+    """HDET's LR control. With explore-then-commit (``hdet.explore_rounds``), once the rounds have
+    committed and nothing is left to control, it hands the pass to ``plain_after_commit(max_lrs)``: the
+    plain run's LR control at the held max LRs, started at that step. From there the run is a plain run
+    (no syncs, no signal, the plain cadence and failure checks), bit for bit the plain run branched from
+    that step's state with those max LRs; the exploration costs nothing afterwards."""
 
     def __init__(self, scheduler: HDETOneCycleLR, *, signal: str, task_weights: torch.Tensor, world_size: int,
                  embedding_sync_every: int, committed_embedding_sync_every: int = 0, run_dir: str,
-                 rank: int) -> None:
+                 rank: int, plain_after_commit: Optional[Callable[[Mapping[str, float]], Any]] = None) -> None:
         if signal not in SIGNALS:
             raise ValueError(f"hdet.signal={signal!r}: choose one of {list(SIGNALS)}")
         self.scheduler = scheduler
@@ -68,6 +72,9 @@ class HDETControl:
         # averaged at the plain run's cadence (0: HDET's own cadence throughout).
         self.committed_embedding_sync_every = committed_embedding_sync_every
         self.run_dir, self.rank = run_dir, rank
+        self._plain_after_commit = plain_after_commit
+        self.plain: Optional[Any] = None  # the plain LR control once the pass is handed over
+        self.handed_over_at: Optional[int] = None
         self.seconds = 0.0  # time in HDET's hooks (for benchmarks)
         self.syncs = 0
         # Each LR group's base at the last sync in max-LR units (the run's max LR times the base over
@@ -79,8 +86,26 @@ class HDETControl:
         self._tensorboard = None
 
     @property
+    def tolerates_non_finite_replicas(self) -> bool:
+        """Until the hand-over a non-finite replica is restored at the next sync; after it, as plain."""
+        return self.plain is None
+
+    def _hand_over(self, step: int) -> bool:
+        """From ``step`` (the next to train) the plain control at the held max LRs, where the engine holds
+        everything and a plain control is given; says whether it did."""
+        held = self.scheduler.held_max_lrs() if self._plain_after_commit is not None else None
+        if held is None:
+            return False
+        self.plain = self._plain_after_commit(held)
+        self.plain.start_at(step)
+        self.handed_over_at, self.controlled_max_lr = step, dict(held)
+        return True
+
+    @property
     def embedding_sync_every(self) -> int:
         """How often the loop's hook averages the embedding replicas now (0: at HDET's syncs)."""
+        if self.plain is not None:
+            return self.plain.embedding_sync_every
         if self.committed_embedding_sync_every and self.scheduler.engine.committed:
             return self.committed_embedding_sync_every
         return self._embedding_sync_every
@@ -91,6 +116,8 @@ class HDETControl:
         return self.signal == "serving"
 
     def step(self, step: int, per_task: torch.Tensor, served: Optional[torch.Tensor]) -> Optional[Dict[str, Any]]:
+        if self.plain is not None:
+            return self.plain.step(step, per_task, served)
         start = time.perf_counter()
         self.trained_steps = step + 1  # the probe scores the reserved rows of this step's day
         # The replica's signal: its weighted task loss (the training objective, per example), or the
@@ -108,6 +135,9 @@ class HDETControl:
             self._record_bases(record)
             if self._log is not None:
                 self._write_sync(record)
+            if not self._failure and self._hand_over(step + 1) and self.rank == 0:
+                print(f"HDET: exploration committed; from step {step + 1} the plain schedule at max LRs "
+                      + " ".join(f"{g}={v:.4g}" for g, v in self.controlled_max_lr.items()), flush=True)
         return record
 
     def _record_bases(self, record: Mapping[str, Any]) -> None:
@@ -152,7 +182,8 @@ class HDETControl:
     def summary(self, train_seconds: float) -> Dict[str, Any]:
         # Rank 0's time in HDET's hooks (gather, converge, controller, value updates).
         return {"hdet": {"syncs": self.syncs, "seconds": self.seconds,
-                         "fraction_of_train": self.seconds / max(train_seconds, 1e-9)},
+                         "fraction_of_train": self.seconds / max(train_seconds, 1e-9),
+                         "handed_over_at": self.handed_over_at},
                 "lr": {"controlled_max_lr": dict(self.controlled_max_lr)}}
 
     # -- the LR control's other duties -----------------------------------------------------------
@@ -160,24 +191,35 @@ class HDETControl:
         return self.scheduler.is_spread(group)
 
     def start_at(self, step: int) -> None:
+        self.plain = self.handed_over_at = None
         self.scheduler.start_at(step)
+        self._hand_over(step)  # a branch from a step after the commit
 
     def cut_learning_rates(self, factor: float) -> None:
-        self.scheduler.cut_learning_rates(factor)
+        (self.plain or self.scheduler).cut_learning_rates(factor)
 
     def state_dict(self) -> Dict[str, Any]:
+        # The same keys before and after the hand-over (a checkpoint is loaded into a fresh control's
+        # state_dict): the plain control's state, or a placeholder of its shape, and -1 for "not yet".
+        plain = self.plain.state_dict() if self.plain is not None else {
+            "last_step": 0, "scale": {group: 1.0 for group in self.scheduler.schedules}}
         return {**self.scheduler.state_dict(), "hook_seconds": self.seconds, "syncs": self.syncs,
-                "controlled_max_lr": dict(self.controlled_max_lr)}
+                "controlled_max_lr": dict(self.controlled_max_lr), "plain": plain,
+                "handed_over_at": -1 if self.handed_over_at is None else self.handed_over_at}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.scheduler.load_state_dict(state)
         self.seconds = float(state.get("hook_seconds", 0.0))
         self.syncs = int(state.get("syncs", 0))
+        self.plain = self.handed_over_at = None
+        if int(state.get("handed_over_at", -1)) >= 0:  # the held max LRs follow from the engine's state
+            self._hand_over(int(state["handed_over_at"]))
+            self.plain.load_state_dict(state["plain"])
         self.controlled_max_lr = {g: float(v) for g, v in (state.get("controlled_max_lr") or {}).items()}
 
 
-def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int,
-                       plain_embedding_sync_every: int) -> HDETControl:
+def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_embedding_sync_every: int,
+                       plain_after_commit: Optional[Callable[[Mapping[str, float]], Any]] = None) -> HDETControl:
     """HDET's LR control for the job (``cfg.hdet``, ``cfg.optim``); adds each replica's warm-start
     noise first when the job warm-starts. Through ``handles``: the model (where explored
     hyperparameters are written), the optimizer's groups, the replicas, the reserved rows and
@@ -256,10 +298,11 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int,
     else:
         every = plain_embedding_sync_every
     committed_every = plain_embedding_sync_every if override is None and scheduler.engine.explored else 0
-    return HDETControl(scheduler, signal=signal, task_weights=task_weights, world_size=layout.world_size,
-                       embedding_sync_every=every if averager.has_embedding_replicas else 0,
-                       committed_embedding_sync_every=committed_every if averager.has_embedding_replicas else 0,
-                       run_dir=run_dir, rank=layout.rank)
+    control = HDETControl(scheduler, signal=signal, task_weights=task_weights, world_size=layout.world_size,
+                          embedding_sync_every=every if averager.has_embedding_replicas else 0,
+                          committed_embedding_sync_every=committed_every if averager.has_embedding_replicas else 0,
+                          run_dir=run_dir, rank=layout.rank, plain_after_commit=plain_after_commit)
+    return control
 
 
 def _build_signal(signal: str, h: Any, cfg: Any, controller: HDETConfig, *, optimizer: Any, model: torch.nn.Module,

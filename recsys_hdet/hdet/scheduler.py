@@ -24,6 +24,7 @@ Any other base schedule works the same way: pass ``schedules={name: callable(ste
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch.distributed as dist
@@ -156,6 +157,18 @@ class HDETOneCycleLR:
     def replica_offsets(self) -> Dict[str, float]:
         """This rank's spread offset u in [-1, 1] per param group name, for the current window."""
         return {n: self.engine.my_offset(self.log_prefix + n) for n in self.schedules}
+
+    def held_max_lrs(self) -> Optional[Dict[str, float]]:
+        """Once explore-then-commit has committed and nothing is left to control (no replica spread, no
+        hyperparameter besides the learning rates): each group's max LR as a plain one-cycle at the held
+        values has it (the schedule's max LR times the rollback scale and the controlled factor). None
+        until then (and always without exploration rounds)."""
+        engine = self.engine
+        if not engine.committed or len(engine.hparams) != len(self.schedules) or \
+                any(engine.is_spread(h.name) for h in engine.hparams):
+            return None
+        states = {n: engine.state[self.log_prefix + n] for n in self.schedules}
+        return {n: s.max_lr * states[n].scale * math.exp(states[n].log_offset) for n, s in self.schedules.items()}
 
     def get_last_lr(self) -> List[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
