@@ -74,7 +74,7 @@ def test_invalid_config_value_is_named(override, needles):
 @pytest.mark.parametrize(
     "overrides, needles",
     [
-        (["hdet.score=best"], ["hdet.score", "one of [softmax, zscore, rank, regression, effect, aimd]"]),
+        (["hdet.score=best"], ["hdet.score", "one of [softmax, zscore, rank, regression, effect, aimd, rprop]"]),
         (["hdet.space=cubic"], ["hdet.space", "one of [linear, log]"]),
         (["hdet.range_decades=[1.0,2.0]"], ["hdet.range_decades", "low <= 0 <= high"]),
         (["hdet.signal=probe", "hdet.probe_rows=0"], ["hdet.probe_rows", ">= 1"]),

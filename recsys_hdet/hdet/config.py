@@ -31,6 +31,7 @@ class HDETScore(StrEnum):
     regression = "regression"
     effect = "effect"
     aimd = "aimd"
+    rprop = "rprop"
 
 
 class HDETDecay(StrEnum):
@@ -39,6 +40,7 @@ class HDETDecay(StrEnum):
 
 
 SCORES = tuple(s.value for s in HDETScore)
+FIT_SCORES = ("regression", "effect", "aimd", "rprop")  # those moved by the pooled joint fit of losses on offsets
 
 
 @dataclass
@@ -61,7 +63,7 @@ class HDETConfig:
     effect_scale: float = 0.005  # the relative slope that takes a whole trust-region step
     min_t: float = 2.0  # a slope within min_t standard errors of zero moves nothing (the base rests)
     trust_region: Optional[float] = None  # largest move per sync in ln units (None: ln(1 + alpha), the spread)
-    # The pooled fit (scores regression, effect, aimd): "raw" pools every sync's losses in loss units, so the
+    # The pooled fit (scores regression, effect, aimd, rprop): "raw" pools every sync's losses in loss units, so the
     # syncs with the widest loss spread (warm-up) dominate it for the rest of the pass; "per_sync" weighs
     # each sync by the inverse of its loss variance across the ranks (each sync counts alike; the slopes
     # stay in loss units). fit_reset_at: the fraction of the pass at which the fit starts over (0.3: the
@@ -73,6 +75,14 @@ class HDETConfig:
     # non-finite; then it is cut by aimd_down (upward-biased: the short-horizon bias pulls the other way).
     aimd_up: float = 1.1
     aimd_down: float = 0.5
+    # score="rprop" (log space; Riedmiller and Braun 1993): the base moves against the sign of the pooled
+    # fit's slope by a step (ln units) that starts at the spread, ln(1 + alpha), grows by rprop_up while
+    # the sign repeats and shrinks by rprop_down when it flips, within rprop_max_step: no significance
+    # gate (noise flips the sign, and the step shrinks), and consistent signs travel decades (10 syncs
+    # from x1.25: about 2.5 decades).
+    rprop_up: float = 1.2
+    rprop_down: float = 0.5
+    rprop_max_step: float = 1.0
     # Explore-then-commit (log space): the first explore_rounds x explore_steps steps are rounds in which each
     # spread group's replicas train apart (no averaging inside a round) at a wide spread, explore_decades
     # between the extreme replicas in the first round, explore_narrow times that in each next one; at a
@@ -121,6 +131,11 @@ class HDETConfig:
             (self.score != "aimd" or self.space == "log", "score", "'aimd' moves in log units: needs space=log"),
             (self.aimd_up >= 1 and math.isfinite(self.aimd_up), "aimd_up", "must be a finite number >= 1"),
             (0 < self.aimd_down <= 1, "aimd_down", "must be in (0, 1]"),
+            (self.score != "rprop" or self.space == "log", "score", "'rprop' moves in log units: needs space=log"),
+            (self.rprop_up >= 1 and math.isfinite(self.rprop_up), "rprop_up", "must be a finite number >= 1"),
+            (0 < self.rprop_down <= 1, "rprop_down", "must be in (0, 1]"),
+            (self.rprop_max_step > 0 and math.isfinite(self.rprop_max_step), "rprop_max_step",
+             "must be a finite number > 0"),
             (isinstance(self.explore_rounds, int) and self.explore_rounds >= 0, "explore_rounds",
              "must be an integer >= 0"),
             (self.explore_rounds == 0 or (self.space == "log" and self.explore_steps >= 1), "explore_steps",

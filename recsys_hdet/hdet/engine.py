@@ -31,11 +31,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.config import FIT_SCORES, HDETConfig
 from recsys_hdet.hdet.hparams import ScalarHParam
 from recsys_hdet.hdet.rounds import best_replica, round_width, window_bounds
 from recsys_hdet.hdet.statistics import (additive_drift, aimd_move, decay_gamma, effect_move, joint_effects, joint_preferences,
-                                        new_joint_fit, preference, replica_losses, spread_multipliers, spread_offsets)
+                                        new_joint_fit, preference, replica_losses, rprop_move, spread_multipliers,
+                                        spread_offsets)
 from recsys_hdet.hdet.signals import ReplicaSignal, WindowLoss
 
 
@@ -47,6 +48,8 @@ class _HParamState:
     controlled: bool = False  # True once the controller owns the base
     log_offset: float = 0.0  # log space: ln(base / schedule)
     scale: float = 1.0  # the schedule's multiplier after rollbacks (see HDETEngine.scale)
+    rprop_sign: int = 0  # score="rprop": the direction of the last move (0: none yet)
+    rprop_step: float = 0.0  # score="rprop": its step in ln units (0: not started; the spread's width then)
 
 
 class HDETEngine:
@@ -55,27 +58,14 @@ class HDETEngine:
     ``step`` returns the sync record (product.md's hdet.jsonl object) at a sync, else None.
     """
 
-    def __init__(
-        self,
-        hparams: Sequence[ScalarHParam],
-        config: HDETConfig,
-        rank: int,
-        total_steps: int,
-        converge: Callable[[List[int]], None],
-        state_is_finite: Callable[[], bool] = lambda: True,
-        group: Optional[dist.ProcessGroup] = None,
-        signal: Optional[ReplicaSignal] = None,
-    ) -> None:
+    def __init__(self, hparams: Sequence[ScalarHParam], config: HDETConfig, rank: int, total_steps: int,
+                 converge: Callable[[List[int]], None], state_is_finite: Callable[[], bool] = lambda: True,
+                 group: Optional[dist.ProcessGroup] = None, signal: Optional[ReplicaSignal] = None) -> None:
         names = [h.name for h in hparams]
         if len(set(names)) != len(names):
             raise ValueError(f"hparam names must be unique: {names}")
-        self.hparams = list(hparams)
-        self.config = config
-        self.rank = rank
-        self.total_steps = total_steps
-        self.converge = converge
-        self.state_is_finite = state_is_finite
-        self.group = group
+        self.hparams, self.config, self.rank, self.total_steps = list(hparams), config, rank, total_steps
+        self.converge, self.state_is_finite, self.group = converge, state_is_finite, group
         self.signal = signal if signal is not None else WindowLoss()
         self.world_size = len(self.hparams[0].axis.replica_of_rank) if self.hparams else 1
         self.widths = {h.name: config.alpha if h.spread is None else h.spread for h in self.hparams}
@@ -269,7 +259,7 @@ class HDETEngine:
         if self.config.fit_reset_at is not None and not self.fit_was_reset and \
                 self.step_count >= self.config.fit_reset_at * self.total_steps:
             self.fit, self.fit_was_reset = new_joint_fit(len(self.hparams)), True  # the pooled fit starts over
-        joint = self._joint_preferences(rank_loss, rank_ok) if self.config.score in ("regression", "effect", "aimd") \
+        joint = self._joint_preferences(rank_loss, rank_ok) if self.config.score in FIT_SCORES \
             else {}
         self.any_excluded = bool(excluded_ranks)
         finite_losses = rank_loss[torch.isfinite(rank_loss) & rank_ok]
@@ -310,7 +300,7 @@ class HDETEngine:
         # Each rank's offset for each hparam: the offset of the replica it belongs to this window.
         X = torch.stack([self.offsets[h.name][torch.tensor(self.state[h.name].permutation)]
                          [torch.tensor(h.axis.replica_of_rank)] for h in self.hparams], dim=1)
-        if self.config.score in ("effect", "aimd"):
+        if self.config.score != "regression":
             effects = joint_effects(self.fit, X, rank_loss, rank_ok, usable, self.config.beta, self.config.fit_weighting)
             return {names[i]: e for i, e in effects.items()}
         prefs = joint_preferences(self.fit, X, rank_loss, rank_ok, usable, self.config.beta, self.config.fit_weighting)
@@ -320,9 +310,8 @@ class HDETEngine:
                  joint: Optional[float] = None) -> None:
         cfg = self.config
         u = self.offsets[h.name][torch.tensor(s.permutation)]  # each replica's offset this window
-        if cfg.score in ("effect", "aimd"):  # moves by the pooled fit's slope (statistics.effect_move, aimd_move)
-            s.velocity = self._effect_move(h, joint) if cfg.score == "effect" else aimd_move(
-                joint, self.any_excluded, cfg.min_t, cfg.aimd_up, cfg.aimd_down)
+        if cfg.score in FIT_SCORES and cfg.score != "regression":  # moves by the pooled fit's slope
+            s.velocity = self._fit_move(h, s, joint)
             s.log_offset = min(max(s.log_offset + s.velocity, self.log_range[0]), self.log_range[1])
             return
         g = joint if cfg.score == "regression" else preference(losses, ok, u, cfg.score, cfg.sigma)
@@ -349,14 +338,21 @@ class HDETEngine:
                                               s.base, syncs_left)
         s.base = min(max(decayed + cfg.lam * s.velocity, h.floor), h.ceiling)
 
-    def _effect_move(self, h: ScalarHParam, effect: Optional[Tuple[float, float, float]]) -> float:
-        """score="effect": this sync's move of ln(base / schedule) (:func:`effect_move`; the trust region is
-        by default the spread itself, ln(1 + alpha): no further than the replicas measured)."""
+    def _fit_move(self, h: ScalarHParam, s: _HParamState, effect: Optional[Tuple[float, float, float]]) -> float:
+        """This sync's move of ln(base / schedule) by the pooled fit's ``(slope, se, dof)``
+        (:func:`effect_move`, :func:`aimd_move`, :func:`rprop_move`). The effect score's trust region is by
+        default the spread itself, ln(1 + alpha): no further than the replicas measured; Rprop's first step too."""
+        cfg, width = self.config, math.log(1.0 + self.widths[h.name])
+        if cfg.score == "aimd":
+            return aimd_move(effect, self.any_excluded, cfg.min_t, cfg.aimd_up, cfg.aimd_down)
+        if cfg.score == "rprop":
+            move, s.rprop_sign, s.rprop_step = rprop_move(effect, s.rprop_sign, s.rprop_step or width, cfg.rprop_up,
+                                                          cfg.rprop_down, cfg.rprop_max_step)
+            return move
         if effect is None:
             return 0.0
-        width = math.log(1.0 + self.widths[h.name])
-        trust = width if self.config.trust_region is None else self.config.trust_region
-        return effect_move(effect, width, self.loss_level, self.config.effect_scale, self.config.min_t, trust)
+        trust = width if cfg.trust_region is None else cfg.trust_region
+        return effect_move(effect, width, self.loss_level, cfg.effect_scale, cfg.min_t, trust)
 
     # -- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -370,7 +366,8 @@ class HDETEngine:
             "fit_was_reset": self.fit_was_reset,
             "hparams": {
                 n: {"base": s.base, "velocity": s.velocity, "permutation": list(s.permutation),
-                    "controlled": s.controlled, "log_offset": s.log_offset, "scale": s.scale}
+                    "controlled": s.controlled, "log_offset": s.log_offset, "scale": s.scale,
+                    "rprop_sign": s.rprop_sign, "rprop_step": s.rprop_step}
                 for n, s in self.state.items()
             },
             "signal": self.signal.state_dict(),
@@ -391,6 +388,7 @@ class HDETEngine:
         for n, s in state["hparams"].items():
             self.state[n] = _HParamState(float(s["base"]), float(s["velocity"]), list(s["permutation"]),
                                          bool(s["controlled"]), float(s.get("log_offset", 0.0)),
-                                         float(s.get("scale", 1.0)))
+                                         float(s.get("scale", 1.0)), int(s.get("rprop_sign", 0)),
+                                         float(s.get("rprop_step", 0.0)))
         self._set_round_widths()
         self._apply()

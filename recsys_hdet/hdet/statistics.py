@@ -187,3 +187,19 @@ def aimd_move(effect: Optional[Tuple[float, float, float]], any_excluded: bool, 
     slope, se, _ = effect if effect is not None else (0.0, 0.0, 0.0)
     harm = any_excluded or (se > 0 and slope > min_t * se)
     return math.log(down if harm else up)
+
+
+def rprop_move(effect: Optional[Tuple[float, float, float]], last_sign: int, step: float, up: float, down: float,
+               max_step: float) -> Tuple[float, int, float]:
+    """score="rprop"'s move of ln(base / schedule) at one sync: ``(move, sign, step)``. ``sign`` is the
+    direction the pooled fit's slope (``(slope, se, dof)``: > 0 means a higher rate does worse) points to
+    (-1 down, +1 up); the step grows by ``up`` (to ``max_step``) when it repeats ``last_sign`` and shrinks
+    by ``down`` when it flips (Rprop: Riedmiller and Braun 1993). No slope (no fit yet, or exactly 0): no
+    move, sign and step kept."""
+    slope = effect[0] if effect is not None else 0.0
+    if not math.isfinite(slope) or slope == 0.0:
+        return 0.0, last_sign, step
+    sign = -1 if slope > 0 else 1
+    if last_sign:
+        step = min(step * up, max_step) if sign == last_sign else step * down
+    return sign * step, sign, step
