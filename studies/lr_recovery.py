@@ -87,6 +87,24 @@ HDET_ANNEAL_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hd
 HDET_CREDIT_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hdet.signal=discounted_credit",
                       "hdet.discounted_credit.mu=0.9", "hdet.discounted_credit.fraction=0.5", "hdet.effect_scale=0.005",
                       "hdet.min_t=2.0", "hdet.alpha=0.25", "hdet.controller_start=0", "hdet.beta=0.9")
+# The controller issue's variants (docs/hdet.md, "Choosing the default": pre-registered before their first
+# recovery run), each the default's signal and spread with one change: explore-then-commit (two rounds of 125
+# steps in the one-cycle's 293-step warm-up, a decade then half of one between the extreme replicas, then
+# the plain run at the held LRs); the effect controller with the fixed estimator (each sync weighted alike,
+# the fit started over at the warm-up's end); AIMD and Rprop on that estimator.
+def _changed(base: Sequence[str], *changes: str) -> Tuple[str, ...]:
+    """``base`` with ``changes`` (key=value overrides) in place of its overrides of the same keys."""
+    keys = {c.split("=", 1)[0] for c in changes}
+    return (*(o for o in base if o.split("=", 1)[0] not in keys), *changes)
+
+
+FIXED_FIT = ("hdet.fit_weighting=per_sync", "hdet.fit_reset_at=0.3")
+HDET_EXPLORE = _changed(HDET_ANNEAL_EFFECT, "hdet.explore_rounds=2", "hdet.explore_steps=125",
+                        "hdet.explore_decades=1.0", "hdet.explore_narrow=0.5")
+HDET_EFFECT_FIXED = _changed(HDET_ANNEAL_EFFECT, *FIXED_FIT)
+HDET_AIMD = _changed(HDET_ANNEAL_EFFECT, "hdet.score=aimd", "hdet.aimd_up=1.1", "hdet.aimd_down=0.5", *FIXED_FIT)
+HDET_RPROP = _changed(HDET_ANNEAL_EFFECT, "hdet.score=rprop", "hdet.rprop_up=1.2", "hdet.rprop_down=0.5",
+                      "hdet.rprop_max_step=1.0", *FIXED_FIT)
 # The earlier defaults (probe signal, regression score) and the paper's form: dominated in the earlier
 # study (docs/lr_recovery_f2), retired; kept for the forms the paired sets name.
 HDET_NEW = ("hdet=enabled", "hdet.space=log", "hdet.score=regression", "hdet.signal=probe", "hdet.alpha=0.25",
@@ -108,14 +126,18 @@ def schedulefree(embedding: float, dense: float) -> List[str]:
 # variant -> the overrides added to the start's LRs, or a function of the start's LRs giving every override;
 # lr_finder's overrides come from its sweeps (:func:`lr_finder_overrides`).
 VARIANTS = {"plain_rollback": (), "hdet": HDET_ANNEAL_EFFECT, "prodigy": prodigy, "schedulefree": schedulefree,
-            "lr_finder": None, "hdet_credit": HDET_CREDIT_EFFECT}
-HDET_VARIANTS = ("hdet", "hdet_credit")
+            "lr_finder": None, "hdet_credit": HDET_CREDIT_EFFECT, "hdet_explore": HDET_EXPLORE,
+            "hdet_effect_fixed": HDET_EFFECT_FIXED, "hdet_aimd": HDET_AIMD, "hdet_rprop": HDET_RPROP}
+HDET_VARIANTS = ("hdet", "hdet_credit", "hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
 # Schedule-Free's dense LR is constant after its warm-up where the preset's schedule decays to ~0: its
 # dense LR area against that schedule says nothing of the LR it settles on; not reported.
 NO_LR_AREA = ("schedulefree",)
 LABELS = {"plain_rollback": "plain + rollback", "hdet": "HDET default (anneal-then-probe, effect controller)",
           "hdet_credit": "HDET discounted credit, effect controller", "prodigy": "Prodigy (dense, d0 1e-6)",
-          "schedulefree": "Schedule-Free AdamW (dense)", "lr_finder": "LR finder (range test) + plain"}
+          "schedulefree": "Schedule-Free AdamW (dense)", "lr_finder": "LR finder (range test) + plain",
+          "hdet_explore": "HDET explore-then-commit (2 rounds of 125 steps)",
+          "hdet_effect_fixed": "HDET effect controller, per-sync fit reset at 30%",
+          "hdet_aimd": "HDET AIMD (x1.1 up, x0.5 on harm), per-sync fit", "hdet_rprop": "HDET Rprop step, per-sync fit"}
 
 
 def variant_overrides(variant: str, embedding: float, dense: float) -> List[str]:
@@ -566,12 +588,24 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
                     "hdet_paper": "the paper's form: dominated in docs/lr_recovery_f2; not rerun under the contract",
                     "plain": "plain without rollback: the contract turns rollback on for every contender"},
         "wall_time": wall_time(results),
+        "chosen_rule": chosen_rule(),
     }
     if missing:
         out_json["partial"] = f"{planned - missing} of {planned} runs of the starts finished"
     elif an is None or neighbourhood_runs(cells, seeds, anchor_key):
         out_json["partial"] = "the neighbourhood of the best cell is not complete"
     return out_json
+
+
+def chosen_rule(path: str = os.path.join(SR.REPO, "docs", "hdet.md")) -> str:
+    """The pre-registered rule that picks HDET's default among the variants: docs/hdet.md's text between
+    its ``chosen-rule`` markers, written before the variants' first recovery run."""
+    with open(path) as f:
+        text = f.read()
+    start, end = text.find("<!-- chosen-rule -->"), text.find("<!-- /chosen-rule -->")
+    if start < 0 or end < start:
+        raise StudyMismatch(f"{path}: no pre-registered rule between <!-- chosen-rule --> markers")
+    return text[start + len("<!-- chosen-rule -->"):end].strip()
 
 
 def run_entry(r: Optional[Dict[str, Any]], seed: int, name: str, variant: str, finder: Optional[Dict[str, Any]],
