@@ -134,6 +134,14 @@ MUTANTS = (
            "return float(self.offsets[name][self.state[name].permutation[h.axis.replica_of_rank[self.rank]]])",
            "return float(self.offsets[name][h.axis.replica_of_rank[self.rank]])",
            ["tests/test_hdet_engine.py::test_my_offset_is_the_offset_of_the_value_this_rank_trains_with"]),
+    Mutant("Z", "after explore-then-commit's hand-over the embedding replicas are never averaged", "recsys_hdet/hdet/integration.py",
+           "return self.plain.embedding_sync_every",
+           "return 0",
+           ["tests/test_hdet_hand_over.py::test_after_the_commit_the_run_is_the_plain_run_branched_from_its_state_at_the_held_lrs"]),
+    Mutant("AA", "the hand-over's plain control starts at the pass's start, not at the commit step", "recsys_hdet/hdet/integration.py",
+           "self.plain.start_at(step)",
+           "self.plain.start_at(0)",
+           ["tests/test_hdet_hand_over.py::test_after_the_commit_the_run_is_the_plain_run_branched_from_its_state_at_the_held_lrs"]),
 )
 
 
