@@ -509,7 +509,7 @@ def train_run(final: str, overrides: Sequence[str], env: Optional[Mapping[str, s
     ``final`` with ``ablation_run.json`` (the overrides, exit status, process seconds, the commit and
     whether the tree was clean: what :func:`record_from_run_dir` reads; the overrides recorded there are
     ``study_overrides``, those a study compares a finished run by, default all of them). A crashed attempt
-    is started over. Returns {"exit_status", "process_seconds", "finished", "log"}."""
+    is started over. Returns {"exit_status", "process_seconds", "finished", "log", "commit", "clean"}."""
     import shutil
     import subprocess
     import time
@@ -537,8 +537,10 @@ def train_run(final: str, overrides: Sequence[str], env: Optional[Mapping[str, s
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(partial, final)
-        return {"exit_status": code, "process_seconds": seconds, "finished": True, "log": os.path.join(final, "train.log")}
-    return {"exit_status": code, "process_seconds": seconds, "finished": False, "log": os.path.join(partial, "train.log")}
+        return {"exit_status": code, "process_seconds": seconds, "finished": True,
+                "log": os.path.join(final, "train.log"), "commit": info["commit"], "clean": info["clean"]}
+    return {"exit_status": code, "process_seconds": seconds, "finished": False,
+            "log": os.path.join(partial, "train.log"), "commit": info["commit"], "clean": info["clean"]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -688,7 +690,7 @@ def verify(study: StudyFiles, name: str) -> Dict[str, Any]:
     final = os.path.join(study.work, "verify", name)
     run = train_run(final, [f"+experiment={record['preset']}", f"seed={record['seed']}", *overrides, *pin],
                     study_overrides=overrides)
-    out = {"recorded_commit": record.get("commit"), **code_state(), "record": None}
+    out = {"recorded_commit": record.get("commit"), "commit": run["commit"], "clean": run["clean"], "record": None}
     if not run["finished"]:
         return {**out, "reproduced": False,
                 "differences": [f"the retrained run crashed (exit status {run['exit_status']}): see {run['log']}"]}

@@ -33,7 +33,7 @@ def test_after_the_commit_the_run_is_the_plain_run_branched_from_its_state_at_th
     syncs = read_jsonl(hdet_dir / "hdet.jsonl")
     assert [r["step"] for r in syncs] == [10, COMMIT_STEP], "no sync after the commit"
     held = hdet["lr"]["controlled_max_lr"]
-    preset = {r["step"]: r["lr"] for r in read_jsonl(hdet_dir / "metrics.jsonl")}
+    hdet_lrs = {r["step"]: r["lr"] for r in read_jsonl(hdet_dir / "metrics.jsonl")}
     assert set(held) == {"embedding", "transformer", "non_embedding", "no_decay"}
     # Each round moves the base to one of its two replicas (never x1): every group's held LR moved.
     configured = OmegaConf.load(hdet_dir / ".hydra" / "config.yaml").optim.lr
@@ -52,4 +52,4 @@ def test_after_the_commit_the_run_is_the_plain_run_branched_from_its_state_at_th
     plain = read_json(plain_dir / "summary.json")
     assert (plain["eval"], plain["train_loss"], plain["steps"]) == (hdet["eval"], hdet["train_loss"], hdet["steps"])
     for r in read_jsonl(plain_dir / "metrics.jsonl"):  # the same learning rates, step for step, bit for bit
-        assert r["lr"] == preset[r["step"]], (r["step"], r["lr"], preset[r["step"]])
+        assert r["lr"] == hdet_lrs[r["step"]], (r["step"], r["lr"], hdet_lrs[r["step"]])

@@ -40,7 +40,8 @@ class HDETDecay(StrEnum):
 
 
 SCORES = tuple(s.value for s in HDETScore)
-FIT_SCORES = ("regression", "effect", "aimd", "rprop")  # those moved by the pooled joint fit of losses on offsets
+SLOPE_SCORES = ("effect", "aimd", "rprop")  # moved by the pooled fit's slope and its standard error
+FIT_SCORES = ("regression", *SLOPE_SCORES)  # those that pool the joint fit of the ranks' losses on their offsets
 
 
 @dataclass

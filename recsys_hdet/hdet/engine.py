@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from recsys_hdet.hdet.config import FIT_SCORES, HDETConfig
+from recsys_hdet.hdet.config import FIT_SCORES, SLOPE_SCORES, HDETConfig
 from recsys_hdet.hdet.hparams import ScalarHParam
 from recsys_hdet.hdet.rounds import best_replica, round_width, window_bounds
 from recsys_hdet.hdet.statistics import (additive_drift, aimd_move, decay_gamma, effect_move, joint_effects, joint_preferences,
@@ -300,7 +300,7 @@ class HDETEngine:
         # Each rank's offset for each hparam: the offset of the replica it belongs to this window.
         X = torch.stack([self.offsets[h.name][torch.tensor(self.state[h.name].permutation)]
                          [torch.tensor(h.axis.replica_of_rank)] for h in self.hparams], dim=1)
-        if self.config.score != "regression":
+        if self.config.score in SLOPE_SCORES:
             effects = joint_effects(self.fit, X, rank_loss, rank_ok, usable, self.config.beta, self.config.fit_weighting)
             return {names[i]: e for i, e in effects.items()}
         prefs = joint_preferences(self.fit, X, rank_loss, rank_ok, usable, self.config.beta, self.config.fit_weighting)
@@ -310,7 +310,7 @@ class HDETEngine:
                  joint: Optional[float] = None) -> None:
         cfg = self.config
         u = self.offsets[h.name][torch.tensor(s.permutation)]  # each replica's offset this window
-        if cfg.score in FIT_SCORES and cfg.score != "regression":  # moves by the pooled fit's slope
+        if cfg.score in SLOPE_SCORES:  # moves by the pooled fit's slope
             s.velocity = self._fit_move(h, s, joint)
             s.log_offset = min(max(s.log_offset + s.velocity, self.log_range[0]), self.log_range[1])
             return
