@@ -10,8 +10,13 @@ Steps:
 4. The same run under HDET with the serving signal and a periodic checkpoint (the served loss, the
    sync, a checkpoint write of GPU tensors).
 5. A 2-process nccl run (plain, then HDET with two sharding groups of one): needs 2 GPUs, else SKIP.
+6. With ``--artifact MODEL_DIR`` (``python -m recsys_hdet.export``; its inputs and CPU probabilities saved
+   beside it by ``--save-inputs DAY_FILE`` where the model was exported): the exported program loaded
+   with torch alone, moved to cuda:0, scores the saved rows within 1e-5 of the CPU, and its forward
+   throughput (rows/s) on the GPU and on this machine's CPU side by side. Needs no torchrec: it runs
+   where steps 2-5 cannot.
 
-Each run writes under ``--work`` (default: a temporary directory); the tiny data set is generated
+Steps 2-5 need torchrec and fbgemm-gpu; without them (step 1b fails) they are not run. Each run writes under ``--work`` (default: a temporary directory); the tiny data set is generated
 there on first use (about a minute).
 """
 
@@ -47,10 +52,98 @@ def check_cuda() -> str:
 
     if not torch.cuda.is_available():
         raise RuntimeError("torch.cuda.is_available() is False")
+    return f"{torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}, torch {torch.__version__}, " \
+           f"CUDA {torch.version.cuda}"
+
+
+def check_fbgemm() -> str:
+    import torch
+
     import fbgemm_gpu  # noqa: F401
+    import torchrec  # noqa: F401
 
     torch.ops.fbgemm.asynchronous_complete_cumsum(torch.tensor([1, 2], device="cuda"))  # a CUDA fbgemm op
-    return f"{torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    return f"fbgemm_gpu {getattr(fbgemm_gpu, '__version__', '?')}, torchrec {getattr(torchrec, '__version__', '?')}"
+
+
+INPUTS_FILE = "gpu_check_inputs.pt"  # beside an exported model: rows, their program inputs, CPU probabilities
+
+
+def save_inputs(model_dir: str, day_file: str, rows: int = 4096) -> str:
+    """Writes ``model_dir/gpu_check_inputs.pt``: the program's inputs for the first ``rows`` rows of a
+    processed day and the probabilities the program gives for them on this machine's CPU."""
+    import polars as pl
+    import torch
+
+    from recsys_hdet.serving.artifact import read_manifest
+    from recsys_hdet.serving.predict import check_processed, model_inputs
+
+    manifest = read_manifest(model_dir)
+    df = pl.read_parquet(day_file).head(rows)
+    check_processed(df, day_file, manifest)
+    dense, ids, values, offsets = model_inputs(df, manifest)
+    program = torch.export.load(os.path.join(model_dir, manifest["program"])).module()
+    with torch.no_grad():
+        probs = program(dense, ids, values, offsets)
+    path = os.path.join(model_dir, INPUTS_FILE)
+    torch.save({"dense": dense, "ids": ids, "values": values, "offsets": offsets, "probs": probs,
+                "torch": str(torch.__version__)}, path)
+    return path
+
+
+def _rows_per_second(program, args, device: str, seconds: float = 3.0) -> float:
+    import time
+
+    import torch
+
+    with torch.no_grad():
+        for _ in range(3):
+            program(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            program(*args)
+            calls += 1
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return calls * args[0].shape[0] / (time.perf_counter() - start)
+
+
+def check_exported_program(model_dir: str, device: str = "cuda") -> str:
+    """Step 6: the exported program on ``device`` against the CPU's probabilities, and its throughput."""
+    import torch
+
+    with open(os.path.join(model_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    saved = torch.load(os.path.join(model_dir, INPUTS_FILE), weights_only=True)
+    program = torch.export.load(os.path.join(model_dir, manifest["program"])).module()
+    cpu_args = (saved["dense"], saved["ids"], saved["values"], saved["offsets"])
+    cpu_rate = _rows_per_second(program, cpu_args, "cpu")
+    with torch.no_grad():
+        cpu_here = program(*cpu_args)
+    # An exported program is traced for the device of its example inputs (CPU) and asserts it:
+    # torch.export's own pass rewrites its constants and device assertions for another device.
+    from torch.export.passes import move_to_device_pass
+
+    program = move_to_device_pass(
+        torch.export.load(os.path.join(model_dir, manifest["program"])), device).module()
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else [t.to(device) for t in a] for a in cpu_args)
+    with torch.no_grad():
+        probs = program(*args).cpu()
+    err = float((probs - saved["probs"]).abs().max())
+    if not err < 1e-5:
+        raise RuntimeError(f"cuda probabilities differ from the CPU's ({saved['torch']}) by {err:.2e}")
+    gpu_rate = _rows_per_second(program, args, device)
+    big = tuple(a.repeat(8, 1) if a.dim() == 2 else a for a in args[:2])
+    values = [v.repeat(8) for v in args[2]]
+    offsets = [torch.cat([o[:-1] + k * o[-1] for k in range(8)] + [o[-1:] * 8]) for o in args[3]]
+    gpu_big = _rows_per_second(program, (*big, values, offsets), device)
+    return (f"exported with torch {manifest['torch_version']}, loaded with {torch.__version__}: max |{device} - cpu| "
+            f"{err:.1e} over {probs.shape[0]} rows (this CPU vs the exporting CPU: "
+            f"{float((cpu_here - saved['probs']).abs().max()):.1e}); forward rows/s: {device} {gpu_rate:,.0f} at batch "
+            f"{probs.shape[0]}, {gpu_big:,.0f} at batch {8 * probs.shape[0]}; this machine's CPU "
+            f"({torch.get_num_threads()} threads) {cpu_rate:,.0f} at batch {probs.shape[0]}")
 
 
 def check_batch() -> str:
@@ -89,15 +182,36 @@ def train(work: str, name: str, nproc: int, *overrides: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", help="where the runs and the tiny data set go (default: a temporary directory)")
+    ap.add_argument("--artifact", help="an exported model (recsys_hdet.export) to run on the GPU: step 6")
+    ap.add_argument("--save-inputs", metavar="DAY_FILE", help="with --artifact, on the exporting machine: save the "
+                    "first 4096 rows of this processed day as the program's inputs with their CPU probabilities, then stop")
+    ap.add_argument("--only-artifact", action="store_true", help="run steps 1 and 6 only")
     args = ap.parse_args(argv)
+    if args.save_inputs:
+        print(f"wrote {save_inputs(args.artifact, args.save_inputs)}")
+        return 0
     work = args.work or tempfile.mkdtemp(prefix="gpu_check_")
-    step("1 CUDA and fbgemm's CUDA kernels", check_cuda)
+    step("1a CUDA", check_cuda)
     if RESULTS[-1][0] == "FAIL":
         print("no CUDA: the remaining steps are not run")
         return 1
     import torch
 
     gpus = torch.cuda.device_count()
+    if args.artifact:
+        step("6 the exported program on cuda:0 (torch alone)", lambda: check_exported_program(args.artifact))
+    if not args.only_artifact:
+        _training_steps(work, gpus)
+    failed = [r for r in RESULTS if r[0] == "FAIL"]
+    print(f"{len(RESULTS) - len(failed)} of {len(RESULTS)} steps passed or skipped; runs in {work}")
+    return 1 if failed else 0
+
+
+def _training_steps(work: str, gpus: int) -> None:
+    step("1b fbgemm's CUDA kernels and torchrec", check_fbgemm)
+    if RESULTS[-1][0] == "FAIL":
+        print("steps 2-5 need torchrec and fbgemm-gpu: not run")
+        return
     step("2 a Pipelineable batch to the GPU", check_batch)
     step("3 1-process run (nccl, TrainPipelineSparseDist)",
          lambda: train(work, "one", 1, "trainer.sharding_group_size=1"))
@@ -110,9 +224,6 @@ def main(argv=None) -> int:
     two_hdet = (lambda: train(work, "two_hdet", 2, "trainer.sharding_group_size=1", "hdet=enabled", "hdet.alpha=0.2",
                               "hdet.sync_every=4")) if gpus >= 2 else (lambda: f"SKIP: {gpus} GPU")
     step("5b 2-process nccl HDET run (two embedding replicas)", two_hdet)
-    failed = [r for r in RESULTS if r[0] == "FAIL"]
-    print(f"{len(RESULTS) - len(failed)} of {len(RESULTS)} steps passed or skipped; runs in {work}")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

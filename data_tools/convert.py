@@ -114,7 +114,7 @@ def _log1p_count(col: str) -> pl.Expr:
 def convert(log, users: str, videos: str, out: str, min_count: dict | None = None, *,
             overwrite: bool = False, source: dict | None = None, verbose: bool = False,
             max_unmatched_fraction: float = 0.01, max_conflicting_duplicates: int = 0,
-            extend_vocab: str | None = None) -> dict:
+            extend_vocab: str | None = None, string_vocabs: dict | None = None) -> dict:
     """Convert raw CSVs (``log``: a glob, path or list) into the processed directory ``out``.
 
     Returns the written meta dict. Raises DataError (naming file and column) on bad input;
@@ -122,7 +122,9 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
     first (:func:`check_joins`): log rows whose user or video has no feature row, and feature
     rows that repeat an id with other values, are counted, reported in ``meta.source.joins`` and
     refused above ``max_unmatched_fraction`` of the log rows / ``max_conflicting_duplicates`` ids.
-    ``extend_vocab``: an earlier processed data set whose id vocabularies are kept and extended.
+    ``extend_vocab``: an earlier processed data set whose id vocabularies are kept and extended, and its
+    string categoricals' codes (``source.string_vocabs``) with them; ``string_vocabs``: those codes given
+    directly (an exported model's manifest), so that every known value keeps its code.
     """
     t0 = time.time()
     out = os.path.abspath(os.fspath(out))
@@ -130,6 +132,8 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
         raise data_error(out, None, "output directory already exists (pass overwrite=True / --overwrite)")
     counts = resolve_min_count(min_count)
     base = _base_vocabs(extend_vocab)
+    if string_vocabs is None and extend_vocab is not None and os.path.isfile(os.path.join(extend_vocab, "meta.json")):
+        string_vocabs = _load_meta(extend_vocab).get("source", {}).get("string_vocabs")
     info = validate_raw(log, users, videos)
     files = info["log_files"]
     joins = check_joins(files, users, videos, max_unmatched_fraction, max_conflicting_duplicates)
@@ -141,7 +145,7 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
     try:
         os.chmod(tmp, 0o755)
-        meta = _convert_into(tmp, files, users, videos, counts, base, info, source)
+        meta = _convert_into(tmp, files, users, videos, counts, base, info, source, string_vocabs)
         validate_processed(tmp)
         if os.path.exists(out):
             trash = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)

@@ -45,8 +45,12 @@ def main(argv=None):
             return ExitStatus.USAGE
         print(f"appended {len(new)} day(s) to {args.append_to}: {', '.join(new)}")
         return 0
-    cfg = GeneratorConfig(**given)
-    oracle = generate(cfg, args.out, verbose=True)
+    try:
+        cfg = GeneratorConfig(**given)  # its checks name the field and the value
+        oracle = generate(cfg, args.out, verbose=True)
+    except DataError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return ExitStatus.USAGE
     print(json.dumps(oracle, indent=1))
     return 0
 

@@ -27,7 +27,9 @@ DAY in order; ``--dry-run`` prints the plan and writes nothing (no lock either);
 VERSION]`` repoints ``current``; ``status [--json]`` prints the lineage (neither needs ``data_root``).
 Failures go to stderr. Exit statuses (:class:`recsys_hdet.exit_status.ExitStatus`): OK (the newest day
 published), NOTHING_TO_DO (``nothing_to_do_exit``, 5 by default: 99 for Airflow's skip, 0 where
-nothing new is success; a dry run exits with it too), REJECTED, FAILED, BUSY, USAGE.
+nothing new is success; ``--dry-run`` exits OK when the run would train and with it when not),
+REJECTED, FAILED, BUSY, USAGE (also: the day's settings differ from the published version's,
+:mod:`pipelines.settings`, unless ``allow_config_change=true``). ``status | head`` ends quietly.
 
 Limits: one machine (flock and rename on a local filesystem); the day's training runs as a
 subprocess of this job, so a scheduler should kill the job's whole process group (systemd does).
@@ -57,10 +59,12 @@ from pipelines.day_plan import (DayPlan, RetrainError, check_registry, finish_in
 from pipelines.gate import evaluate_models, gate
 from pipelines.lr_carry import CONF_DIR, clamp_carried, final_hdet_bases, preset_lrs
 from pipelines.registry import Registry, RegistryBusy, RegistryError
+from pipelines.settings import changed_settings, job_settings, settings_hash
 from recsys_hdet.components.metrics_log import read_json
 from recsys_hdet.api import TrainResult, compose_config
 from recsys_hdet.run_dir import write_job_config
 from recsys_hdet.exit_status import ExitStatus
+from recsys_hdet.provenance import code_version
 
 # Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
 # version's directory is renamed into place and before ``current`` is repointed.
@@ -84,18 +88,6 @@ def data_fingerprint(root: str, days: Sequence[str]) -> str:
             for block in iter(lambda: f.read(1 << 22), b""):
                 h.update(block)
     return h.hexdigest()
-
-
-def git_commit() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,14 +117,14 @@ def _die_with_parent() -> None:  # a killed job takes its training run with it (
         pass
 
 
-def train(cfg: DictConfig, overrides: List[str], run_dir: str) -> TrainResult:
+def train(cfg: DictConfig, overrides: List[str], run_dir: str, composed: DictConfig) -> TrainResult:
     """Runs (or resumes) the day's training through :mod:`recsys_hdet.api` in a process of its own (a
     killed job takes it along): the config is composed here, once, and written resolved into the run
     directory's ``.hydra/config.yaml`` (with ``overrides.yaml``), which the training process reads; the
     outcome is read from the run's ``summary.json``."""
     if os.path.isfile(os.path.join(run_dir, "summary.json")):  # trained before the job was interrupted
         return TrainResult.load(run_dir, 0)
-    config = write_job_config(run_dir, compose_config(overrides), overrides, resolve=True)
+    config = write_job_config(run_dir, composed, overrides, resolve=True)
     cmd = [sys.executable, "-m", "recsys_hdet.api", config, run_dir]
     timeout = int(cfg.train_timeout_s) or None
     with open(os.path.join(run_dir, "train.log"), "a") as log:
@@ -166,11 +158,18 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
     lr_source = f"carried from {current}" if carried else "the preset's static config"
     run_dir = os.path.join(registry.root, "work", plan.day)
     overrides = training_overrides(cfg, plan, all_days, warm, carried)
+    composed = compose_config(overrides)
+    experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
+    changes = changed_settings(cfg, parent_manifest, current_dir, composed, experiment) if current_dir else []
+    if changes and not cfg.allow_config_change:
+        raise SettingsChanged(f"day {plan.day}: the settings differ from the published version {current}'s: "
+                              + "; ".join(changes) + ". Train with the published settings, or pass "
+                              "allow_config_change=true to train this day with the new ones")
     what = "cold start" if plan.cold_start else f"warm start from {current}"
     log(f"day {plan.day}: training on {plan.train_days[0]}..{plan.train_days[-1]} ({what}; LRs: {lr_source}) "
         f"in {run_dir}")
     t0 = time.time()
-    result = train(cfg, overrides, run_dir)
+    result = train(cfg, overrides, run_dir, composed)
     summary = result.summary
     if summary is None:
         raise RetrainError(f"day {plan.day}: training failed (exit status {result.exit_status}); see {run_dir}/train.log "
@@ -197,14 +196,16 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
         "lr_start": {g: float(v) for g, v in carried.items()} or "static",
         "lr_preset": preset,
         "metrics": candidate["eval"] if candidate else {},
-        "experiment": cfg.cold_start_experiment if plan.cold_start else cfg.experiment,
+        "experiment": experiment,
+        "settings": job_settings(cfg),
+        "settings_hash": settings_hash(job_settings(cfg)),
         "overrides": overrides,
         "holdout": OmegaConf.to_container(cfg.holdout),
         "data": {"root": os.path.abspath(str(cfg.data_root)),
                  "fingerprint": data_fingerprint(str(cfg.data_root), plan.train_days)},
         "config_hash": hashlib.blake2b(open(resolved, "rb").read(), digest_size=16).hexdigest()
         if os.path.isfile(resolved) else None,
-        "commit": git_commit(),
+        "commit": code_version(),
         "train_seconds": summary.get("wall_seconds"),
     }
     files = {name: os.path.join(run_dir, name) for name in VERSION_FILES if os.path.exists(os.path.join(run_dir, name))}
@@ -230,6 +231,10 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
 # Commands
 
 
+class SettingsChanged(RetrainError):
+    """The day would train with other settings than the published version's (exit status 2)."""
+
+
 def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -> int:
     from data_tools.errors import DataError
     from data_tools.validate import validate_processed
@@ -246,9 +251,8 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     if until is not None and str(until) not in all_days:
         fail(f"FAILED: --until {until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
         return ExitStatus.FAILED
-    if dry_run:
-        print_plan(registry, all_days, until, force, log)
-        return int(cfg.nothing_to_do_exit)  # a dry run does nothing
+    if dry_run:  # exit as the run would have started: OK when there is work, else "nothing to do"
+        return ExitStatus.OK if print_plan(registry, all_days, until, force, log) else int(cfg.nothing_to_do_exit)
     os.makedirs(registry.root, exist_ok=True)
     try:
         with registry.lock():
@@ -273,6 +277,10 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
             for p in plans:
                 try:
                     outcome = process_day(cfg, registry, p, all_days, log)
+                except SettingsChanged as e:
+                    fail(f"REFUSED: {e}; the registry is unchanged")
+                    registry.log_event({"event": "refused", "day": p.day, "reason": str(e)})
+                    return ExitStatus.USAGE
                 except (RetrainError, RegistryError) as e:
                     fail(f"FAILED: {e}")
                     registry.log_event({"event": "failed", "day": p.day, "reason": str(e)})
@@ -289,9 +297,9 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
         return ExitStatus.FAILED
 
 
-def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log) -> None:
+def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log) -> bool:
     """``--dry-run``: what the job would do, reading the registry only (no lock, no file written: a
-    plan can differ from the run's if another job runs in between)."""
+    plan can differ from the run's if another job runs in between). Returns whether there is work."""
     pending = interrupted_publish(registry) if os.path.isdir(registry.root) else None
     if pending:
         log(f"would finish the interrupted publish of {pending}: current -> {pending}")
@@ -302,6 +310,7 @@ def print_plan(registry: Registry, all_days: List[str], until: Optional[str], fo
         start = "cold start" if p.cold_start else "warm start from the version current then"
         log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
             f"held-out rows, publish or reject")
+    return bool(plans or pending)
 
 
 def status(cfg: DictConfig, as_json: bool = False) -> int:
@@ -395,6 +404,15 @@ def compose(overrides: Sequence[str], needs_data: bool = True) -> DictConfig:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (``status | head``): nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's final flush does not fail again
+        return ExitStatus.OK
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args and args[0] in ("status", "rollback", "run") else "run"
     flags: Dict[str, Any] = {"until": None, "to": None, "dry_run": False, "force": False, "json": False}

@@ -9,8 +9,8 @@ Into ``DIR/data`` (a small synthetic data set, ``conf/data/retrain_demo.yaml``) 
    but its labels say nothing about its features); retrain: the gate must reject it;
 4. rerun: nothing to do.
 
-Each step runs ``python -m pipelines.retrain`` as a scheduler would (with the gate's NE tolerance
-at ``DEMO_GATE``: see there) and checks its exit status;
+Each step runs ``python -m pipelines.retrain`` as a scheduler would, with the default gate, and checks
+its exit status;
 the demo exits 1 if any step ends otherwise, then prints ``pipelines.retrain status``.
 Options (key=value): ``out`` (required), ``nproc`` (training workers, default 2).
 """
@@ -47,13 +47,6 @@ def shuffle_labels(root: str, day: str, seed: int = 0) -> None:
     os.replace(path + ".tmp", path)
 
 
-# On the demo's ~1,600 held-out rows a day, the default gate (0.002) rejected ordinary days by 0.007
-# to 0.014 NE in both arms of the retraining comparison (docs/retraining.md). The demo shows the
-# loop's mechanics, so its gate tolerates 0.01; the planted bad day is still rejected (its NE is
-# near 1, or its calibration far off).
-DEMO_GATE = "gate.ne_tolerance=0.01"
-
-
 def retrain_command(registry: str, data: str, nproc: int, extra: Sequence[str] = ()) -> List[str]:
     overrides = ",".join(f"'{o}'" for o in (*DEMO_OVERRIDES, f"trainer.nproc={nproc}"))
     return [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={registry}", f"data_root={data}",
@@ -85,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = OmegaConf.load(os.path.join(R.CONF_DIR, "data", "retrain_demo.yaml"))
     if not os.path.isfile(os.path.join(data, "meta.json")):
         ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
-    job = lambda *extra: retrain_command(registry, data, nproc, extra) + [DEMO_GATE]
+    job = lambda *extra: retrain_command(registry, data, nproc, extra)
     ok = step("1. first run: cold start on the first 3 days, publish version 1", job(), ExitStatus.OK)
     (new_day,) = append_synthetic_days(data, 1)
     print(f"\nappended day {new_day} to {data}")

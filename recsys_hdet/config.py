@@ -122,6 +122,13 @@ def validate_config(cfg: DictConfig) -> None:
                  "exploring weight decay (multiplicatively) needs a starting value > 0")
 
 
+def yaml_usage(config_name: str, doc: str) -> str:
+    """A command's ``--help``: its docstring, then its keys as ``conf/<config_name>.yaml`` lists them."""
+    with open(os.path.join(CONF_DIR, f"{config_name}.yaml")) as f:
+        keys = f.read().split("\ndefaults:")[0]
+    return doc.strip() + "\n\n" + keys.strip()
+
+
 def run_hydra_command(main: Callable[[], None], composed: Callable[[], bool], usage: Callable[[], str]) -> None:
     """Runs a ``@hydra.main`` entry point as a command: ``-h``/``--help`` prints ``usage()``; Hydra's
     own exit 1 before the config was composed (it printed why: an unknown key, a wrong type, a

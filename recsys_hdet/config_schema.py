@@ -30,7 +30,7 @@ from recsys_hdet.config_values import (CUDA_ONLY_EMBEDDING_OPTIMIZERS, AnnealStr
                                        EmbeddingOptimizer, Schedule, ShardingType, TrainExposure, TrainPipeline, at_least,
                                        fraction, is_number, positive, require)
 from recsys_hdet.hdet.config import HDETConfigGroup
-from recsys_hdet.job_schema import EvaluateConfig, RetrainConfig
+from recsys_hdet.job_schema import EvaluateConfig, ExportConfig, PredictConfig, RetrainConfig
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,6 +325,8 @@ def register() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="retrain_schema", node=RetrainConfig)
+    cs.store(name="export_schema", node=ExportConfig)
+    cs.store(name="predict_schema", node=PredictConfig)
 
 
 def check(cfg: DictConfig) -> None:

@@ -41,7 +41,8 @@ class HoldoutSlice:
 
 @dataclass
 class GateConfig:
-    ne_tolerance: float = 0.002
+    ne_tolerance: float = 0.0
+    z: float = 1.96
     max_ne: float = 1.0
     calibration: List[float] = field(default_factory=lambda: [0.8, 1.25])
 
@@ -49,6 +50,7 @@ class GateConfig:
         require(is_number(self.ne_tolerance) and self.ne_tolerance >= 0, "gate.ne_tolerance", self.ne_tolerance,
                 "must be >= 0")
         positive("gate.max_ne", self.max_ne)
+        positive("gate.z", self.z)
         require(len(self.calibration) == 2 and 0 < self.calibration[0] <= 1 <= self.calibration[1],
                 "gate.calibration", list(self.calibration), "need [low, high] with 0 < low <= 1 <= high")
 
@@ -69,6 +71,7 @@ class RetrainConfig:
     train_timeout_s: float = 0.0
     seed: int = 0
     nothing_to_do_exit: int = 5
+    allow_config_change: bool = False
 
     def __post_init__(self) -> None:
         if self.carry_lr_clamp is not None:
@@ -81,3 +84,27 @@ class RetrainConfig:
         taken = sorted(int(e) for e in ExitStatus if e not in (ExitStatus.OK, ExitStatus.NOTHING_TO_DO))
         require(0 <= self.nothing_to_do_exit <= 255 and self.nothing_to_do_exit not in taken, "nothing_to_do_exit",
                 self.nothing_to_do_exit, f"must be an exit status 0..255 other than {taken} (those mean something else)")
+
+
+@dataclass
+class ExportConfig:
+    """``python -m recsys_hdet.export``: field meanings in conf/export.yaml."""
+    run_dir: str = MISSING
+    out: str = MISSING
+    data_root: Optional[str] = None
+    overwrite: bool = False
+
+
+@dataclass
+class PredictConfig:
+    """``python -m recsys_hdet.predict``: field meanings in conf/predict.yaml."""
+    model_dir: str = MISSING
+    input: str = MISSING
+    day: Optional[Any] = None               # YYYYMMDD, with input=a processed data set's directory
+    out: str = MISSING
+    users: Optional[str] = None
+    videos: Optional[str] = None
+    batch_size: int = 65536
+
+    def __post_init__(self) -> None:
+        at_least("batch_size", self.batch_size, 1)

@@ -29,6 +29,7 @@ from recsys_hdet.components.dataloader import ParquetBatchStream, TrainedPositio
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.profiler import StepProfiler
 from recsys_hdet.components.lr_scheduler import build_schedules
+from recsys_hdet.provenance import code_version
 from recsys_hdet.components.metrics_log import MetricLogger, lr_trajectory, peak_rss_mb, print_summary, truncate_jsonl
 from recsys_hdet.fileio import write_json_atomic
 from recsys_hdet.evaluation.scoring import predict_batches, score_held_out
@@ -389,6 +390,7 @@ class Trainer:
         # The float results depend on it (intra-op reductions split by thread): a run reproduces bit for
         # bit only at the same threads per worker (studies' --verify pins it).
         summary["threads_per_worker"] = torch.get_num_threads()
+        summary["code"] = code_version()  # the commit it trained at (an export's manifest names it)
         if self.rank == 0:
             write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
             print_summary(summary)

@@ -49,6 +49,25 @@ def run_train(run_dir, *overrides, data_cache, timeout=300):
     return run_command(cmd, env=env, timeout=timeout)
 
 
+def run_evaluate(*args, data_cache, timeout=300):
+    """Runs ``python -m recsys_hdet.evaluate`` as a user would; returns the CompletedProcess."""
+    env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
+    return run_command([sys.executable, "-m", "recsys_hdet.evaluate", *args], env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def hdet_run(tmp_path_factory, tiny_dataset, data_cache):
+    """A finished tiny HDET run (4 workers, 2 sharding groups x 2), evaluated with 2 workers: its
+    ``predictions.parquet`` is what the evaluation and the exported model are checked against."""
+    run_dir = tmp_path_factory.mktemp("eval") / "hdet"
+    proc = run_train(run_dir, "data=tiny", "trainer.log_every=10", "trainer.nproc=4", "trainer.sharding_group_size=2",
+                     "hdet=enabled", "hdet.sync_every=5", "hdet.controller_start=10", data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ev = run_evaluate(f"run_dir={run_dir}", "nproc=2", "batch_size=1000", data_cache=data_cache)
+    assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-3000:]
+    return run_dir
+
+
 def config_error(*overrides):
     """What the launcher says for these overrides before any worker starts: the composition's error
     (the typed schema refuses an unknown key, a wrong type, a bad choice), else validate_config's."""

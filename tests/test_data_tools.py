@@ -582,3 +582,12 @@ def test_feature_ints_written_as_floats_are_accepted(raw_copy, processed, tmp_pa
     with pytest.raises(DataError) as e:
         convert(log, users, videos, str(tmp_path / "o2"), MIN_COUNT)
     _assert_names(e, videos, "music_id")
+
+
+@pytest.mark.parametrize("flag, value, field", [("--days", "-1", "days"), ("--rand-fraction", "2", "rand_fraction")])
+def test_generate_cli_refuses_bad_values_with_exit_2(tmp_path, capsys, flag, value, field):
+    from data_tools.generate import main as generate_main
+
+    assert generate_main(["--out", str(tmp_path / "g"), flag, value]) == 2
+    assert f"field '{field}'" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()

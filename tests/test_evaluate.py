@@ -16,27 +16,10 @@ import polars as pl
 import pytest
 import torch
 
-from conftest import REPO, read_json, read_jsonl, run_command, run_train
+from conftest import REPO, read_json, read_jsonl, run_command, run_evaluate, run_train
 
 TASKS = ["contribution", "like", "long_dwell"]
 FAST = ["data=tiny", "trainer.log_every=10"]
-
-
-def run_evaluate(*args, data_cache, timeout=300):
-    env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    return run_command([sys.executable, "-m", "recsys_hdet.evaluate", *args], env=env, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def hdet_run(tmp_path_factory, tiny_dataset, data_cache):
-    """A finished tiny HDET run (4 workers, 2 sharding groups x 2), evaluated with 2 workers."""
-    run_dir = tmp_path_factory.mktemp("eval") / "hdet"
-    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
-                     "hdet.sync_every=5", "hdet.controller_start=10", data_cache=data_cache)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    ev = run_evaluate(f"run_dir={run_dir}", "nproc=2", "batch_size=1000", data_cache=data_cache)
-    assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-3000:]
-    return run_dir
 
 
 def test_metrics_agree_with_scikit_learn(hdet_run):
@@ -324,3 +307,35 @@ def test_every_report_section_has_a_heading(tmp_path):
             assert not ("<table>" in s and "<figure>" in s), s[:80]
         for heading in ("Training loss", "Calibration (reliability curves)", "Random exposure (unbiased estimate)"):
             assert f"<h2>{heading}</h2>" in page
+
+
+def _predictions(rows=400, seed=0):
+    rng = np.random.default_rng(seed)
+    tabs = ["tab 10", "tab 2", "tab 1", "out of vocabulary"]
+    pops = ["tail", "cold (unseen in training)", "head", "torso"]
+    data = {"user_activity": [["high_active", "low_active"][i % 2] for i in range(rows)],
+            "item_popularity": [pops[i % 4] for i in range(rows)], "tab_segment": [tabs[i % 4] for i in range(rows)],
+            "user_id_raw": rng.integers(0, 30, rows), "is_rand": (np.arange(rows) % 5 == 0).astype(np.int8)}
+    for t in TASKS:
+        p = rng.uniform(0.05, 0.95, rows).astype(np.float32)
+        data[f"pred_{t}"], data[f"oracle_{t}"] = p, p
+        data[f"label_{t}"] = (rng.uniform(size=rows) < p).astype(np.float32)
+    return pl.DataFrame(data)
+
+
+def test_segments_come_in_natural_order():
+    from recsys_hdet.evaluation import evaluate_frame
+
+    out = evaluate_frame(_predictions(), TASKS)
+    assert list(out["segments"]["tab"]) == ["out of vocabulary", "tab 1", "tab 2", "tab 10"]
+    assert list(out["segments"]["item_popularity"]) == ["head", "torso", "tail", "cold (unseen in training)"]
+
+
+def test_a_clean_evaluation_warns_nothing(tmp_path):
+    """Every UserWarning an error, in a fresh process (torch warns about a read-only array once per process)."""
+    _predictions().write_parquet(tmp_path / "p.parquet")
+    code = ("import polars as pl; from recsys_hdet.evaluation import evaluate_frame; "
+            f"evaluate_frame(pl.read_parquet({str(tmp_path / 'p.parquet')!r}), {TASKS!r}); print('ok')")
+    proc = run_command([sys.executable, "-W", "error::UserWarning", "-c", code], timeout=300,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

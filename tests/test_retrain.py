@@ -69,22 +69,30 @@ def test_until_a_version_is_published_each_run_cold_starts(tmp_path):
     assert plan.cold_start and plan.train_days == DAYS[:3]
 
 
-def _evals(candidate_ne, published_ne, calibration=1.0):
+def _evals(candidate_ne, published_ne, calibration=1.0, half_width=0.005):
     cand = {"rows": 1000, "eval": {t: {"ne": ne, "calibration": calibration} for t, ne in candidate_ne.items()}}
-    pub = {"eval": {t: {"ne": ne} for t, ne in published_ne.items()}} if published_ne else None
+    pub = {"eval": {t: {"ne": ne} for t, ne in published_ne.items()},
+           "paired": {t: {"diff": candidate_ne[t] - ne, "low": candidate_ne[t] - ne - half_width,
+                          "high": candidate_ne[t] - ne + half_width, "rows": 1000} for t, ne in published_ne.items()}} \
+        if published_ne else None
     return cand, pub
 
 
 def test_gate_rules():
-    cfg = _cfg(ne_tolerance=0.002, max_ne=1.0, calibration=[0.8, 1.25])
+    cfg = _cfg(ne_tolerance=0.0, max_ne=1.0, calibration=[0.8, 1.25])
     done = {"status": "completed"}
     ok = G.gate(cfg, done, *_evals({"like": 0.80, "long_dwell": 0.70}, {"like": 0.799, "long_dwell": 0.71}))
     assert ok["decision"] == "published" and ok["reasons"] == []
-    assert ok["tasks"]["like"] == {"candidate_ne": 0.80, "candidate_calibration": 1.0, "rows": 1000,
-                                   "published_ne": 0.799}
+    assert ok["tasks"]["like"]["published_ne"] == 0.799 and ok["tasks"]["like"]["paired"]["low"] < 0
+    # Worse by 0.004, but the interval reaches below zero: noise, published.
+    noise = G.gate(cfg, done, *_evals({"like": 0.804}, {"like": 0.80}))
+    assert noise["decision"] == "published", noise["reasons"]
     worse = G.gate(cfg, done, *_evals({"like": 0.81, "long_dwell": 0.70}, {"like": 0.80, "long_dwell": 0.71}))
     assert worse["decision"] == "rejected" and worse["reasons"] == [
-        "like: NE 0.8100 worse than the published model's 0.8000 by 0.0100 > gate.ne_tolerance 0.002"]
+        "like: NE 0.8100 worse than the published model's 0.8000 by +0.0100, interval [+0.0050, +0.0150] (z 1.96, "
+        "1000 rows) entirely above gate.ne_tolerance 0"]
+    tolerated = G.gate(_cfg(ne_tolerance=0.006), done, *_evals({"like": 0.81}, {"like": 0.80}))
+    assert tolerated["decision"] == "published"
     useless = G.gate(cfg, done, *_evals({"like": 1.003}, None))
     assert useless["decision"] == "rejected" and "gate.max_ne" in useless["reasons"][0]
     miscalibrated = G.gate(cfg, done, *_evals({"like": 0.8}, {"like": 0.8}, calibration=1.4))
@@ -181,8 +189,7 @@ NPROC = 2
 def _job(tmp_path, name, data, *extra, env=None):
     demo = __import__("pipelines.retrain_demo", fromlist=["x"])
     cmd = [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={tmp_path / name}", f"data_root={data}",
-           "overrides=[" + ",".join(f"'{o}'" for o in (*demo.DEMO_OVERRIDES, f"trainer.nproc={NPROC}")) + "]",
-           demo.DEMO_GATE]
+           "overrides=[" + ",".join(f"'{o}'" for o in (*demo.DEMO_OVERRIDES, f"trainer.nproc={NPROC}")) + "]"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, **(env or {})})
 
@@ -300,20 +307,73 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path, tiny_dataset, cap
 
     shutil.copytree(tiny_dataset, tmp_path / "data")
     days = sorted(json.loads((tmp_path / "data" / "meta.json").read_text())["days"])
-    assert _main(tmp_path, "--dry-run") == ExitStatus.NOTHING_TO_DO
+    assert _main(tmp_path, "--dry-run") == ExitStatus.OK  # there is work: a scheduler sees the run would train
     assert f"would train day {days[-1]} on {days[0]}..{days[-1]} (cold start)" in capsys.readouterr().out
     assert not (tmp_path / "registry").exists()  # a dry run writes nothing, not even the registry
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, days[:1])
     listing = lambda: sorted(os.listdir(tmp_path / "registry"))  # no lock file either
     before = listing()
-    assert _main(tmp_path, "--dry-run", "--until", days[1]) == ExitStatus.NOTHING_TO_DO
+    assert _main(tmp_path, "--dry-run", "--until", days[1]) == ExitStatus.OK
     out = capsys.readouterr().out
     assert f"would train day {days[1]} on {days[1]}..{days[1]} (warm start" in out and days[2] not in out
     assert listing() == before and reg.list_versions() == ["v0001"]
+    _version(reg, tmp_path, "v0002", "published", "v0001", days[1:])
+    assert _main(tmp_path, "--dry-run") == ExitStatus.NOTHING_TO_DO  # every day trained on
+    assert "nothing to do" in capsys.readouterr().out
     # "nothing to do" is the scheduler's choice (Airflow skips a task on 99); the other codes are taken
     assert _main(tmp_path, "--dry-run", "nothing_to_do_exit=99") == 99
     assert _main(tmp_path, "--dry-run", "nothing_to_do_exit=4") == ExitStatus.USAGE
     assert "nothing_to_do_exit=4" in capsys.readouterr().err
     assert _main(tmp_path, "--until", "20990101") == ExitStatus.FAILED
     assert "--until 20990101: not a day of" in capsys.readouterr().err
+
+
+def test_status_into_a_closed_pipe_ends_quietly(tmp_path):
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.retrain", "status", f"registry={tmp_path / 'registry'}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line is written (as `| head` after its lines)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == ExitStatus.OK, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def _day_config(cfg, plan, days, warm):
+    from recsys_hdet.api import compose_config
+
+    return compose_config(R.training_overrides(cfg, plan, days, warm, {}))
+
+
+def test_a_changed_setting_between_days_is_refused_naming_the_keys(tmp_path, tiny_dataset, capsys):
+    import shutil
+
+    from pipelines.settings import changed_settings, job_settings
+
+    shutil.copytree(tiny_dataset, tmp_path / "data")
+    days = sorted(json.loads((tmp_path / "data" / "meta.json").read_text())["days"])
+    cfg = R.compose([f"registry={tmp_path / 'registry'}", f"data_root={tmp_path / 'data'}"])
+    cold = _day_config(cfg, P.DayPlan(days[0], days[:1], True), days, None)
+    warm = _day_config(cfg, P.DayPlan(days[1], days[1:2], False), days, "/published/checkpoint")
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "published", None, days[:1], experiment="retrain_daily",
+             settings=job_settings(cfg), holdout=OmegaConf.to_container(cfg.holdout))
+    version_dir = reg.version_dir("v0001")
+    os.makedirs(os.path.join(version_dir, ".hydra"))
+    OmegaConf.save(cold, os.path.join(version_dir, ".hydra", "config.yaml"), resolve=True)
+    manifest = reg.manifest("v0001")
+    # A cold start and the next warm day differ only in the keys each day sets: nothing to refuse.
+    assert changed_settings(cfg, manifest, version_dir, warm, "retrain_daily") == []
+    changed_cfg = OmegaConf.merge(cfg, {"overrides": ["model.dropout=0.3"], "seed": 4})
+    changed = changed_settings(changed_cfg, manifest, version_dir,
+                               _day_config(changed_cfg, P.DayPlan(days[1], days[1:2], False), days, "/p"), "retrain_daily")
+    assert "overrides: [] -> ['model.dropout=0.3']" in changed and "seed: 0 -> 4" in changed
+    assert "model.dropout: 0.0 -> 0.3" in changed
+    # The job refuses the day before training, exit 2, the keys named, the registry unchanged.
+    before = reg.list_versions()
+    assert _main(tmp_path, "overrides=['model.dropout=0.3']") == ExitStatus.USAGE
+    err = capsys.readouterr().err
+    assert "REFUSED" in err and "model.dropout: 0.0 -> 0.3" in err and "allow_config_change=true" in err, err
+    assert reg.list_versions() == before and reg.current() == "v0001"
+    assert not os.path.exists(tmp_path / "registry" / "work" / days[1] / "summary.json")

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -177,6 +178,20 @@ def predictions_frame(run: RunInfo, probs: np.ndarray) -> pl.DataFrame:
 # 3. Metrics per task and segment
 
 
+def _tensor(column: pl.Series) -> torch.Tensor:
+    """A copy: polars' numpy view of a column is read-only, which torch.from_numpy warns about."""
+    return torch.from_numpy(column.to_numpy(writable=True))
+
+
+def segment_order(segment: str, value: Any) -> tuple:
+    """Segments in the order a reader expects: popularity buckets head, torso, tail, then the cold
+    items; other values naturally ("tab 2" before "tab 10": digit runs compare as numbers)."""
+    if segment == "item_popularity":
+        order = [b for b, _ in POPULARITY_BUCKETS] + [COLD]
+        return (order.index(value),) if value in order else (len(order), str(value))
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", str(value)) if p)
+
+
 def _nan_to_none(x: Any) -> Any:
     if isinstance(x, float) and x != x:
         return None
@@ -202,8 +217,8 @@ def random_exposure_slice(df: pl.DataFrame, tasks: Sequence[str], metrics_for) -
                 "reason": f"no held-out impression has {RAND_COLUMN} = 1 ({known.height} rows, all standard exposure)"}
     out = {"status": "present", **out, "rows": part.height, "eval": metrics_for(part)}
     if all(ORACLE_PREFIX + t in df.columns for t in tasks):
-        out["oracle"] = {t: oracle_metrics(torch.from_numpy(part[ORACLE_PREFIX + t].to_numpy()),
-                                           torch.from_numpy(part[LABEL_PREFIX + t].to_numpy())) for t in tasks}
+        out["oracle"] = {t: oracle_metrics(_tensor(part[ORACLE_PREFIX + t]), _tensor(part[LABEL_PREFIX + t]))
+                         for t in tasks}
     if known.height < df.height:
         unknown = df.filter(pl.col(RAND_COLUMN).is_null())
         days = sorted({str(d) for d in unknown["date"].unique()}) if "date" in df.columns else []
@@ -215,18 +230,16 @@ def random_exposure_slice(df: pl.DataFrame, tasks: Sequence[str], metrics_for) -
 def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int = 1) -> Dict[str, Any]:
     """eval.json's metrics from a predictions table (see :func:`predictions_frame`)."""
     def metrics_for(frame: pl.DataFrame) -> Dict[str, Dict[str, float]]:
-        # torch.tensor copies: a filtered frame's numpy view can be read-only
-        return {t: task_metrics(torch.tensor(frame[PRED_PREFIX + t].to_numpy()),
-                                torch.tensor(frame[LABEL_PREFIX + t].to_numpy())) for t in tasks}
+        return {t: task_metrics(_tensor(frame[PRED_PREFIX + t]), _tensor(frame[LABEL_PREFIX + t])) for t in tasks}
 
     out: Dict[str, Any] = {"rows": df.height, "eval": metrics_for(df)}
     if all(ORACLE_PREFIX + t in df.columns for t in tasks):
-        out["oracle"] = {t: oracle_metrics(torch.from_numpy(df[ORACLE_PREFIX + t].to_numpy()),
-                                           torch.from_numpy(df[LABEL_PREFIX + t].to_numpy())) for t in tasks}
+        out["oracle"] = {t: oracle_metrics(_tensor(df[ORACLE_PREFIX + t]), _tensor(df[LABEL_PREFIX + t]))
+                         for t in tasks}
     segments: Dict[str, Dict[str, Any]] = {}
     for name, col in SEGMENTS.items():
         segments[name] = {}
-        for key, part in sorted(df.group_by(col), key=lambda kv: str(kv[0][0])):
+        for key, part in sorted(df.group_by(col), key=lambda kv: segment_order(name, kv[0][0])):
             if part.height >= min_segment_rows:
                 segments[name][str(key[0])] = metrics_for(part)
     out["segments"] = segments

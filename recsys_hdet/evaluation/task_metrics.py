@@ -89,3 +89,23 @@ def grouped_auc(probs: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> Di
     n, pos, rsum = (per[c].to_numpy().astype(np.float64) for c in ("n", "pos", "rsum"))
     auc = (rsum - pos * (pos + 1) / 2) / (pos * (n - pos))
     return {"gauc": float((auc * n).sum() / n.sum()), "groups": int(per.height), "rows": int(n.sum())}
+
+
+def paired_ne_difference(labels: np.ndarray, probs: np.ndarray, reference: np.ndarray, z: float = 1.96) -> Dict[str, float]:
+    """NE(probs) - NE(reference) on the same rows, with a paired interval over rows.
+
+    On the same rows both NEs share their denominator (the entropy H of the rows' positive rate),
+    so the difference is ``mean(d) / H`` with ``d`` each row's log-loss difference; its interval is
+    ``(mean(d) +- z * sd(d) / sqrt(n)) / H`` (the normal approximation of the paired mean; 1.96: 95%).
+    Limit: rows are treated as independent (a user's rows are not quite), so the interval is
+    somewhat narrow when a few users carry many rows. Returns ``diff``, ``low``, ``high``, ``rows``."""
+    y = np.asarray(labels, dtype=np.float64)
+    clip = lambda p: np.clip(np.asarray(p, dtype=np.float64), _EPS, 1 - _EPS)
+    loss = lambda p: -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    d = loss(clip(probs)) - loss(clip(reference))
+    n = len(d)
+    h = binary_entropy(float(y.mean())) if n else float("nan")
+    if n < 2 or not 0.0 < float(y.mean()) < 1.0:
+        return {"diff": float("nan"), "low": float("nan"), "high": float("nan"), "rows": n}
+    mean, half = float(d.mean()), z * float(d.std(ddof=1)) / math.sqrt(n)
+    return {"diff": mean / h, "low": (mean - half) / h, "high": (mean + half) / h, "rows": n}

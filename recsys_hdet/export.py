@@ -1,0 +1,40 @@
+"""``python -m recsys_hdet.export run_dir=DIR out=MODEL_DIR`` (``recsys-hdet-export``): a completed run as
+a serving artifact that loads with torch alone (:mod:`recsys_hdet.serving.artifact`, docs/serving.md).
+Exit status 0 done, 2 a run or setting that cannot be exported (named), nothing written."""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from recsys_hdet.config import CONF_DIR, run_hydra_command
+from recsys_hdet.exit_status import ExitStatus
+
+_composed = False
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
+def main(cfg: DictConfig) -> None:
+    global _composed
+    _composed = True
+    from recsys_hdet.distributed import quiet_library_warnings
+    from recsys_hdet.serving.artifact import ArtifactError, export_run
+
+    quiet_library_warnings()
+    try:
+        manifest = export_run(str(cfg.run_dir), str(cfg.out), cfg.data_root, bool(cfg.overwrite))
+    except ArtifactError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(ExitStatus.USAGE)
+    print(f"exported {manifest['run_dir']} (step {manifest['checkpoint_steps']}, commit {manifest['commit']}) "
+          f"to {cfg.out}: {manifest['program']}, {len(manifest['vocabularies'])} vocabularies, manifest.json", flush=True)
+
+
+def run() -> None:
+    from recsys_hdet.config import yaml_usage
+
+    run_hydra_command(main, lambda: _composed, lambda: yaml_usage("export", __doc__))
+
+
+if __name__ == "__main__":
+    run()

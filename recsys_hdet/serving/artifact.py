@@ -1,0 +1,142 @@
+"""The serving artifact: ``python -m recsys_hdet.export run_dir=DIR out=MODEL_DIR`` writes
+
+- ``model.pt2``: the ranker as a ``torch.export`` program (:mod:`recsys_hdet.serving.program`): processed
+  rows in, one probability per task out; ``torch.export.load`` needs torch alone;
+- ``vocab/<feature>.parquet``: the id vocabularies the model's tables were trained with (DATA_CONTRACT.md's
+  ``raw_id``, ``row``, ``count``; rows past the model's table cut off), to map raw ids to rows;
+- ``manifest.json``: what the program takes and returns (tasks, features in input order, table sizes,
+  the dense standardization, the string categoricals' codes) and where it came from (commit, run,
+  checkpoint, its steps, training and held-out days, data set, export time, torch version).
+
+Written into ``MODEL_DIR.tmp-*`` and renamed into place: a failed export leaves nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, Optional
+
+import polars as pl
+import torch
+
+FORMAT = "recsys-hdet-serving"
+FORMAT_VERSION = 1
+PROGRAM_FILE = "model.pt2"
+MANIFEST_FILE = "manifest.json"
+VOCAB_DIR = "vocab"
+
+
+class ArtifactError(ValueError):
+    """A run that cannot be exported, or a directory that is not a serving artifact (named)."""
+
+
+def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrite: bool = False) -> Dict[str, Any]:
+    """Exports a completed run's ``checkpoint/`` into ``out``; returns the manifest."""
+    import torch.distributed.checkpoint as dcp
+
+    from recsys_hdet.components.dataset import DenseNormalization
+    from recsys_hdet.components.hparam_bindings import set_temperature
+    from recsys_hdet.evaluation import EvaluationError, load_run
+    from recsys_hdet.evaluation.scoring import final_temperature
+    from recsys_hdet.models.ranker import build_model
+    from recsys_hdet.provenance import code_version
+    from recsys_hdet.serving.program import ServingRanker, export_program
+
+    out = os.path.abspath(out)
+    if os.path.exists(out) and not overwrite:
+        raise ArtifactError(f"out={out}: already exists (overwrite=true replaces it)")
+    try:
+        run = load_run(run_dir, None, data_root)
+    except EvaluationError as e:
+        raise ArtifactError(str(e)) from None
+    with open(os.path.join(run.checkpoint, "meta.json")) as f:
+        ckpt_meta = json.load(f)
+    normalization = DenseNormalization.from_checkpoint(run.checkpoint)
+    if normalization is None:
+        raise ArtifactError(f"{run.checkpoint}/meta.json: no dense_normalization (a checkpoint from before the "
+                            "format-2 data sets): retrain the run")
+    tables = ckpt_meta.get("model_inputs", {}).get("sparse") or {n: int(s["vocab"]) for n, s in run.meta.sparse.items()}
+    meta = run.meta
+    if any(int(meta.sparse[n]["vocab"]) != tables.get(n) for n in meta.sparse):
+        # The data set's tables grew since the run trained (days appended): build the model the run trained.
+        meta.sparse = {n: {**s, "vocab": int(tables[n])} for n, s in meta.sparse.items()}
+    ranker = build_model(run.cfg, meta, device="cpu")
+    state = {"model": ranker.state_dict()}
+    dcp.load(state, checkpoint_id=run.checkpoint)  # no process group: DCP gathers every shard into whole tables
+    ranker.load_state_dict(state["model"])
+    temperature = final_temperature(run.run_dir, float(run.cfg.model.attention_temperature))
+    set_temperature(ranker, temperature)
+    module = ServingRanker(ranker, meta.single_features, meta.multi_features, normalization.mean, normalization.std)
+    program = export_program(module)
+
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        torch.export.save(program, os.path.join(tmp, PROGRAM_FILE))
+        os.makedirs(os.path.join(tmp, VOCAB_DIR))
+        vocabularies = {}
+        for name in meta.sparse:
+            src = os.path.join(meta.root, VOCAB_DIR, f"{name}.parquet")
+            if os.path.isfile(src):
+                pl.read_parquet(src).filter(pl.col("row") < tables[name]).write_parquet(
+                    os.path.join(tmp, VOCAB_DIR, f"{name}.parquet"))
+                vocabularies[name] = f"{VOCAB_DIR}/{name}.parquet"
+        manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "program": PROGRAM_FILE,
+            "inputs": "dense [B, D] float32 (NaN = missing), ids [B, S] int64, [values [N] int64 per multi-valued "
+                      "feature], [offsets [B+1] int64 per multi-valued feature]; output [B, T] float32 probabilities",
+            "tasks": list(run.cfg.tasks),
+            "dense": list(normalization.features),
+            "single_features": meta.single_features,
+            "multi_features": meta.multi_features,
+            "tables": {n: int(tables[n]) for n in meta.sparse},
+            "vocabularies": vocabularies,
+            "string_vocabs": meta.source.get("string_vocabs", {}),
+            "dense_normalization": normalization.to_dict(),
+            "attention_temperature": temperature,
+            "commit": run.summary.get("code", "unknown (the run predates recorded commits)"),
+            "exported_by": code_version(),
+            "run_dir": run.run_dir,
+            "experiment": run.summary.get("experiment"),
+            "checkpoint": run.checkpoint,
+            "checkpoint_steps": ckpt_meta.get("steps"),
+            "train_days": list(run.train_days),
+            "eval_days": list(run.eval_days),
+            "data_root": meta.root,
+            "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "torch_version": torch.__version__,
+        }
+        with open(os.path.join(tmp, MANIFEST_FILE), "w") as f:
+            json.dump(manifest, f, indent=1)
+        os.chmod(tmp, 0o755)
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def read_manifest(model_dir: str) -> Dict[str, Any]:
+    """The artifact's manifest (ArtifactError naming the file when it is not one)."""
+    path = os.path.join(os.path.abspath(model_dir), MANIFEST_FILE)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: missing; model={model_dir} is not an exported model "
+                            "(python -m recsys_hdet.export run_dir=... out=...)") from None
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{path}: not readable JSON ({e})") from None
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: format {manifest.get('format')!r} version {manifest.get('format_version')!r}; "
+                            f"this code reads {FORMAT!r} version {FORMAT_VERSION}")
+    if not os.path.isfile(os.path.join(os.path.dirname(path), manifest["program"])):
+        raise ArtifactError(f"{os.path.join(os.path.dirname(path), manifest['program'])}: missing")
+    return manifest
