@@ -25,8 +25,13 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, polars, hydra; print('setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__)"
 	touch $(STAMP)
 
+# One new run directory per demo; the evaluation writes report.html there and prints its path.
+ifndef DEMO_RUN
+DEMO_RUN := outputs/demo/$(shell date +%Y%m%d-%H%M%S)
+endif
 demo: $(STAMP)
-	$(PY) -m recsys_hdet.train +experiment=demo
+	$(PY) -m recsys_hdet.train +experiment=demo hydra.run.dir=$(DEMO_RUN)
+	$(PY) -m recsys_hdet.evaluate run_dir=$(DEMO_RUN)
 
 # The import contracts (pyproject.toml [tool.importlinter], docs/architecture.md) first, then the tests.
 test: $(STAMP)

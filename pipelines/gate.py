@@ -14,7 +14,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.metrics_log import read_json
 from recsys_hdet.fileio import write_json_atomic
@@ -37,6 +37,10 @@ def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Option
         if "paired" in published:
             return candidate, published
     run = load_run(current_dir, [day], os.path.abspath(str(cfg.data_root)))
+    # The job's held-out slice, whatever slice the published run held out itself (an adopted run may
+    # have held out none): both models score the same rows.
+    OmegaConf.set_struct(run.cfg, False)
+    run.cfg.data.holdout = OmegaConf.create(OmegaConf.to_container(cfg.holdout))
     probs = score_run(run, nproc=nproc, scratch=run_dir)
     frame = predictions_frame(run, probs)
     published = {"version_dir": current_dir, "days": [day], **evaluate_frame(frame, list(run.cfg.tasks)),

@@ -70,7 +70,7 @@ from recsys_hdet.provenance import code_version
 # version's directory is renamed into place and before ``current`` is repointed.
 FAULT_ENV = "RECSYS_HDET_RETRAIN_FAULT"
 # Files of a finished run copied into its version directory (when present).
-VERSION_FILES = ("checkpoint", ".hydra", "summary.json", "eval.json", "report.html", "hdet.jsonl", "metrics.jsonl",
+VERSION_FILES = ("checkpoint", "export", ".hydra", "summary.json", "eval.json", "report.html", "hdet.jsonl", "metrics.jsonl",
                  "published_eval.json", "train.log")
 
 
@@ -208,6 +208,10 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
         "commit": code_version(),
         "train_seconds": summary.get("wall_seconds"),
     }
+    if decision["decision"] == "published" and cfg.export_on_publish:
+        from recsys_hdet.serving.artifact import export_run
+
+        export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)  # registry/current/export: what serves
     files = {name: os.path.join(run_dir, name) for name in VERSION_FILES if os.path.exists(os.path.join(run_dir, name))}
     registry.add_version(version, files, manifest)
     if os.environ.get(FAULT_ENV) == "kill_before_current":  # tests: a job killed mid-publish
@@ -361,6 +365,57 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
     return ExitStatus.OK
 
 
+def adopt(cfg: DictConfig) -> int:
+    """``adopt run_dir=DIR``: an existing completed run becomes version 1 of an empty registry, after
+    scoring it on its held-out days and passing the gate's checks that need no published model
+    (completed, NE below ``gate.max_ne``, calibration within ``gate.calibration``). The next job run
+    trains the days after its training days, warm-started from it: train the run with the daily
+    ``experiment`` (its model must fit the warm start)."""
+    from recsys_hdet.evaluate import evaluate_run
+    from recsys_hdet.evaluation import EvaluationError, load_run
+
+    registry = Registry(str(cfg.registry))
+    fail = lambda msg, status: print(f"[retrain] {msg}", file=sys.stderr) or status
+    if cfg.run_dir is None:
+        return fail("adopt needs run_dir=DIR (a completed training run)", ExitStatus.USAGE)
+    if os.path.isdir(registry.root) and registry.list_versions():
+        return fail(f"registry={registry.root} has versions already; adopt starts a registry (use an empty one)",
+                    ExitStatus.USAGE)
+    try:
+        run = load_run(str(cfg.run_dir), None, os.path.abspath(str(cfg.data_root)))
+        candidate = evaluate_run(run.run_dir, data_root=os.path.abspath(str(cfg.data_root)), nproc=int(cfg.eval_nproc))
+    except EvaluationError as e:
+        return fail(f"run_dir={cfg.run_dir}: {e}", ExitStatus.USAGE)
+    decision = gate(cfg, run.summary, candidate, None)
+    if decision["decision"] != "published":
+        return fail("not adopted: " + "; ".join(decision["reasons"]) + "; the registry is unchanged", ExitStatus.REJECTED)
+    overrides_path = os.path.join(run.run_dir, ".hydra", "overrides.yaml")
+    manifest = {
+        "status": "published", "parent": None, "day": run.train_days[-1], "train_days": run.train_days,
+        "cold_start": True, "adopted_from": run.run_dir, "gate": decision, "hdet_bases": final_hdet_bases(run.run_dir),
+        "lr_start": "static", "lr_preset": {g: float(run.cfg.optim.lr[g]) for g in run.cfg.optim.lr},
+        "metrics": candidate["eval"], "experiment": str(run.cfg.experiment_name),
+        "overrides": [str(o) for o in OmegaConf.load(overrides_path)] if os.path.isfile(overrides_path) else [],
+        "holdout": OmegaConf.to_container(cfg.holdout), "settings": job_settings(cfg),
+        "settings_hash": settings_hash(job_settings(cfg)),
+        "data": {"root": run.meta.root, "fingerprint": data_fingerprint(run.meta.root, run.train_days)},
+        "commit": run.summary.get("code", "unknown"), "train_seconds": run.summary.get("wall_seconds"),
+    }
+    os.makedirs(registry.root, exist_ok=True)
+    try:
+        with registry.lock():
+            files = {n: os.path.join(run.run_dir, n) for n in VERSION_FILES if os.path.exists(os.path.join(run.run_dir, n))}
+            version = version_name(1)
+            registry.add_version(version, files, manifest)
+            registry.set_current(version)
+            registry.log_event({"event": "adopted", "version": version, "run_dir": run.run_dir})
+    except RegistryBusy as e:
+        return fail(f"BUSY: {e}", ExitStatus.BUSY)
+    print(f"[retrain] adopted {run.run_dir} as {version} (trained on {run.train_days[0]}..{run.train_days[-1]}); "
+          f"current: {version}")
+    return ExitStatus.OK
+
+
 def rollback(cfg: DictConfig, to: Optional[str]) -> int:
     registry = Registry(str(cfg.registry))
     try:
@@ -383,7 +438,8 @@ def rollback(cfg: DictConfig, to: Optional[str]) -> int:
 USAGE = ("usage: python -m pipelines.retrain [--until DAY] [--dry-run] [--force] registry=DIR data_root=DIR "
          "[key=value ...]\n"
          "       python -m pipelines.retrain status [--json] registry=DIR\n"
-         "       python -m pipelines.retrain rollback [--to VERSION] registry=DIR")
+         "       python -m pipelines.retrain rollback [--to VERSION] registry=DIR\n"
+         "       python -m pipelines.retrain adopt registry=DIR data_root=DIR run_dir=RUN")
 
 
 def compose(overrides: Sequence[str], needs_data: bool = True) -> DictConfig:
@@ -414,7 +470,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    command = args.pop(0) if args and args[0] in ("status", "rollback", "run") else "run"
+    command = args.pop(0) if args and args[0] in ("status", "rollback", "run", "adopt") else "run"
     flags: Dict[str, Any] = {"until": None, "to": None, "dry_run": False, "force": False, "json": False}
     overrides: List[str] = []
     while args:
@@ -439,7 +495,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             overrides.append(a)
     try:
-        cfg = compose(overrides, needs_data=command == "run")
+        cfg = compose(overrides, needs_data=command in ("run", "adopt"))
     except Exception as e:  # noqa: BLE001 - Hydra's and ours: a config error, named
         from recsys_hdet.config import compose_error
         from recsys_hdet.job_schema import RetrainConfig
@@ -450,6 +506,8 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         return status(cfg, flags["json"])
     if command == "rollback":
         return rollback(cfg, flags["to"])
+    if command == "adopt":
+        return adopt(cfg)
     return run_job(cfg, flags["until"], flags["dry_run"], flags["force"])
 
 

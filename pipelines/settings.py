@@ -4,8 +4,9 @@ did: a changed setting between days is refused (exit 2, the keys named) unless `
 Two things are compared with the current version's:
 - the job's settings that shape a model (:data:`SETTING_KEYS`), recorded in its manifest as ``settings``;
 - the day's resolved training config (the preset's content, so an edited preset or a code update that
-  changes a default counts) against the version's ``.hydra/config.yaml``, leaving out the keys every
-  day sets anew (:data:`PER_DAY_KEYS`; the max LRs too when ``carry_lr`` carries them). Only between
+  changes a default counts) against the version's ``.hydra/config.yaml``, leaving out the keys the job
+  sets itself (:data:`JOB_KEYS`: the day window, the warm start, the holdout, checked on their own; the
+  max LRs too when ``carry_lr`` carries them). Only between
   runs of one experiment: a cold start trained with ``cold_start_experiment`` is compared on the
   settings alone when the daily ``experiment`` differs.
 """
@@ -20,8 +21,8 @@ from typing import Any, Dict, List, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 SETTING_KEYS = ("experiment", "cold_start_experiment", "overrides", "carry_lr", "carry_lr_clamp", "seed")
-PER_DAY_KEYS = ("data.until", "data.skip_days", "data.train_days", "trainer.warm_start", "trainer.warm_start_preset",
-                "trainer.resume", "hydra")
+JOB_KEYS = ("data.until", "data.skip_days", "data.train_days", "data.eval_days", "data.holdout", "data.root",
+            "data.generator", "seed", "trainer.warm_start", "trainer.warm_start_preset", "trainer.resume", "hydra")
 
 
 def job_settings(cfg: DictConfig) -> Dict[str, Any]:
@@ -54,7 +55,7 @@ def changed_settings(cfg: DictConfig, parent: Mapping[str, Any], parent_dir: str
     parent_config = os.path.join(parent_dir, ".hydra", "config.yaml")
     if parent.get("experiment") != experiment or not os.path.isfile(parent_config):
         return changes
-    skip = PER_DAY_KEYS + (("optim.lr",) if cfg.carry_lr else ())
+    skip = JOB_KEYS + (("optim.lr",) if cfg.carry_lr else ())
     was = _flat(OmegaConf.to_container(OmegaConf.load(parent_config), resolve=True))
     now = _flat(OmegaConf.to_container(training, resolve=True))
     for key in sorted(set(was) | set(now)):

@@ -114,11 +114,15 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
         cfg_dict["trainer"]["branch_from"] = resolve_branch(cfg_dict)
     os.makedirs(run_dir, exist_ok=True)
     saved = os.path.join(run_dir, ".hydra", "config.yaml")  # what evaluation reads (Hydra writes it for the command)
-    if not os.path.isfile(saved):
-        from recsys_hdet.fileio import write_text_atomic
+    from recsys_hdet.fileio import write_text_atomic
 
-        os.makedirs(os.path.dirname(saved), exist_ok=True)
-        write_text_atomic(saved, OmegaConf.to_yaml(cfg))
+    os.makedirs(os.path.dirname(saved), exist_ok=True)
+    # Paths as the run resolved them, absolute: evaluating or exporting the run works from any directory.
+    record = OmegaConf.load(saved) if os.path.isfile(saved) else OmegaConf.create(OmegaConf.to_container(cfg))
+    record.data.root = root
+    if warm_start:
+        record.trainer.warm_start = warm_start
+    write_text_atomic(saved, OmegaConf.to_yaml(record))
     try:
         lock = run_dir_lock(run_dir)  # held (the open file) until the job ends: a second job refuses to start
     except RunDirInUse as e:

@@ -72,6 +72,8 @@ class RetrainConfig:
     seed: int = 0
     nothing_to_do_exit: int = 5
     allow_config_change: bool = False
+    run_dir: Optional[str] = None            # ``adopt``: the completed run to publish as version 1
+    export_on_publish: bool = False
 
     def __post_init__(self) -> None:
         if self.carry_lr_clamp is not None:

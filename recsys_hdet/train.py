@@ -9,13 +9,15 @@ diverged run exits with 3.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
-from typing import List
+from typing import List, Optional
 
 import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging: fbgemm logs each library it loads at INFO
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from recsys_hdet.config import CONF_DIR, ConfigError, compose_error, run_hydra_command
@@ -49,7 +51,10 @@ def _remove_hydra_leftovers(run_dir: str) -> None:
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> Optional[float]:
+    """Trains; returns the held-out NE, mean over tasks (what a Hydra sweeper minimizes: ``-m
+    hydra/sweeper=optuna``, docs/training.md). A run that did not complete exits with its status; in a
+    multirun it returns inf instead, so that the sweep goes on and the sweeper ranks it last."""
     from data_tools.errors import DataError
 
     from recsys_hdet.api import train
@@ -64,8 +69,17 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {e}", file=sys.stderr)
         _remove_hydra_leftovers(run_dir)
         sys.exit(ExitStatus.USAGE)
-    if result.exit_status:
-        sys.exit(result.exit_status)
+    ne = [m["ne"] for m in (result.summary or {}).get("eval", {}).values()]
+    scored = bool(ne) and all(x is not None and math.isfinite(x) for x in ne)
+    if hydra.core.hydra_config.HydraConfig.get().mode != RunMode.MULTIRUN:
+        if result.exit_status:
+            sys.exit(result.exit_status)
+        return sum(ne) / len(ne) if scored else None  # a run stopped early (trainer.stop_at_step) has no NE
+    if result.exit_status or not scored:
+        print(f"{run_dir}: exit status {result.exit_status}, held-out NE {ne or 'none'}: inf for the sweeper",
+              file=sys.stderr)
+        return float("inf")
+    return sum(ne) / len(ne)
 
 
 def _check_composition(overrides: List[str]) -> None:

@@ -39,7 +39,7 @@ from recsys_hdet.components.train_state import LoopState, ModelState, RNGState, 
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params, schedulefree_warmup
 from recsys_hdet.components.replicas import PeriodicEmbeddingAveraging, ReplicaAverager
 from recsys_hdet.components.rollback import Rollback, build_rollback
-from recsys_hdet.components.tensorboard import build_tensorboard
+from recsys_hdet.components.tensorboard import build_tensorboard, log_final
 from recsys_hdet.config import probe_rows
 from recsys_hdet.lr_control import LRControl, build_lr_control
 from recsys_hdet.distributed import ProcessGroups, shard_model
@@ -393,6 +393,7 @@ class Trainer:
         summary["code"] = code_version()  # the commit it trained at (an export's manifest names it)
         if self.rank == 0:
             write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
+            log_final(self.cfg, self.run_dir, self.rank, summary)  # held-out metrics and hparams (TensorBoard)
             print_summary(summary)
         # Only now: a job killed before summary.json was written resumes from them.
         ckpt.remove_all()

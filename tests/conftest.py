@@ -146,6 +146,15 @@ def expected_tensorboard_scalars(run_dir):
             for k, v in enumerate(r.get("train_losses") or []):
                 add(f"hdet/window_train_loss/replica{k}", r["step"], v)
             add("hdet/excluded_replicas", r["step"], len(r["excluded"]))
+    summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
+    if summary.get("eval"):  # a completed pass: the held-out metrics at its last step, and the HParams row
+        for task, m in summary["eval"].items():
+            for metric in ("ne", "auc", "logloss", "calibration"):
+                add(f"heldout/{metric}/{task}", summary["steps"], m[metric])
+            add(f"hparam/heldout_ne/{task}", summary["steps"], m["ne"])
+        mean = sum(m["ne"] for m in summary["eval"].values()) / len(summary["eval"])
+        add("heldout/ne/mean", summary["steps"], mean)
+        add("hparam/heldout_ne_mean", summary["steps"], mean)
     return out
 
 
@@ -158,6 +167,12 @@ def assert_tensorboard_matches_records(run_dir):
     assert expected, f"no records in {run_dir}"
     got = tensorboard_scalars(os.path.join(str(run_dir), "tensorboard"))
     assert set(got) == set(expected), (sorted(set(got) ^ set(expected)))
+    if "hparam/heldout_ne_mean" in expected:  # the HParams tab's row: the run's settings
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(os.path.join(str(run_dir), "tensorboard"))
+        acc.Reload()
+        assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams"), acc.PluginTagToContent("hparams")
     for tag, points in expected.items():
         assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
         assert [v for _, v in got[tag]] == pytest.approx([v for _, v in points], rel=1e-6, nan_ok=True), tag

@@ -339,3 +339,57 @@ def test_a_clean_evaluation_warns_nothing(tmp_path):
     proc = run_command([sys.executable, "-W", "error::UserWarning", "-c", code], timeout=300,
                        env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_the_report_names_its_commit_checkpoint_and_time(hdet_run):
+    text = (hdet_run / "report.html").read_text()
+    ev = read_json(hdet_run / "eval.json")
+    assert ev["checkpoint"] == str(hdet_run / "checkpoint") and ev["checkpoint_steps"] > 0 and ev["evaluated_at"]
+    assert f"commit <code>{read_json(hdet_run / 'summary.json')['code']}</code>" in text
+    assert f"checkpoint <code>{hdet_run / 'checkpoint'}</code> (step {ev['checkpoint_steps']:,})" in text
+    assert f"evaluated {ev['evaluated_at']}" in text
+
+
+def test_a_comparison_shows_each_task_s_paired_difference(hdet_run, tmp_path):
+    """A second 'run' with the first run's artifacts and its like predictions made worse: the comparison
+    reports like's NE difference with an interval above 0, and 0 difference on the untouched tasks."""
+    from recsys_hdet.evaluation.report import render_comparison
+    from recsys_hdet.evaluation.run_artifacts import RunArtifacts
+    from recsys_hdet.evaluation.task_metrics import paired_ne_difference
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("summary.json", "eval.json", "metrics.jsonl"):
+        shutil.copy(hdet_run / name, other / name)
+    df = pl.read_parquet(hdet_run / "predictions.parquet")
+    worse = df.with_columns((pl.col("pred_like") * 0.5 + 0.25).alias("pred_like"))
+    worse.write_parquet(other / "predictions.parquet")
+    page = render_comparison([RunArtifacts(str(hdet_run), "a"), RunArtifacts(str(other), "b")])
+    d = paired_ne_difference(df["label_like"].to_numpy(), worse["pred_like"].to_numpy(), df["pred_like"].to_numpy())
+    assert d["low"] > 0
+    assert "Differences against a" in page and f"{d['diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]" in page
+    assert "+0.0000 [+0.0000, +0.0000]" in page  # contribution and long_dwell: the same predictions
+
+
+def test_every_explored_hyperparameter_panel_has_a_legend(monkeypatch):
+    from types import SimpleNamespace
+
+    from recsys_hdet.evaluation import report_figures
+
+    figures = []
+    monkeypatch.setattr(report_figures, "_figure", lambda fig, caption: figures.append(fig) or "fig")
+    records = [{"step": s, "hparams": {name: {"base": 0.01, "values": [0.008, 0.0125]} for name in
+                                       ("lr/embedding", "lr/transformer", "dropout", "weight_decay", "temperature")}}
+               for s in (5, 10, 15)]
+    assert report_figures.fig_hparams(SimpleNamespace(hdet=records, metrics=[])) == "fig"
+    panels = [ax for ax in figures[0].axes if ax.get_visible()]
+    assert len(panels) == 10 and all(ax.get_legend() is not None for ax in panels)
+
+
+def test_a_run_saves_its_data_root_absolute(hdet_run, tiny_dataset):
+    """Evaluating or exporting a run works from any directory: its saved config names the data set as it
+    resolved it, not relative to where it was started (nor through an environment variable)."""
+    from omegaconf import OmegaConf
+
+    root = OmegaConf.load(hdet_run / ".hydra" / "config.yaml").data.root
+    assert os.path.isabs(root) and "${" not in root and os.path.samefile(root, tiny_dataset)

@@ -243,11 +243,14 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
         Registry(str(tmp_path / "reg2")).version_dir("v0001") + "/train.log").read(), out
 
     # Day 2: published (v0002, warm start, carried LRs: carry_lr is off by default); reg2 is killed
-    # mid-publish, then finished.
+    # mid-publish, then finished. Switching carry_lr on is a changed setting: refused unless allowed.
     (day4,) = append_synthetic_days(data, 1)
     code, out = _finish(_job(tmp_path, "reg", data, "carry_lr=true"))
+    assert code == ExitStatus.USAGE and "carry_lr: False -> True" in out, out
+    code, out = _finish(_job(tmp_path, "reg", data, "carry_lr=true", "allow_config_change=true"))
     assert code == ExitStatus.OK, out
-    code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true", env={R.FAULT_ENV: "kill_before_current"}))
+    code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true", "allow_config_change=true",
+                             env={R.FAULT_ENV: "kill_before_current"}))
     assert code == -signal.SIGKILL, out
     assert Registry(str(tmp_path / "reg2")).current() == "v0001"  # never pointed at an incomplete version
     code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true"))
@@ -257,9 +260,9 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     (day5,) = append_synthetic_days(data, 1)
     shuffle_labels(data, day5)
     for reg in ("reg", "reg2"):
-        code, out = _finish(_job(tmp_path, reg, data))
+        code, out = _finish(_job(tmp_path, reg, data, "carry_lr=true"))
         assert code == ExitStatus.REJECTED and "REJECTED" in out, out
-    code, out = _finish(_job(tmp_path, "reg", data))
+    code, out = _finish(_job(tmp_path, "reg", data, "carry_lr=true"))
     assert code == ExitStatus.NOTHING_TO_DO and "nothing to do" in out, out
 
     lineage, current = _lineage(tmp_path / "reg")

@@ -102,45 +102,79 @@ def test_the_artifact_loads_and_runs_with_torch_alone(hdet_run, exported, tmp_pa
         assert np.abs(probs[:, i] - trained[f"pred_{t}"].to_numpy()).max() < 1e-5
 
 
-def test_ids_past_the_tables_are_scored_as_out_of_vocabulary_and_counted(hdet_run, exported, tmp_path, data_cache, tiny_dataset):
+def test_ids_past_the_tables_are_scored_as_out_of_vocabulary_and_counted(hdet_run, exported, tmp_path, tiny_dataset):
+    from recsys_hdet.serving.predict import predict
+
     day, root = _held_out_day(hdet_run), tiny_dataset
     manifest = json.loads((exported / "manifest.json").read_text())
     rows = manifest["tables"]["user_id"]
     df = pl.read_parquet(os.path.join(root, f"day={day}.parquet")).head(50)
-    unseen = df.with_columns(pl.when(pl.int_range(pl.len()) < 7).then(rows + 3).otherwise(pl.col("user_id"))
-                             .alias("user_id"))
-    as_oov = df.with_columns(pl.when(pl.int_range(pl.len()) < 7).then(1).otherwise(pl.col("user_id")).alias("user_id"))
-    unseen.write_parquet(tmp_path / "unseen.parquet")
-    as_oov.write_parquet(tmp_path / "oov.parquet")
-    for name in ("unseen", "oov"):
-        proc = _cli("recsys_hdet.predict", f"model_dir={exported}", f"input={tmp_path / name}.parquet",
-                    f"out={tmp_path / name}_scores.parquet", data_cache=data_cache)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "user_id 7 rows" in _cli("recsys_hdet.predict", f"model_dir={exported}", f"input={tmp_path}/unseen.parquet",
-                                    f"out={tmp_path}/again.parquet", data_cache=data_cache).stdout
-    a, b = pl.read_parquet(tmp_path / "unseen_scores.parquet"), pl.read_parquet(tmp_path / "oov_scores.parquet")
+    first7 = pl.int_range(pl.len()) < 7
+    df.with_columns(pl.when(first7).then(rows + 3).otherwise(pl.col("user_id")).alias("user_id")) \
+        .write_parquet(tmp_path / "unseen.parquet")
+    df.with_columns(pl.when(first7).then(1).otherwise(pl.col("user_id")).alias("user_id")).write_parquet(tmp_path / "oov.parquet")
+    said = []
+    unseen = predict(str(exported), str(tmp_path / "unseen.parquet"), str(tmp_path / "a.parquet"), say=said.append)
+    oov = predict(str(exported), str(tmp_path / "oov.parquet"), str(tmp_path / "b.parquet"), say=said.append)
+    assert unseen["unknown_ids"]["user_id"] == 7 and oov["unknown_ids"]["user_id"] == 0
+    assert sum(unseen["unknown_ids"].values()) == 7 and "user_id 7 rows" in said[1]
+    a, b = pl.read_parquet(tmp_path / "a.parquet"), pl.read_parquet(tmp_path / "b.parquet")
     for t in TASKS:
         assert (a[f"pred_{t}"] == b[f"pred_{t}"]).all()
 
 
-@pytest.mark.parametrize("damage, named", [
+def test_a_raw_log_is_scored_as_its_processed_rows_are(hdet_run, exported, tmp_path, tiny_dataset):
+    """A raw KuaiRand-schema log of the held-out day, converted through the model's vocabularies, scores
+    each impression as the processed day file does (joined on the raw ids and time)."""
+    from recsys_hdet.serving.predict import predict
+
+    day = _held_out_day(hdet_run)
+    raw = tiny_dataset + ".raw"
+    lines = open(os.path.join(raw, "log_synthetic.csv")).read().splitlines(keepends=True)
+    date = lines[0].rstrip("\n").split(",").index("date")
+    (tmp_path / "log.csv").write_text("".join([lines[0], *[x for x in lines[1:] if x.split(",")[date] == day][:2000]]))
+    got = predict(str(exported), str(tmp_path / "log.csv"), str(tmp_path / "raw.parquet"),
+                  users=os.path.join(raw, "user_features_synthetic.csv"),
+                  videos=os.path.join(raw, "video_features_basic_synthetic.csv"), say=lambda line: None)
+    predict(str(exported), os.path.join(tiny_dataset, f"day={day}.parquet"), str(tmp_path / "day.parquet"),
+            say=lambda line: None)
+    a = pl.read_parquet(tmp_path / "raw.parquet")
+    joined = a.join(pl.read_parquet(tmp_path / "day.parquet"), on=["user_id_raw", "video_id_raw", "time_ms"], suffix="_day")
+    assert got["rows"] == a.height == joined.height == 2000
+    for t in TASKS:
+        assert np.abs(joined[f"pred_{t}"].to_numpy() - joined[f"pred_{t}_day"].to_numpy()).max() < 1e-6
+
+
+DAMAGE = [
     (lambda df: df.drop("log_register_days"), "column 'log_register_days': required column missing"),
     (lambda df: df.with_columns(pl.when(pl.int_range(pl.len()) == 4).then(-2).otherwise(pl.col("video_id"))
                                 .alias("video_id")), "row 4: column 'video_id': a negative id"),
     (lambda df: df.with_columns(pl.when(pl.int_range(pl.len()) == 9).then(float("nan")).otherwise(pl.col("aspect_ratio"))
                                 .cast(pl.Float32).alias("aspect_ratio")), "row 9: column 'aspect_ratio': NaN or inf"),
     (lambda df: df.with_columns(pl.col("user_id").cast(pl.Float64)), "column 'user_id': dtype Float64"),
-])
-def test_bad_input_exits_2_naming_the_file_row_and_column(hdet_run, exported, tmp_path, data_cache, tiny_dataset, damage, named):
-    day, root = _held_out_day(hdet_run), tiny_dataset
+]
+
+
+@pytest.mark.parametrize("damage, named", DAMAGE)
+def test_bad_input_is_refused_naming_the_file_row_and_column(hdet_run, exported, tmp_path, tiny_dataset, damage, named):
+    from recsys_hdet.serving.predict import PredictError, predict
+
     bad = tmp_path / "bad.parquet"
-    damage(pl.read_parquet(os.path.join(root, f"day={day}.parquet")).head(20)).write_parquet(bad)
+    damage(pl.read_parquet(os.path.join(tiny_dataset, f"day={_held_out_day(hdet_run)}.parquet")).head(20)).write_parquet(bad)
+    with pytest.raises(PredictError) as e:
+        predict(str(exported), str(bad), str(tmp_path / "scores.parquet"))
+    assert str(bad) in str(e.value) and named in str(e.value), str(e.value)
+    assert os.listdir(tmp_path) == ["bad.parquet"]  # no scores, no scratch left
+
+
+def test_the_command_exits_2_on_bad_input(hdet_run, exported, tmp_path, data_cache, tiny_dataset):
+    bad = tmp_path / "bad.parquet"
+    DAMAGE[1][0](pl.read_parquet(os.path.join(tiny_dataset, f"day={_held_out_day(hdet_run)}.parquet")).head(20)) \
+        .write_parquet(bad)
     out = tmp_path / "scores.parquet"
     proc = _cli("recsys_hdet.predict", f"model_dir={exported}", f"input={bad}", f"out={out}", data_cache=data_cache)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert str(bad) in proc.stderr and named in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and not out.exists()
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".predict-")]
+    assert proc.returncode == 2 and DAMAGE[1][1] in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not out.exists()
 
 
 def test_export_refuses_what_it_cannot_export(hdet_run, exported, tmp_path, data_cache, tiny_dataset):

@@ -75,6 +75,8 @@ def test_tensorboard_scalars_are_the_metrics_records(two_proc_run):
     run_dir, _ = two_proc_run
     series = assert_tensorboard_matches_records(run_dir)
     assert {"loss/like", "loss/avg", "lr/embedding", "throughput/examples_per_s"} <= set(series)
+    # After the pass: the held-out metrics and the HParams row (the matching above checks their values).
+    assert {"heldout/ne/like", "heldout/auc/long_dwell", "heldout/ne/mean", "hparam/heldout_ne_mean"} <= set(series)
 
 
 def test_lr_follows_one_cycle_per_group(two_proc_run):

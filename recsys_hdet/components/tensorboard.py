@@ -43,12 +43,17 @@ Limits:
 - Non-finite numbers are written as they are (TensorBoard shows NaN and inf); ``null`` entries
   of ``hdet.jsonl`` (a replica excluded at a sync) are left out.
 - Only scalars: no histograms, graphs or profiles (``trainer.profile`` writes ``profile.txt``).
+
+After a completed pass (:func:`log_final`): the held-out metrics as ``heldout/<metric>/<task>``
+(``ne``, ``auc``, ``logloss``, ``calibration``; ``heldout/ne/mean`` over the tasks) at the last step,
+and the run's hyperparameters (:func:`run_hparams`) with its held-out NE in TensorBoard's HParams tab
+(``add_hparams``: one row per run when ``--logdir`` holds several; metric tags ``hparam/...``).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from omegaconf import DictConfig
 
@@ -128,6 +133,52 @@ class TensorBoardWriter(NullTensorBoard):
         self._writer.close()
 
 
+HELD_OUT_METRICS = ("ne", "auc", "logloss", "calibration")
+
+
+def run_hparams(cfg: DictConfig) -> Dict[str, Any]:
+    """The run's scalar settings for the HParams tab: every leaf of ``optim``, ``model`` and ``hdet``,
+    and the experiment, seed, data set, batch size and layout (lists and nulls as text)."""
+    from omegaconf import OmegaConf
+
+    out: Dict[str, Any] = {"experiment": str(cfg.experiment_name), "seed": int(cfg.seed), "data": str(cfg.data.name),
+                           "data.batch_size": int(cfg.data.batch_size), "trainer.nproc": int(cfg.trainer.nproc),
+                           "trainer.sharding_group_size": int(cfg.trainer.sharding_group_size)}
+
+    def leaves(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                leaves(v, f"{prefix}.{k}")
+        else:
+            out[prefix] = node if isinstance(node, (bool, int, float, str)) else str(node)
+
+    for section in ("optim", "model", "hdet"):
+        leaves(OmegaConf.to_container(cfg[section], resolve=True), section)
+    return out
+
+
+def log_final(cfg: DictConfig, run_dir: str, rank: int, summary: Mapping[str, Any]) -> None:
+    """The held-out metrics and the HParams row of a completed run (see the module); nothing on other
+    ranks, with ``trainer.tensorboard: false``, or without held-out metrics."""
+    evaluation = summary.get("eval") or {}
+    if rank != 0 or not bool(cfg.trainer.get("tensorboard", True)) or not evaluation:
+        return
+    from torch.utils.tensorboard import SummaryWriter
+
+    step = int(summary["steps"])
+    ne = {t: m.get("ne") for t, m in evaluation.items()}
+    mean = sum(ne.values()) / len(ne) if all(_number(v) is not None for v in ne.values()) else None
+    with SummaryWriter(log_dir=os.path.join(run_dir, SUBDIR)) as writer:
+        for task, m in evaluation.items():
+            for metric in HELD_OUT_METRICS:
+                if _number(m.get(metric)) is not None:
+                    writer.add_scalar(f"heldout/{metric}/{task}", float(m[metric]), global_step=step)
+        if mean is not None:
+            writer.add_scalar("heldout/ne/mean", mean, global_step=step)
+            metrics = {"hparam/heldout_ne_mean": mean, **{f"hparam/heldout_ne/{t}": float(v) for t, v in ne.items()}}
+            writer.add_hparams(run_hparams(cfg), metrics, run_name=".", global_step=step)
+
+
 def build_tensorboard(cfg: DictConfig, run_dir: str, rank: int, start_step: int = 0) -> NullTensorBoard:
     """The run's TensorBoard writer: a :class:`TensorBoardWriter` into ``<run_dir>/tensorboard/`` on
     rank 0 when ``trainer.tensorboard`` is true (the default), else a :class:`NullTensorBoard`.
@@ -138,4 +189,4 @@ def build_tensorboard(cfg: DictConfig, run_dir: str, rank: int, start_step: int 
     return TensorBoardWriter(os.path.join(run_dir, SUBDIR), int(start_step))
 
 
-__all__ = ["SUBDIR", "NullTensorBoard", "TensorBoardWriter", "build_tensorboard"]
+__all__ = ["SUBDIR", "NullTensorBoard", "TensorBoardWriter", "build_tensorboard", "log_final", "run_hparams"]

@@ -49,7 +49,13 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
     print(f"{run.run_dir}: scoring days {run.eval_days} with {nproc} worker(s)", flush=True)
     probs = score_run(run, batch_size=batch_size, nproc=nproc)
     df = predictions_frame(run, probs)
+    import datetime as dt
+
+    with open(os.path.join(run.checkpoint, "meta.json")) as f:
+        steps = json.load(f).get("steps")
     result = {"run_dir": run.run_dir, "days": run.eval_days, "experiment": run.summary.get("experiment"),
+              "checkpoint": run.checkpoint, "checkpoint_steps": steps, "commit": run.summary.get("code"),
+              "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               **evaluate_frame(df, list(run.cfg.tasks))}
     # All three are written to temporary names first and renamed together at the end, so a
     # failure (e.g. in rendering) leaves the run directory as it was.
@@ -79,6 +85,7 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
     else:
         print(f"  random exposure slice absent: {rnd['reason']}")
     print(f"  wrote eval.json, predictions.parquet, report.html in {run.run_dir}", flush=True)
+    print(f"report: {report_path}", flush=True)
     return result
 
 

@@ -128,6 +128,55 @@ def random_exposure_table(runs: Sequence[RunArtifacts]) -> str:
     return "".join(parts)
 
 
+def provenance(runs: Sequence[RunArtifacts]) -> str:
+    """Where each run's numbers come from: the commit it trained at, the checkpoint scored (its step),
+    when it was evaluated."""
+    lines = []
+    for r in runs:
+        ev = r.evaluation
+        lines.append(f"{html.escape(r.label) + ': ' if len(runs) > 1 else ''}commit <code>{html.escape(str(r.summary.get('code', 'not recorded')))}</code>"
+                     f" · checkpoint <code>{html.escape(str(ev.get('checkpoint', '–')))}</code> (step "
+                     f"{_num(ev.get('checkpoint_steps'))}) · evaluated {html.escape(str(ev.get('evaluated_at', '–')))}")
+    return "<p class='note'>" + "<br>".join(lines) + "</p>"
+
+
+def paired_table(runs: Sequence[RunArtifacts]) -> str:
+    """Each later run's NE minus the first run's, per task, with the paired 95% interval over the
+    held-out rows both scored (:func:`~recsys_hdet.evaluation.task_metrics.paired_ne_difference`): a
+    difference whose interval holds 0 is within the rows' noise."""
+    import os
+
+    import polars as pl
+
+    from recsys_hdet.evaluation.task_metrics import paired_ne_difference
+
+    def frame(r: RunArtifacts) -> Optional[pl.DataFrame]:
+        path = os.path.join(r.run_dir, "predictions.parquet")
+        return pl.read_parquet(path) if os.path.isfile(path) else None
+
+    base, base_frame = runs[0], frame(runs[0])
+    tasks = base.tasks
+    rows = []
+    for r in runs[1:]:
+        other = frame(r)
+        same = (base_frame is not None and other is not None and other.height == base_frame.height
+                and all((other[c] == base_frame[c]).all() for c in ("user_id_raw", "video_id_raw", "time_ms")
+                        if c in other.columns and c in base_frame.columns))
+        cells = []
+        for t in tasks:
+            if not same:
+                cells.append("–")
+                continue
+            d = paired_ne_difference(base_frame[f"label_{t}"].to_numpy(), other[f"pred_{t}"].to_numpy(),
+                                     base_frame[f"pred_{t}"].to_numpy())
+            cells.append(f"{d['diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]")
+        rows.append(f"<tr><td>{html.escape(r.label)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "<tr><th>run</th>" + "".join(f"<th>{t}: NE − {html.escape(base.label)}'s [95% interval]</th>" for t in tasks)
+    note = ("<p class='note'>Paired over the held-out rows both runs scored (the interval treats rows as independent); "
+            "'–': the runs scored different rows.</p>")
+    return note + f"<table>{head}</tr>{''.join(rows)}</table>"
+
+
 def runs_table(runs: Sequence[RunArtifacts]) -> str:
     head = ("<tr><th>run</th><th>status</th><th>steps</th><th>examples</th><th>train loss (avg)</th>"
             "<th>examples/s</th><th>wall s</th><th>peak RSS MB</th><th>evaluated days</th><th>directory</th></tr>")
@@ -208,7 +257,7 @@ def _section(heading: str, *parts: Optional[str]) -> List[str]:
 
 
 def render_run(run: RunArtifacts) -> str:
-    body = [f"<h1>Offline evaluation: {html.escape(run.label)}</h1>",
+    body = [f"<h1>Offline evaluation: {html.escape(run.label)}</h1>", provenance([run]),
             "<h2>Run</h2>", runs_table([run]),
             "<h2>Held-out metrics</h2>", metrics_note([run]), metrics_table([run]),
             "<h2>Random exposure (unbiased estimate)</h2>", RANDOM_EXPOSURE_NOTE, random_exposure_table([run])]
@@ -225,9 +274,10 @@ def render_run(run: RunArtifacts) -> str:
 
 
 def render_comparison(runs: Sequence[RunArtifacts]) -> str:
-    body = [f"<h1>Offline evaluation: {len(runs)} runs compared</h1>",
+    body = [f"<h1>Offline evaluation: {len(runs)} runs compared</h1>", provenance(runs),
             "<h2>Runs</h2>", runs_table(runs),
             "<h2>Held-out metrics</h2>", metrics_note(runs), metrics_table(runs),
+            f"<h2>Differences against {html.escape(runs[0].label)}</h2>", paired_table(runs),
             "<h2>Random exposure (unbiased estimate)</h2>", RANDOM_EXPOSURE_NOTE, random_exposure_table(runs)]
     body += _section("Training loss", fig_train_loss(runs))
     body += _section("Base learning rates", fig_base_lrs(runs))

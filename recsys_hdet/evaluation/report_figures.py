@@ -120,12 +120,15 @@ def fig_hparams(run: RunArtifacts) -> Optional[str]:
             cmap = plt.get_cmap("viridis", max(n, 2))
             ratio = name.startswith("lr/") or name in ("weight_decay", "temperature")
             for k in range(n):
-                top.plot(steps, [s["values"][k] for s in series], lw=0.9, alpha=0.8, color=cmap(k))
+                label = f"replica {k}" if n <= 8 else ("replicas" if k == 0 else None)
+                top.plot(steps, [s["values"][k] for s in series], lw=0.9, alpha=0.8, color=cmap(k), label=label)
                 rel = [(s["values"][k] / s["base"] if s["base"] else float("nan")) if ratio else s["values"][k] - s["base"]
                        for s in series]
-                bottom.plot(steps, rel, lw=0.9, drawstyle="steps-pre", color=cmap(k), label=f"replica {k}" if i == 0 else None)
+                bottom.plot(steps, rel, lw=0.9, drawstyle="steps-pre", color=cmap(k), label=label)
             top.plot(steps, [s["base"] for s in series], color="black", lw=2.2, label="base")
-            bottom.axhline(1.0 if ratio else 0.0, color="black", lw=1.5)
+            bottom.axhline(1.0 if ratio else 0.0, color="black", lw=1.5, label="base")
+            top.legend(fontsize=6, ncol=2, loc="best", framealpha=0.6)  # every panel: which line is what
+            bottom.legend(fontsize=6, ncol=2, loc="best", framealpha=0.6)
             top.set_title(name, fontsize=10)
             if ratio and all(s["base"] > 0 for s in series):
                 top.set_yscale("log")
@@ -133,9 +136,6 @@ def fig_hparams(run: RunArtifacts) -> Optional[str]:
             bottom.set_xlabel("step")
             top.grid(alpha=0.3)
             bottom.grid(alpha=0.3)
-        axes[0][0].legend(fontsize=8)
-        if n <= 8:
-            axes[1][0].legend(fontsize=6, ncol=2, loc="upper right", framealpha=0.6)
         return _figure(fig, "Explored hyperparameters per replica: top, each replica's value in its window (thin) "
                             "and the shared base (bold) at each sync; bottom, each replica relative to the base")
     if run.metrics and run.metrics[0].get("lr"):
