@@ -92,6 +92,22 @@ def worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
         dist.destroy_process_group()
 
 
+def _record_config(cfg: DictConfig, run_dir: str, root: str, warm_start: Optional[str]) -> None:
+    """Writes ``run_dir/.hydra/config.yaml`` (what evaluation, export and resume read) with the paths as
+    the run resolved them, absolute, so that the run can be evaluated or exported from any directory.
+    Built from ``cfg``, never read back: under torchrun only rank 0 writes it (cli() keeps the other
+    ranks' Hydra from writing ``.hydra/``), and a file another process may be writing is no input."""
+    from recsys_hdet.fileio import write_text_atomic
+
+    saved = os.path.join(run_dir, ".hydra", "config.yaml")
+    os.makedirs(os.path.dirname(saved), exist_ok=True)
+    record = OmegaConf.create(OmegaConf.to_container(cfg))
+    record.data.root = root
+    if warm_start:
+        record.trainer.warm_start = warm_start
+    write_text_atomic(saved, OmegaConf.to_yaml(record))
+
+
 def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -> TrainResult:
     """Trains ``cfg`` (a composed config) into ``run_dir``. Raises ConfigError or DataError (from
     data_tools.errors) for bad config or data before anything is written; every other outcome is a
@@ -113,16 +129,8 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
     if cfg_dict["trainer"].get("branch_from"):
         cfg_dict["trainer"]["branch_from"] = resolve_branch(cfg_dict)
     os.makedirs(run_dir, exist_ok=True)
-    saved = os.path.join(run_dir, ".hydra", "config.yaml")  # what evaluation reads (Hydra writes it for the command)
-    from recsys_hdet.fileio import write_text_atomic
-
-    os.makedirs(os.path.dirname(saved), exist_ok=True)
-    # Paths as the run resolved them, absolute: evaluating or exporting the run works from any directory.
-    record = OmegaConf.load(saved) if os.path.isfile(saved) else OmegaConf.create(OmegaConf.to_container(cfg))
-    record.data.root = root
-    if warm_start:
-        record.trainer.warm_start = warm_start
-    write_text_atomic(saved, OmegaConf.to_yaml(record))
+    if not under_torchrun() or os.environ.get("RANK") == "0":
+        _record_config(cfg, run_dir, root, warm_start)
     try:
         lock = run_dir_lock(run_dir)  # held (the open file) until the job ends: a second job refuses to start
     except RunDirInUse as e:

@@ -138,6 +138,11 @@ def cli() -> None:
     overrides = sys.argv[1:]
     if not any(a.startswith("-") for a in overrides):
         _check_composition(overrides)
+    if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+        # Under torchrun every rank runs this command into one run directory: Hydra's .hydra/ and the
+        # run's config record are rank 0's alone (written by two processes at once, a reader saw an
+        # empty file: tests/test_resume.py::test_torchrun_max_restarts_resumes_and_completes).
+        sys.argv.append("hydra.output_subdir=null")
     run_hydra_command(main, lambda: _config_composed, usage)
 
 
