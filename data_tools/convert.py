@@ -1,9 +1,13 @@
 """Convert raw KuaiRand-schema CSVs into a processed data set (see DATA_CONTRACT.md).
 
-Streaming / lazy polars: the raw log is scanned (never loaded whole), joined with the user and
-video feature tables, and written with one ``sink_parquet`` per date, sorted by ``time_ms``.
-Everything is written into a temp directory next to ``out`` and renamed into place at the end,
-so a failure leaves no half-written output.
+Bounded memory: the raw log is scanned in streaming passes (never loaded whole): validated, copied
+once into a typed Parquet file, counted into the id vocabularies; then each date is joined with the
+user and video feature tables and written sorted by ``time_ms`` (ties in log order), a day longer
+than ``--chunk-rows`` a time range at a time. Peak memory follows the vocabulary sizes and the chunk
+size, not the log's rows (benchmarks/scaling.py measures it). Everything is written into a stage
+directory next to ``out`` (``.<out>.partial``) and renamed into place at the end, so a failure
+leaves no half-written output; a conversion killed half way resumes after its last finished day
+when run again on the same inputs.
 
 Feature encoding:
 - integer ids (user_id, video_id, author_id, music_id, tab, tag ids) go through an exact
@@ -35,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import fcntl
+import glob
 import json
 import os
 import shutil
@@ -42,6 +48,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import polars as pl
 
 from data_tools import schema as S
@@ -51,6 +58,13 @@ from data_tools.errors import DataError, data_error
 from recsys_hdet.fileio import file_lock
 from data_tools.validate import (_load_meta, parse_date_expr, parse_expr, scan_raw_csv,
                                  tag_list_expr, validate_day_file, validate_processed, validate_raw)
+
+# A processed row's place in the raw log (files in order, then lines): a day is sorted by time_ms with ties
+# in log order, whether sorted whole or a time range at a time.
+LOG_ORDER = "_log_row"
+# Rows a day is sorted in at once: a longer day is sorted a time range at a time (memory ~ these rows).
+DEFAULT_CHUNK_ROWS = 1_000_000
+
 
 def resolve_min_count(min_count: dict | None) -> dict:
     """Per id feature, the impressions an id needs for a row of its own (default 1: every id)."""
@@ -114,7 +128,8 @@ def _log1p_count(col: str) -> pl.Expr:
 def convert(log, users: str, videos: str, out: str, min_count: dict | None = None, *,
             overwrite: bool = False, source: dict | None = None, verbose: bool = False,
             max_unmatched_fraction: float = 0.01, max_conflicting_duplicates: int = 0,
-            extend_vocab: str | None = None, string_vocabs: dict | None = None) -> dict:
+            extend_vocab: str | None = None, string_vocabs: dict | None = None,
+            chunk_rows: int = DEFAULT_CHUNK_ROWS) -> dict:
     """Convert raw CSVs (``log``: a glob, path or list) into the processed directory ``out``.
 
     Returns the written meta dict. Raises DataError (naming file and column) on bad input;
@@ -125,11 +140,19 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
     ``extend_vocab``: an earlier processed data set whose id vocabularies are kept and extended, and its
     string categoricals' codes (``source.string_vocabs``) with them; ``string_vocabs``: those codes given
     directly (an exported model's manifest), so that every known value keeps its code.
+
+    Memory: the log is read in streaming passes (validation, the typed copy, the vocabularies' counts)
+    and a day is sorted ``chunk_rows`` rows at a time, so peak memory follows the vocabulary sizes and
+    ``chunk_rows``, not the number of rows. A conversion that is killed or fails other than on bad input
+    keeps its stage directory ``.<out>.partial`` next to ``out``: run again with the same inputs, it
+    goes on after the last finished day (different inputs start afresh).
     """
     t0 = time.time()
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out) and not overwrite:
         raise data_error(out, None, "output directory already exists (pass overwrite=True / --overwrite)")
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise DataError(f"chunk_rows: must be an int >= 1, got {chunk_rows!r}")
     counts = resolve_min_count(min_count)
     base = _base_vocabs(extend_vocab)
     if string_vocabs is None and extend_vocab is not None and os.path.isfile(os.path.join(extend_vocab, "meta.json")):
@@ -142,10 +165,28 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
         source["extended_vocab_of"] = os.path.abspath(extend_vocab)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    tmp = os.path.join(parent, f".{os.path.basename(out)}.partial")
+    os.makedirs(tmp, mode=0o755, exist_ok=True)
+    stage_lock = os.open(tmp, os.O_RDONLY)
     try:
-        os.chmod(tmp, 0o755)
-        meta = _convert_into(tmp, files, users, videos, counts, base, info, source, string_vocabs)
+        fcntl.flock(stage_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(stage_lock)
+        raise data_error(out, None, f"another conversion into it is running (its stage {tmp} is locked)") from None
+    # what the staged files depend on: the inputs as they are now, and every option that changes the output
+    key = {"inputs": [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files + [users, videos]],
+           "min_count": counts, "extend_vocab": os.path.abspath(extend_vocab) if extend_vocab else None,
+           "string_vocabs": string_vocabs, "source": source}
+    progress = _Progress(tmp, key)
+    try:
+        if not progress.tables:  # nothing to resume: whatever an earlier conversion left goes
+            for name in os.listdir(tmp):
+                shutil.rmtree(os.path.join(tmp, name)) if os.path.isdir(os.path.join(tmp, name)) \
+                    else os.remove(os.path.join(tmp, name))
+        elif verbose:
+            print(f"resuming the conversion staged in {tmp}: {len(progress.days)} of {len(info['dates'])} days done")
+        meta = _convert_into(tmp, files, users, videos, counts, base, info, source, string_vocabs,
+                             chunk_rows=chunk_rows, progress=progress)
         validate_processed(tmp)
         if os.path.exists(out):
             trash = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
@@ -154,9 +195,11 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except DataError:
+        shutil.rmtree(tmp, ignore_errors=True)  # bad input: nothing worth resuming
         raise
+    finally:
+        os.close(stage_lock)
     if verbose:
         rows = sum(d["rows"] for d in meta["days"].values())
         rand = sum(d["random_exposure_rows"] for d in meta["days"].values())
@@ -207,7 +250,70 @@ def check_joins(files, users: str, videos: str, max_unmatched_fraction: float,
     return counts
 
 
-def _convert_into(tmp, files, users, videos, min_count, base, info, source, string_base=None) -> dict:
+class _Progress:
+    """What a conversion has written into its stage directory so far, in ``_progress.json``: the typed
+    tables with the id vocabularies (``tables``, ``ids``) and each finished day's entry for meta.json
+    (``days``). A conversion killed half way is resumed from it when it runs again on the same inputs
+    (``key``); a different key starts afresh. Day files are written whole before they are recorded."""
+
+    FILE = "_progress.json"
+
+    def __init__(self, stage: str, key: dict) -> None:
+        self.path = os.path.join(stage, self.FILE)
+        self.key = key
+        saved = {}
+        if os.path.isfile(self.path):
+            with open(self.path) as f:
+                saved = json.load(f)
+        fresh = saved.get("key") != key
+        self.tables: bool = False if fresh else bool(saved.get("tables"))
+        self.ids: dict = {} if fresh else saved.get("ids") or {}
+        self.days: dict = {} if fresh else saved.get("days") or {}
+
+    def _save(self) -> None:
+        from recsys_hdet.fileio import write_text_atomic
+
+        write_text_atomic(self.path, json.dumps({"key": self.key, "tables": self.tables, "ids": self.ids,
+                                                 "days": self.days}))
+
+    def tables_written(self, ids: dict) -> None:
+        self.tables, self.ids = True, ids
+        self._save()
+
+    def day_done(self, day: str, entry: dict) -> None:
+        self.days[day] = entry
+        self._save()
+
+    def remove(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def _time_ranges(lpath: str, date: int, chunk_rows: int, bins: int = 1 << 16) -> list[tuple[int, int]]:
+    """Half-open time_ms ranges that cut the day ``date`` of the typed log into consecutive pieces of
+    about ``chunk_rows`` rows: the day's time span in ``bins`` equal bins, counted (a streaming
+    aggregation: memory ~ bins), then consecutive bins joined while they fit. A piece may exceed
+    ``chunk_rows`` by at most one bin's rows (rows with one time_ms are never split)."""
+    day = pl.scan_parquet(lpath).filter(pl.col("date") == date).select("time_ms")
+    lo, hi = day.select(pl.col("time_ms").min().alias("lo"), pl.col("time_ms").max().alias("hi")) \
+        .collect(engine="streaming").row(0)
+    width = max(1, -(-(hi - lo + 1) // bins))
+    counts = day.group_by(((pl.col("time_ms") - lo) // width).alias("bin")).agg(pl.len().alias("n")) \
+        .collect(engine="streaming").sort("bin")
+    ranges, start, rows = [], lo, 0
+    for b, n in counts.iter_rows():
+        end = lo + b * width
+        if rows and rows + n > chunk_rows:
+            ranges.append((start, end))
+            start, rows = end, 0
+        rows += n
+    ranges.append((start, hi + 1))
+    return ranges
+
+
+def _convert_into(tmp, files, users, videos, min_count, base, info, source, string_base=None, *,
+                  chunk_rows: int = DEFAULT_CHUNK_ROWS, progress: _Progress | None = None) -> dict:
+    progress = progress or _Progress(tmp, {})
     has_oracle = info["has_oracle"]
     # ---- user table: categoricals encoded, dense values raw (null where missing)
     ulf = scan_raw_csv(users)
@@ -222,7 +328,8 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
         *user_dense,
     ).unique(subset="user_id", keep="first", maintain_order=True)
     upath = os.path.join(tmp, "_users.parquet")
-    uq.sink_parquet(upath)
+    if not progress.tables:
+        uq.sink_parquet(upath)
     # ---- video table (raw author, music and tag ids; they are encoded after the vocabularies)
     vlf = scan_raw_csv(videos)
     v_str = ("video_type", "upload_type")
@@ -241,7 +348,8 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
         parse_date_expr("upload_dt").alias("_upload_date"),
     ).unique(subset="video_id", keep="first", maintain_order=True)
     vpath = os.path.join(tmp, "_videos.parquet")
-    vq.sink_parquet(vpath)
+    if not progress.tables:
+        vq.sink_parquet(vpath)
     # ---- log: one typed pass into a temp parquet, then one sink per date
     oracle_cols = list(S.ORACLE_COLUMNS) if has_oracle else []
     parts = []
@@ -257,7 +365,8 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             *[parse_expr(c, pl.Float64).cast(pl.Float32).alias(c) for c in oracle_cols],
         ))
     lpath = os.path.join(tmp, "_log.parquet")
-    (pl.concat(parts) if len(parts) > 1 else parts[0]).sink_parquet(lpath)
+    if not progress.tables:  # LOG_ORDER: the row's place in the log, so that a day's sort is the same in chunks
+        (pl.concat(parts) if len(parts) > 1 else parts[0]).with_row_index(LOG_ORDER).sink_parquet(lpath)
 
     # ---- id vocabularies, from the impressions (author, music and tags through the log's videos)
     log = pl.scan_parquet(lpath)
@@ -270,12 +379,17 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
         "music_id": log_videos.select(pl.col("music_raw").alias("raw_id"), "date"),
         "tag": log_videos.select(pl.col("tag_raw").alias("raw_id"), "date").explode("raw_id"),
     }
-    vocabs, ids = {}, {}
-    os.makedirs(os.path.join(tmp, V.VOCAB_DIR))
-    for f in V.ID_FEATURES:
-        vocabs[f] = V.build_vocab(occurrences[f], min_count[f], base.get(f))
-        vocabs[f].write_parquet(V.vocab_path(tmp, f))
-        ids[f] = {**V.coverage(vocabs[f], occurrences[f]), "min_count": min_count[f]}
+    if progress.tables:
+        vocabs = {f: pl.read_parquet(V.vocab_path(tmp, f)) for f in V.ID_FEATURES}
+        ids = progress.ids
+    else:
+        vocabs, ids = {}, {}
+        os.makedirs(os.path.join(tmp, V.VOCAB_DIR), exist_ok=True)
+        for f in V.ID_FEATURES:
+            vocabs[f] = V.build_vocab(occurrences[f], min_count[f], base.get(f))
+            vocabs[f].write_parquet(V.vocab_path(tmp, f))
+            ids[f] = {**V.coverage(vocabs[f], occurrences[f]), "min_count": min_count[f]}
+        progress.tables_written(ids)
     rows_of = {f: vocabs[f].select(pl.col("raw_id"), pl.col("row").alias(f"{f}__row")).lazy() for f in V.ID_FEATURES}
     tag_keys, tag_rows = vocabs["tag"]["raw_id"].to_list(), vocabs["tag"]["row"].to_list()
 
@@ -285,17 +399,20 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
         label_exprs.append((pl.max_horizontal([pl.col(c) for c in comps]) > 0)
                            .cast(pl.Float32).alias(f"label_{t}"))
     values = [c for c in S.DENSE_VALUES if c != "log_video_age_days"]
-    days = {}
-    for date in info["dates"]:
-        day_date = dt.datetime.strptime(str(date), "%Y%m%d").date()
-        fname = S.day_file(date)
-        q = pl.scan_parquet(lpath).filter(pl.col("date") == date) \
-            .join(pl.scan_parquet(upath), on="user_id", how="left") \
+    day_rows = dict(pl.scan_parquet(lpath).group_by("date").agg(pl.len()).collect(engine="streaming").iter_rows())
+
+    def day_query(date: int, day_date: dt.date, times: tuple | None) -> pl.LazyFrame:
+        """The day's processed rows (those with ``times[0] <= time_ms < times[1]`` when given), sorted by
+        time_ms, ties in log order."""
+        log_rows = pl.scan_parquet(lpath).filter(pl.col("date") == date)
+        if times is not None:
+            log_rows = log_rows.filter(pl.col("time_ms").is_between(times[0], times[1], closed="left"))
+        q = log_rows.join(pl.scan_parquet(upath), on="user_id", how="left") \
             .join(pl.scan_parquet(vpath), on="video_id", how="left")
         for f, raw in (("user_id", "user_id"), ("video_id", "video_id"), ("tab", "tab"),
                        ("author_id", "author_raw"), ("music_id", "music_raw")):
             q = q.join(rows_of[f], left_on=raw, right_on="raw_id", how="left")
-        q = q.select(
+        return q.select(
             *[V.encode(pl.col(raw), pl.col(f"{f}__row")).alias(f) for f, raw in
               (("user_id", "user_id"), ("video_id", "video_id"), ("author_id", "author_raw"),
                ("music_id", "music_raw"), ("tab", "tab"))],
@@ -314,25 +431,47 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             pl.col("video_id").alias("video_id_raw"),
             pl.col("date"),
             pl.col("time_ms"),
+            pl.col(LOG_ORDER),
         ).with_columns(
             *[pl.col(c).is_null().cast(pl.Float32).alias(S.missing_indicator(c)) for c in S.DENSE_VALUES],
-        ).select(list(S.SPARSE_FEATURES) + list(S.DENSE_FEATURES) + list(S.LABEL_COLUMNS)
-                 + oracle_cols + ["is_rand"] + list(S.RAW_ID_COLUMNS) + ["date", "time_ms"]
-                 ).sort("time_ms", maintain_order=True)
-        path = os.path.join(tmp, fname)
-        q.sink_parquet(path)
-        st = pl.scan_parquet(path).select(
-            pl.len().alias("rows"), pl.col("is_rand").cast(pl.Int64).sum().alias("rand"),
-            *[x for c in S.DENSE_FEATURES for x in (
-                pl.col(c).count().alias(f"{c}__n"), pl.col(c).cast(pl.Float64).sum().alias(f"{c}__sum"),
-                (pl.col(c).cast(pl.Float64) ** 2).sum().alias(f"{c}__sumsq"))]).collect().row(0, named=True)
-        days[str(date)] = {"file": fname, "rows": int(st["rows"]), "random_exposure_rows": int(st["rand"]),
+        ).sort(["time_ms", LOG_ORDER]).select(
+            list(S.SPARSE_FEATURES) + list(S.DENSE_FEATURES) + list(S.LABEL_COLUMNS)
+            + oracle_cols + ["is_rand"] + list(S.RAW_ID_COLUMNS) + ["date", "time_ms"])
+
+    days = dict(progress.days)
+    for date in info["dates"]:
+        if str(date) in days:  # written before this conversion was interrupted
+            continue
+        day_date = dt.datetime.strptime(str(date), "%Y%m%d").date()
+        path = os.path.join(tmp, S.day_file(date))
+        for stale in glob.glob(os.path.join(tmp, "_part-*.parquet")):  # an interrupted day's pieces
+            os.remove(stale)
+        ranges = _time_ranges(lpath, date, chunk_rows) if day_rows[date] > chunk_rows else [None]
+        if len(ranges) == 1:
+            day_query(date, day_date, None).sink_parquet(path)
+        else:  # sorted a time range at a time, then concatenated in order (streaming): memory ~ chunk_rows
+            parts = [os.path.join(tmp, f"_part-{i:05d}.parquet") for i in range(len(ranges))]
+            for part, times in zip(parts, ranges):
+                day_query(date, day_date, times).sink_parquet(part)
+            pl.scan_parquet(parts).sink_parquet(path)
+            for part in parts:
+                os.remove(part)
+        st = pl.scan_parquet(path).select(pl.len().alias("rows"), pl.col("is_rand").cast(pl.Int64).sum().alias("rand")) \
+            .collect(engine="streaming").row(0, named=True)
+        for c in S.DENSE_FEATURES:
+            # a column at a time, summed by numpy: the same bits whatever polars' engine, threads or the
+            # file's row groups (polars' float sums follow its partitioning)
+            x = pl.read_parquet(path, columns=[c])[c].drop_nulls().cast(pl.Float64).to_numpy()
+            st.update({f"{c}__n": len(x), f"{c}__sum": float(np.sum(x)), f"{c}__sumsq": float(np.sum(x * x))})
+        days[str(date)] = {"file": S.day_file(date), "rows": int(st["rows"]), "random_exposure_rows": int(st["rand"]),
                            "dense_stats": {c: {"count": int(st[f"{c}__n"]), "sum": float(st[f"{c}__sum"] or 0.0),
                                                "sumsq": float(st[f"{c}__sumsq"] or 0.0)} for c in S.DENSE_FEATURES}}
+        progress.day_done(str(date), days[str(date)])
     missing_values = {c: sum(d["dense_stats"][S.missing_indicator(c)]["sum"] for d in days.values())
                       for c in S.DENSE_VALUES}
     for p in (upath, vpath, lpath):
         os.remove(p)
+    progress.remove()
 
     sparse = {}
     for c in S.SPARSE_FEATURES:
@@ -660,6 +799,9 @@ def main(argv=None) -> int:
     ap.add_argument("--extend-vocab", metavar="DIR",
                     help="an earlier processed data set: its ids keep their rows, new ids get rows after them")
     ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, metavar="N",
+                    help="rows of a day sorted at once; a longer day is sorted a time range at a time: peak memory "
+                         f"follows N and the vocabularies, not the log's rows (default {DEFAULT_CHUNK_ROWS:,})")
     ap.add_argument("--max-unmatched", type=float, default=0.01, metavar="FRACTION",
                     help="largest share of log rows whose user or video has no feature row (default 0.01)")
     ap.add_argument("--max-conflicting-duplicates", type=int, default=0, metavar="N",
@@ -682,7 +824,8 @@ def main(argv=None) -> int:
     try:
         convert(args.log, args.users, args.videos, args.out, _parse_min_count_args(args.min_count),
                 overwrite=args.overwrite, verbose=True, max_unmatched_fraction=args.max_unmatched,
-                max_conflicting_duplicates=args.max_conflicting_duplicates, extend_vocab=args.extend_vocab)
+                max_conflicting_duplicates=args.max_conflicting_duplicates, extend_vocab=args.extend_vocab,
+                chunk_rows=args.chunk_rows)
     except DataError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return ExitStatus.USAGE

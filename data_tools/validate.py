@@ -374,7 +374,7 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
              pl.col("video_id_raw").null_count().alias("__vraw"),
              pl.col("time_ms").null_count().alias("__tnull")]
     try:
-        st = pl.scan_parquet(path).select(aggs).collect().row(0, named=True)
+        st = pl.scan_parquet(path).select(aggs).collect(engine="streaming").row(0, named=True)
     except Exception as e:  # noqa: BLE001
         raise data_error(path, None, f"not a readable Parquet file ({type(e).__name__}: {e})") from None
     if st["__rows"] == 0:

@@ -50,7 +50,8 @@ def build_vocab(occurrences: pl.LazyFrame, min_count: int = 1, base: pl.DataFram
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
     counts = (occurrences.drop_nulls("raw_id").group_by("raw_id")
-              .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("date").min().alias("first_date")).collect())
+              .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("date").min().alias("first_date"))
+              .collect(engine="streaming"))  # memory ~ distinct ids, not impressions
     if base is None:
         base = pl.DataFrame({"raw_id": [], "row": [], "count": []}, schema={"raw_id": pl.Int64, "row": pl.Int64,
                                                                               "count": pl.Int64})
@@ -72,7 +73,7 @@ def coverage(vocab: pl.DataFrame, occurrences: pl.LazyFrame) -> dict:
     """What the vocabulary does to this data: distinct raw ids, distinct rows they map to, ids and
     impressions sent to the out-of-vocabulary row, and the collision rate (the share of distinct
     ids that share a row with another id; with an exact vocabulary only the OOV row is shared)."""
-    counts = occurrences.drop_nulls("raw_id").group_by("raw_id").agg(pl.len().alias("n")).collect()
+    counts = occurrences.drop_nulls("raw_id").group_by("raw_id").agg(pl.len().alias("n")).collect(engine="streaming")
     mapped = counts.join(vocab.select("raw_id", "row"), on="raw_id", how="left")
     oov = mapped.filter(pl.col("row").is_null())
     distinct = counts.height

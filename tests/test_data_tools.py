@@ -540,6 +540,76 @@ def test_ensure_dataset_concurrent(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["demo", "demo.lock", "demo.raw"]
 
 
+def _same_data_set(a, b):
+    """Two processed data sets hold the same rows in the same order, the same vocabularies and meta."""
+    ma, mb = (json.load(open(os.path.join(d, "meta.json"))) for d in (a, b))
+    assert {k: v for k, v in ma.items() if k != "source"} == {k: v for k, v in mb.items() if k != "source"}
+    assert ma["source"]["string_vocabs"] == mb["source"]["string_vocabs"]
+    for name in [d["file"] for d in ma["days"].values()] + [os.path.join("vocab", f) for f in os.listdir(
+            os.path.join(a, "vocab"))]:
+        assert pl.read_parquet(os.path.join(a, name)).equals(pl.read_parquet(os.path.join(b, name))), name
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
+
+
+def test_convert_sorts_a_long_day_in_time_ranges_with_the_same_result(raw_dir, processed, tmp_path):
+    # 4,000 rows a day in pieces of about 300 (a piece per time range, then concatenated): the same
+    # rows in the same order (ties in time_ms in log order), the same statistics, as sorted whole
+    from data_tools.convert import _time_ranges
+
+    out = str(tmp_path / "chunked")
+    convert(*_raw(raw_dir), out, MIN_COUNT, chunk_rows=300)
+    _same_data_set(processed, out)
+    assert not [p for p in os.listdir(tmp_path) if p != "chunked"]
+    # the ranges the day was cut into: consecutive, covering the day, each near the chunk size
+    log = str(tmp_path / "_log.parquet")
+    pl.concat([pl.read_parquet(os.path.join(out, d["file"]), columns=["date", "time_ms"])
+               for d in json.load(open(os.path.join(out, "meta.json")))["days"].values()]).write_parquet(log)
+    day = pl.read_parquet(log).filter(pl.col("date") == 20220408)["time_ms"]
+    ranges = _time_ranges(log, 20220408, 300)
+    assert ranges[0][0] == day.min() and ranges[-1][1] == day.max() + 1
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    sizes = [int(((day >= lo) & (day < hi)).sum()) for lo, hi in ranges]
+    assert sum(sizes) == len(day) and len(ranges) >= len(day) // 300 and max(sizes) <= 300 + 50
+    with pytest.raises(DataError, match="chunk_rows"):
+        convert(*_raw(raw_dir), str(tmp_path / "x"), MIN_COUNT, chunk_rows=0)
+
+
+def test_an_interrupted_convert_resumes_after_its_last_finished_day(raw_copy, processed, tmp_path, monkeypatch,
+                                                                    capsys):
+    import data_tools.convert as C
+
+    out = str(tmp_path / "out")
+    stage = str(tmp_path / ".out.partial")
+    day_done = C._Progress.day_done
+
+    def killed_after_the_first_day(self, day, entry):
+        day_done(self, day, entry)
+        raise KeyboardInterrupt  # as a kill would: the stage stays, with one day recorded
+
+    monkeypatch.setattr(C._Progress, "day_done", killed_after_the_first_day)
+    with pytest.raises(KeyboardInterrupt):
+        convert(*_raw(raw_copy), out, MIN_COUNT, chunk_rows=1000)
+    assert not os.path.exists(out) and os.path.isdir(stage)
+    assert list(json.load(open(os.path.join(stage, "_progress.json")))["days"]) == ["20220408"]
+    monkeypatch.setattr(C._Progress, "day_done", day_done)
+    first_day = os.path.join(stage, "day=20220408.parquet")
+    written = os.stat(first_day).st_mtime_ns
+    convert(*_raw(raw_copy), out, MIN_COUNT, verbose=True)
+    assert "resuming the conversion staged in" in capsys.readouterr().out
+    _same_data_set(processed, out)
+    assert sorted(os.listdir(tmp_path)) == ["out", "rawcopy"]
+    # inputs changed since: the stage is not resumed (its day would be stale)
+    monkeypatch.setattr(C._Progress, "day_done", killed_after_the_first_day)
+    with pytest.raises(KeyboardInterrupt):
+        convert(*_raw(raw_copy), str(tmp_path / "again"), MIN_COUNT)
+    monkeypatch.setattr(C._Progress, "day_done", day_done)
+    log = _raw(raw_copy)[0]
+    os.utime(log, ns=(written, written + 1))
+    convert(*_raw(raw_copy), str(tmp_path / "again"), MIN_COUNT, verbose=True)
+    assert "resuming" not in capsys.readouterr().out
+    _same_data_set(processed, str(tmp_path / "again"))
+
+
 def test_convert_multiple_log_files_glob(raw_copy, processed, tmp_path):
     log, users, videos = _raw(raw_copy)
     df = pl.read_csv(log, infer_schema=False)
