@@ -225,16 +225,19 @@ def check_joins(files, users: str, videos: str, max_unmatched_fraction: float,
     ids = pl.concat([scan_raw_csv(f).select(parse_expr("user_id", pl.Int64, lenient_int=False),
                                              parse_expr("video_id", pl.Int64, lenient_int=False)) for f in files])
     counts: dict = {}
-    log_rows = ids.select(pl.len()).collect().item()
+    # counted through a column: polars answers a bare pl.len() over a CSV scan by reading the whole file
+    # into memory (1 GB for 9M rows)
+    log_rows = ids.select(pl.col("user_id").fill_null(0).count()).collect(engine="streaming").item()
     counts["log_rows"] = log_rows
     for kind, path, col in (("user", users, "user_id"), ("video", videos, "video_id")):
         table = scan_raw_csv(path).with_columns(parse_expr(col, pl.Int64))
         per_id = table.group_by(col).agg(pl.len().alias("n"), pl.struct(pl.all().exclude(col)).n_unique().alias("distinct"))
         dup = per_id.filter(pl.col("n") > 1).select(
             pl.len().alias("ids"), (pl.col("distinct") > 1).sum().alias("conflicting"),
-            pl.col(col).filter(pl.col("distinct") > 1).first().alias("example")).collect().row(0, named=True)
+            pl.col(col).filter(pl.col("distinct") > 1).first().alias("example")).collect(engine="streaming").row(0, named=True)
+        # streaming: memory ~ the feature file's ids, not the log's rows
         unmatched = ids.join(table.select(col).unique(), on=col, how="anti").select(
-            pl.len().alias("rows"), pl.col(col).first().alias("example")).collect().row(0, named=True)
+            pl.len().alias("rows"), pl.col(col).first().alias("example")).collect(engine="streaming").row(0, named=True)
         counts[f"unmatched_{kind}_rows"] = unmatched["rows"]
         counts[f"duplicate_{kind}_ids"] = dup["ids"]
         counts[f"conflicting_{kind}_ids"] = dup["conflicting"]

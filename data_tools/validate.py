@@ -247,7 +247,6 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
             baddate.sum().alias("__baddate"), d.filter(baddate).first().alias("__baddateval"),
             _first_line(baddate, "__baddateline"),
             badhm.sum().alias("__badhm"), hm.filter(badhm).first().alias("__badhmval"), _first_line(badhm, "__badhmline"),
-            d.unique().implode().alias("__dates"),
         ]
         for c in oracle_cols:
             o = pl.col(f"{c}__p")
@@ -274,7 +273,10 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
                 raise data_error(f, c, f"{st[f'{c}__range']} probabilities outside (0, 1) (first at line "
                                        f"{st[f'{c}__rangeline']})")
         has_oracle = has_oracle and len(oracle_cols) == len(S.ORACLE_COLUMNS)
-        dates.update(int(x) for x in st["__dates"] if x is not None)
+        # a pass of its own: polars' streaming engine holds every row of a unique() inside an aggregation,
+        # but a frame's unique() keeps only the distinct values
+        dates.update(int(x) for x in scan_raw_csv(f).select(parse_expr("date", pl.Int64, lenient_int=False))
+                     .drop_nulls().unique().collect(engine="streaming")["date"])
         rows += st["__rows"]
     _check_csv(users_file, "user feature", {c: S.USER_COLUMNS[c] for c in S.USER_REQUIRED},
                S.USER_REQUIRED, S.USER_NOT_NULL, S.USER_ID_COLUMNS, ())
