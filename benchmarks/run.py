@@ -353,6 +353,10 @@ def write_benchmarks_md(r: Dict[str, Any], body: str) -> None:
         f"Raw numbers: `benchmarks/results.json`.\n\n{body}\n"))
 
 
+# results.json keys written by other benchmarks (benchmarks/scaling.py): a run of this one keeps them
+OTHER_BENCHMARKS_KEYS = ("data_scaling",)
+
+
 def main(argv=None) -> int:
     from benchmarks import peak
     from recsys_hdet.fileio import write_json_atomic
@@ -413,6 +417,9 @@ def main(argv=None) -> int:
     body = table(result)
     print("\n" + body)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    if os.path.isfile(args.out):  # keys other benchmarks record in the same file stay
+        with open(args.out) as f:
+            result = {**{k: v for k, v in json.load(f).items() if k in OTHER_BENCHMARKS_KEYS}, **result}
     write_json_atomic(args.out, result)
     print(f"\nwrote {args.out}")
     if args.write:
