@@ -459,16 +459,16 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             pl.scan_parquet(parts).sink_parquet(path)
             for part in parts:
                 os.remove(part)
-        st = pl.scan_parquet(path).select(pl.len().alias("rows"), pl.col("is_rand").cast(pl.Int64).sum().alias("rand")) \
-            .collect(engine="streaming").row(0, named=True)
+        rows, rand = pl.scan_parquet(path).select(pl.len(), pl.col("is_rand").cast(pl.Int64).sum()) \
+            .collect(engine="streaming").row(0)
+        dense_stats = {}
         for c in S.DENSE_FEATURES:
             # a column at a time, summed by numpy: the same bits whatever polars' engine, threads or the
             # file's row groups (polars' float sums follow its partitioning)
             x = pl.read_parquet(path, columns=[c])[c].drop_nulls().cast(pl.Float64).to_numpy()
-            st.update({f"{c}__n": len(x), f"{c}__sum": float(np.sum(x)), f"{c}__sumsq": float(np.sum(x * x))})
-        days[str(date)] = {"file": S.day_file(date), "rows": int(st["rows"]), "random_exposure_rows": int(st["rand"]),
-                           "dense_stats": {c: {"count": int(st[f"{c}__n"]), "sum": float(st[f"{c}__sum"] or 0.0),
-                                               "sumsq": float(st[f"{c}__sumsq"] or 0.0)} for c in S.DENSE_FEATURES}}
+            dense_stats[c] = {"count": len(x), "sum": float(np.sum(x)), "sumsq": float(np.sum(x * x))}
+        days[str(date)] = {"file": S.day_file(date), "rows": int(rows), "random_exposure_rows": int(rand),
+                           "dense_stats": dense_stats}
         progress.day_done(str(date), days[str(date)])
     missing_values = {c: sum(d["dense_stats"][S.missing_indicator(c)]["sum"] for d in days.values())
                       for c in S.DENSE_VALUES}

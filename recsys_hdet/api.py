@@ -114,14 +114,11 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
     TrainResult (exit status 2 when another job holds the run directory, or when its run cannot be resumed
     with this config: the error is printed)."""
     from recsys_hdet.components.console_log import ConsoleLog
-    from recsys_hdet.distributed import launch, under_torchrun
+    from recsys_hdet.distributed import launch, torchrun_follower, under_torchrun
 
     job_start = time.time() if job_start is None else job_start
     validate_config(cfg)
-    if not under_torchrun() or os.environ.get("RANK") == "0":
-        root = prepare_data(cfg)
-    else:
-        root = abs_path(cfg.data.root)
+    root = abs_path(cfg.data.root) if torchrun_follower() else prepare_data(cfg)
     warm_start = ensure_warm_start(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # plain values for the workers
     cfg_dict["data"]["root"] = root
@@ -129,7 +126,7 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
     if cfg_dict["trainer"].get("branch_from"):
         cfg_dict["trainer"]["branch_from"] = resolve_branch(cfg_dict)
     os.makedirs(run_dir, exist_ok=True)
-    if not under_torchrun() or os.environ.get("RANK") == "0":
+    if not torchrun_follower():
         _record_config(cfg, run_dir, root, warm_start)
     try:
         lock = run_dir_lock(run_dir)  # held (the open file) until the job ends: a second job refuses to start

@@ -282,6 +282,12 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def torchrun_follower() -> bool:
+    """A torchrun rank other than 0: the job's one-time work (preparing the data, the run directory's
+    config record and lock, Hydra's ``.hydra/``) is rank 0's."""
+    return under_torchrun() and os.environ["RANK"] != "0"
+
+
 def launch(fn: Callable[..., int], args: tuple, nproc: int) -> int:
     """Runs ``fn(*args)`` on ``nproc`` local workers (spawned) and returns the job's exit status.
 

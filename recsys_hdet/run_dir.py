@@ -20,10 +20,10 @@ class RunDirInUse(Exception):
 def run_dir_lock(run_dir: str):
     """An exclusive lock on ``run_dir/.lock`` held for the job's life (the open file; None on a rank other
     than 0 under torchrun, where rank 0's process holds it). RunDirInUse when another job holds it."""
-    from recsys_hdet.distributed import under_torchrun
+    from recsys_hdet.distributed import torchrun_follower
     from recsys_hdet.fileio import LockHeld, try_exclusive_lock
 
-    if under_torchrun() and os.environ.get("RANK", "0") != "0":
+    if torchrun_follower():
         return None
     try:
         return try_exclusive_lock(os.path.join(run_dir, ".lock"))

@@ -138,7 +138,9 @@ def cli() -> None:
     overrides = sys.argv[1:]
     if not any(a.startswith("-") for a in overrides):
         _check_composition(overrides)
-    if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+    from recsys_hdet.distributed import torchrun_follower
+
+    if torchrun_follower():
         # Under torchrun every rank runs this command into one run directory: Hydra's .hydra/ and the
         # run's config record are rank 0's alone (written by two processes at once, a reader saw an
         # empty file: tests/test_resume.py::test_torchrun_max_restarts_resumes_and_completes).
