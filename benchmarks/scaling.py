@@ -27,8 +27,9 @@ Per size:
   read once untimed (warm-up), then a new stream over the other training days is timed from its
   start to its last batch (on one core the day-reader thread's reads are inside that time). Rows/s =
   rows delivered to the rank / wall seconds (the target's figure), and rows per CPU second of the
-  process (all its threads: what other processes on the core do not change); rank 0 of 4 (the
-  target) and rank 0 of 1.
+  process (all its threads: what other processes on the core do not change); rank 0 of 4 with
+  ``data.read=own_row_groups`` (the target: it reads only the row groups dealt to it), the same rank
+  with ``whole_day`` (decoding every day whole, as layout 1 must) side by side, and rank 0 of 1.
 - **train**: ``python -m recsys_hdet.train data=kuairand data.root=...`` (plus ``--train-override``)
   with ``trainer.nproc`` 1 and 2 (one sharding group), stopped at ``--steps``
   (``trainer.stop_at_step``), no checkpoints; examples/s is ``summary.json``'s (the pass, data
@@ -52,8 +53,8 @@ scaling" of ``BENCHMARKS.md``, unless ``--no-record``; ``--quick`` (0.3M and 1M 
 30,000 videos, 50 steps: a test of the script, its figures mean nothing) never records there.
 
 Limits: one measurement per figure (no repeats); the machine's load is recorded, not controlled.
-Rows per day are fixed, so what grows with a day's size (a rank loads a whole day: loader and
-worker memory) is not measured; rerun with another ``--rows-per-day`` for that (the generator
+Rows per day are fixed, so what grows with a day's size (a rank holds its share of a day: loader
+and worker memory) is not measured; rerun with another ``--rows-per-day`` for that (the generator
 allows at most 10M). Growth with ids is a line through two catalog sizes, extrapolated far beyond
 them. The synthetic log's Zipf skew decides how many distinct videos appear; the real log's may differ.
 """
@@ -79,7 +80,10 @@ from benchmarks.run import REPO, replace_benchmarks_section
 
 HEADING = "## Data scaling (benchmarks/scaling.py)"
 LOG_EVERY = 25  # trainer.log_every: metrics.jsonl's intervals (the steady examples/s)
-LOADER_RANKS = ((0, 4), (0, 1))  # (rank, world_size) of the one-core loader; the first is the target's
+# (rank, world_size, data.read) of the one-core loader: the first is the target's (the kuairand preset's
+# own_row_groups), the second the same rank decoding whole days (the layout-1 way), side by side
+LOADER_RANKS = ((0, 4, "own_row_groups"), (0, 4, "whole_day"), (0, 1, "own_row_groups"))
+LOADER_KEYS = {(0, 4, "own_row_groups"): "0/4", (0, 4, "whole_day"): "0/4 whole_day", (0, 1, "own_row_groups"): "0/1"}
 # KuaiRand-27K's standard log (docs/data.md): 322M interactions over 31 days (2022-04-08..05-08).
 KUAIRAND_27K = {"rows": 322_000_000, "days": 31, "videos": 32_000_000, "users": 27_285}
 MODES = {
@@ -211,7 +215,7 @@ def compose_config(overrides: List[str]):
         return compose("config", overrides=overrides)
 
 
-def loader_child(root: str, rank: str, world_size: str, extra: str) -> None:
+def loader_child(root: str, rank: str, world_size: str, extra: str, read: str) -> None:
     """In a fresh process (POLARS_MAX_THREADS=1 in its environment): pinned to one core, one torch
     thread; prints the timed stream's rows, wall seconds and CPU seconds (all its threads) as JSON."""
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -228,7 +232,8 @@ def loader_child(root: str, rank: str, world_size: str, extra: str) -> None:
 
     def stream(which: List[str]) -> ParquetBatchStream:
         return ParquetBatchStream(meta, which, int(cfg.data.batch_size), int(rank), int(world_size), int(cfg.seed),
-                                  shuffle_within_day=bool(cfg.data.shuffle_within_day), normalization=normalization)
+                                  shuffle_within_day=bool(cfg.data.shuffle_within_day), normalization=normalization,
+                                  reserve_rows=int(cfg.data.reserve_rows or 0), read=read)
 
     for _ in stream(days[:1]):
         pass
@@ -238,11 +243,11 @@ def loader_child(root: str, rank: str, world_size: str, extra: str) -> None:
     print(json.dumps({"rows": rows, "seconds": seconds, "cpu_seconds": cpu_seconds}))
 
 
-def loader_one_core(root: str, rank: int, world_size: int, extra: List[str]) -> Dict[str, float]:
+def loader_one_core(root: str, rank: int, world_size: int, extra: List[str], read: str) -> Dict[str, float]:
     """Rows/s over wall time (the target's figure) and per CPU second (what contention from other
     processes on the core does not change), and the process's peak RSS."""
     m = python("import sys\nfrom benchmarks.scaling import loader_child\nloader_child(*sys.argv[1:])",
-               root, str(rank), str(world_size), json.dumps(extra),
+               root, str(rank), str(world_size), json.dumps(extra), read,
                env={**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"})
     r = json.loads(m.stdout.strip().splitlines()[-1])
     return {"rows_per_sec": r["rows"] / r["seconds"], "rows_per_cpu_second": r["rows"] / r["cpu_seconds"],
@@ -276,7 +281,7 @@ def measure(raw: Dict[str, Any], root: str, nprocs: List[int], steps: int, extra
     row.update(data_facts(root))
     print(f"  convert: {row['convert_seconds']:.1f} s, peak RSS {row['convert_peak_rss_mb']:.0f} MB; "
           f"{row['distinct_videos']:,} distinct videos", flush=True)
-    row["loader"] = {f"{r}/{w}": loader_one_core(root, r, w, extra) for r, w in LOADER_RANKS}
+    row["loader"] = {LOADER_KEYS[r, w, read]: loader_one_core(root, r, w, extra, read) for r, w, read in LOADER_RANKS}
     print("  loader on one core: " + ", ".join(f"rank {k}: {v['rows_per_sec']:,.0f} rows/s "
                                                 f"({v['rows_per_cpu_second']:,.0f} per CPU second)"
                                                 for k, v in row["loader"].items()), flush=True)
@@ -310,6 +315,7 @@ def series(sizes: List[Dict[str, Any]], nprocs: List[int]) -> Dict[str, List[flo
            "loader_rows_per_sec_one_core": [s["loader"]["0/4"]["rows_per_sec"] for s in sizes],
            "loader_rows_per_cpu_second_one_core": [s["loader"]["0/4"]["rows_per_cpu_second"] for s in sizes],
            "loader_rows_per_sec_one_core_rank0_of_1": [s["loader"]["0/1"]["rows_per_sec"] for s in sizes],
+           "loader_rows_per_sec_one_core_whole_day": [s["loader"]["0/4 whole_day"]["rows_per_sec"] for s in sizes],
            "loader_peak_rss_mb": [s["loader"]["0/4"]["peak_rss_mb"] for s in sizes],
            "train_examples_per_sec": [s["train"][first]["examples_per_sec"] for s in sizes],
            "train_steady_examples_per_sec": [s["train"][first]["steady_examples_per_sec"] for s in sizes],
@@ -399,8 +405,8 @@ def projection(sizes: List[Dict[str, Any]], figures: Dict[str, List[float]], fit
                                   f"(largest size, oracle columns included) = {gb:,.1f} GB")
     rows_per_day = last["rows"] / last["days"]
     return {"kuairand_27k": k, "figures": lines, "not_projected": [
-        f"rows per day: measured at {rows_per_day:,.0f}, KuaiRand-27K has ~{k['rows'] / k['days']:,.0f}; a rank loads "
-        "a whole day, so the loader's and each worker's memory per day grow with it (not measured: rerun with "
+        f"rows per day: measured at {rows_per_day:,.0f}, KuaiRand-27K has ~{k['rows'] / k['days']:,.0f}; a rank holds "
+        "its share of a day, so the loader's and each worker's memory grow with the day's size (not measured: rerun with "
         "another --rows-per-day)",
         "ids: the line through two catalog sizes (the ids row) is extrapolated to 32M videos; a 32M-row video "
         "feature file and 32M-row vocabularies were not measured" if growth else
@@ -419,7 +425,7 @@ def embedding_row(cfg) -> Dict[str, Any]:
 def tables(r: Dict[str, Any]) -> str:
     nprocs = r["setup"]["nprocs"]
     columns = (["rows", "days", "distinct videos", "convert s", "convert peak RSS MB",
-                "loader rows/s on 1 core, rank 0 of 4 (per CPU second)", "rank 0 of 1",
+                "loader rows/s on 1 core, rank 0 of 4 (per CPU second)", "rank 0 of 4 whole_day", "rank 0 of 1",
                 f"train examples/s, nproc {nprocs[0]} (steady)", "peak RSS per worker MB"]
                + [c for n in nprocs[1:] for c in (f"nproc {n} examples/s", f"nproc {n} peak RSS per worker MB")])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -429,7 +435,7 @@ def tables(r: Dict[str, Any]) -> str:
         cells = [label, s["days"], f"{s['distinct_videos']:,}", f"{s['convert_seconds']:.1f}",
                  f"{s['convert_peak_rss_mb']:.0f}",
                  f"{loader['0/4']['rows_per_sec']:,.0f} ({loader['0/4']['rows_per_cpu_second']:,.0f})",
-                 f"{loader['0/1']['rows_per_sec']:,.0f}",
+                 f"{loader['0/4 whole_day']['rows_per_sec']:,.0f}", f"{loader['0/1']['rows_per_sec']:,.0f}",
                  f"{t['examples_per_sec']:,.0f} ({t['steady_examples_per_sec']:,.0f})",
                  f"{t['peak_rss_mb_per_worker']:.0f}"]
         for n in nprocs[1:]:
@@ -561,7 +567,7 @@ def main(argv=None) -> int:
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "setup": {"rows_per_day": args.rows_per_day, "ids": {**FIXED_IDS, "n_videos": args.n_videos},
                   "steps": args.steps, "nprocs": args.nprocs, "train_overrides": args.train_override,
-                  "loader_ranks": [f"{r}/{w}" for r, w in LOADER_RANKS]},
+                  "loader_ranks": list(LOADER_KEYS.values())},
         "rows": rows, **figures, "fits": fits, "targets": targets(figures, fits), "sizes": sizes,
         "ids_row": ids_row, "id_growth": growth, "variants": variants,
         "projection": projection(sizes, figures, fits, growth, args.nprocs, table),

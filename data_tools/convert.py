@@ -129,7 +129,7 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
             overwrite: bool = False, source: dict | None = None, verbose: bool = False,
             max_unmatched_fraction: float = 0.01, max_conflicting_duplicates: int = 0,
             extend_vocab: str | None = None, string_vocabs: dict | None = None,
-            chunk_rows: int = DEFAULT_CHUNK_ROWS) -> dict:
+            chunk_rows: int = DEFAULT_CHUNK_ROWS, row_group_rows: int = S.ROW_GROUP_ROWS) -> dict:
     """Convert raw CSVs (``log``: a glob, path or list) into the processed directory ``out``.
 
     Returns the written meta dict. Raises DataError (naming file and column) on bad input;
@@ -146,6 +146,9 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
     ``chunk_rows``, not the number of rows. A conversion that is killed or fails other than on bad input
     keeps its stage directory ``.<out>.partial`` next to ``out``: run again with the same inputs, it
     goes on after the last finished day (different inputs start afresh).
+
+    Day files are written in row groups of ``row_group_rows`` rows (meta.json ``layout`` version 2), the
+    unit a training rank reads under ``data.read=own_row_groups``.
     """
     t0 = time.time()
     out = os.path.abspath(os.fspath(out))
@@ -153,6 +156,8 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
         raise data_error(out, None, "output directory already exists (pass overwrite=True / --overwrite)")
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise DataError(f"chunk_rows: must be an int >= 1, got {chunk_rows!r}")
+    if isinstance(row_group_rows, bool) or not isinstance(row_group_rows, int) or row_group_rows < 1:
+        raise DataError(f"row_group_rows: must be an int >= 1, got {row_group_rows!r}")
     counts = resolve_min_count(min_count)
     base = _base_vocabs(extend_vocab)
     if string_vocabs is None and extend_vocab is not None and os.path.isfile(os.path.join(extend_vocab, "meta.json")):
@@ -176,7 +181,7 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
     # what the staged files depend on: the inputs as they are now, and every option that changes the output
     key = {"inputs": [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files + [users, videos]],
            "min_count": counts, "extend_vocab": os.path.abspath(extend_vocab) if extend_vocab else None,
-           "string_vocabs": string_vocabs, "source": source}
+           "string_vocabs": string_vocabs, "source": source, "row_group_rows": row_group_rows}
     progress = _Progress(tmp, key)
     try:
         if not progress.tables:  # nothing to resume: whatever an earlier conversion left goes
@@ -186,7 +191,7 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
         elif verbose:
             print(f"resuming the conversion staged in {tmp}: {len(progress.days)} of {len(info['dates'])} days done")
         meta = _convert_into(tmp, files, users, videos, counts, base, info, source, string_vocabs,
-                             chunk_rows=chunk_rows, progress=progress)
+                             chunk_rows=chunk_rows, row_group_rows=row_group_rows, progress=progress)
         validate_processed(tmp)
         if os.path.exists(out):
             trash = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
@@ -315,7 +320,8 @@ def _time_ranges(lpath: str, date: int, chunk_rows: int, bins: int = 1 << 16) ->
 
 
 def _convert_into(tmp, files, users, videos, min_count, base, info, source, string_base=None, *,
-                  chunk_rows: int = DEFAULT_CHUNK_ROWS, progress: _Progress | None = None) -> dict:
+                  chunk_rows: int = DEFAULT_CHUNK_ROWS, row_group_rows: int = S.ROW_GROUP_ROWS,
+                  progress: _Progress | None = None) -> dict:
     progress = progress or _Progress(tmp, {})
     has_oracle = info["has_oracle"]
     # ---- user table: categoricals encoded, dense values raw (null where missing)
@@ -451,12 +457,12 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             os.remove(stale)
         ranges = _time_ranges(lpath, date, chunk_rows) if day_rows[date] > chunk_rows else [None]
         if len(ranges) == 1:
-            day_query(date, day_date, None).sink_parquet(path)
+            day_query(date, day_date, None).sink_parquet(path, row_group_size=row_group_rows)
         else:  # sorted a time range at a time, then concatenated in order (streaming): memory ~ chunk_rows
             parts = [os.path.join(tmp, f"_part-{i:05d}.parquet") for i in range(len(ranges))]
             for part, times in zip(parts, ranges):
                 day_query(date, day_date, times).sink_parquet(part)
-            pl.scan_parquet(parts).sink_parquet(path)
+            pl.scan_parquet(parts).sink_parquet(path, row_group_size=row_group_rows)
             for part in parts:
                 os.remove(part)
         rows, rand = pl.scan_parquet(path).select(pl.len(), pl.col("is_rand").cast(pl.Int64).sum()) \
@@ -487,6 +493,7 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
         sparse[c] = {"vocab": int(v), "multi": c in S.SPARSE_MULTI}
     meta = {
         "format_version": S.FORMAT_VERSION,
+        "layout": {"version": S.LAYOUT_VERSION, "row_group_rows": row_group_rows},
         "sparse": sparse,
         "dense": list(S.DENSE_FEATURES),
         "tasks": list(S.TASKS),
@@ -588,7 +595,8 @@ def _append_locked(log, users: str, videos: str, root: str, *, source: dict | No
         os.chmod(stage, 0o755)
         part = _convert_into(stage, files, users, videos, min_count, base,
                              dict(info, has_oracle=old["has_oracle"]), {},
-                             string_base=src_old.get("string_vocabs"))
+                             string_base=src_old.get("string_vocabs"),
+                             row_group_rows=int((old.get("layout") or {}).get("row_group_rows", S.ROW_GROUP_ROWS)))
         ids = {}
         for f in V.ID_FEATURES:
             ids[f] = _merge_vocab(V.vocab_path(stage, f), base[f], old_ids.get(f) or {}, part["ids"][f],
@@ -805,6 +813,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, metavar="N",
                     help="rows of a day sorted at once; a longer day is sorted a time range at a time: peak memory "
                          f"follows N and the vocabularies, not the log's rows (default {DEFAULT_CHUNK_ROWS:,})")
+    ap.add_argument("--row-group-rows", type=int, default=S.ROW_GROUP_ROWS, metavar="N",
+                    help="rows per Parquet row group of a day file: the unit a training rank reads under "
+                         f"data.read=own_row_groups (default {S.ROW_GROUP_ROWS:,})")
     ap.add_argument("--max-unmatched", type=float, default=0.01, metavar="FRACTION",
                     help="largest share of log rows whose user or video has no feature row (default 0.01)")
     ap.add_argument("--max-conflicting-duplicates", type=int, default=0, metavar="N",
@@ -828,7 +839,7 @@ def main(argv=None) -> int:
         convert(args.log, args.users, args.videos, args.out, _parse_min_count_args(args.min_count),
                 overwrite=args.overwrite, verbose=True, max_unmatched_fraction=args.max_unmatched,
                 max_conflicting_duplicates=args.max_conflicting_duplicates, extend_vocab=args.extend_vocab,
-                chunk_rows=args.chunk_rows)
+                chunk_rows=args.chunk_rows, row_group_rows=args.row_group_rows)
     except DataError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return ExitStatus.USAGE

@@ -11,6 +11,11 @@ import polars as pl
 # 2: exact id vocabularies (was: hashed ids), dense values null where missing with indicators and
 # per-day statistics, is_rand kept.
 FORMAT_VERSION = 2
+# meta.json "layout": how day files are cut into row groups. 1 (absent): as polars wrote them (a few
+# large groups); 2: groups of layout.row_group_rows rows (the last one shorter), the unit that
+# data.read=own_row_groups deals to the training ranks. The rows and their order are the same.
+LAYOUT_VERSION = 2
+ROW_GROUP_ROWS = 16_384
 START_DATE = 20220408
 
 TASKS = ("contribution", "like", "long_dwell")

@@ -19,6 +19,7 @@ import os
 import sys
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from recsys_hdet.exit_status import ExitStatus
 from data_tools.errors import DataError, data_error
@@ -309,6 +310,12 @@ def _load_meta(root: str) -> dict:
     if meta["format_version"] != S.FORMAT_VERSION:
         raise data_error(path, "format_version",
                          f"unsupported version {meta['format_version']} (expected {S.FORMAT_VERSION})")
+    layout = meta.get("layout", {"version": 1})
+    if not (isinstance(layout, dict) and layout.get("version") in (1, S.LAYOUT_VERSION)):
+        raise data_error(path, "layout", f"needs {{'version': 1}} or {{'version': {S.LAYOUT_VERSION}, "
+                                         f"'row_group_rows': int >= 1}}, got {layout!r}")
+    if layout["version"] == 2 and not (isinstance(layout.get("row_group_rows"), int) and layout["row_group_rows"] >= 1):
+        raise data_error(path, "layout.row_group_rows", f"must be an int >= 1, got {layout.get('row_group_rows')!r}")
     for name, spec in meta["sparse"].items():
         if not (isinstance(spec, dict) and isinstance(spec.get("vocab"), int) and spec["vocab"] >= 1
                 and isinstance(spec.get("multi"), bool)):
@@ -354,6 +361,16 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
             raise data_error(path, c, f"required column missing (file has: {list(sch)})")
         if sch[c] != dtype:
             raise data_error(path, c, f"dtype {sch[c]} (expected {dtype})")
+    layout = meta.get("layout") or {"version": 1}
+    if layout.get("version") == 2:  # the row groups own_row_groups deals: every one full but the last
+        footer = pq.read_metadata(path)
+        sizes = [footer.row_group(i).num_rows for i in range(footer.num_row_groups)]
+        g = int(layout["row_group_rows"])
+        bad = next((i for i, n in enumerate(sizes) if n != g and (i < len(sizes) - 1 or n > g)), None)
+        if bad is not None:
+            raise data_error(path, None, f"row group {bad} holds {sizes[bad]} rows; meta.json's layout 2 says "
+                                         f"{g} per group (the last may be shorter): rewrite it with "
+                                         f"python -m data_tools.relayout")
     aggs = [pl.len().alias("__rows")]
     for name, spec in meta["sparse"].items():
         e = pl.col(name).list.explode() if spec["multi"] else pl.col(name)

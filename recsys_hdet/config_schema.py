@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from recsys_hdet.config_values import (CUDA_ONLY_EMBEDDING_OPTIMIZERS, AnnealStrategy, DenseGradients, DenseOptimizer,
+from recsys_hdet.config_values import (CUDA_ONLY_EMBEDDING_OPTIMIZERS, AnnealStrategy, DayRead, DenseGradients, DenseOptimizer,
                                        EmbeddingOptimizer, Schedule, ShardingType, TrainExposure, TrainPipeline, at_least,
                                        fraction, is_number, positive, require)
 from recsys_hdet.hdet.config import HDETConfigGroup
@@ -61,6 +61,7 @@ class DataConfig:
     reserve_rows: Optional[int] = None
     batch_size: int = 512
     shuffle_within_day: bool = True
+    read: DayRead = DayRead.whole_day
 
     def __post_init__(self) -> None:
         at_least("data.eval_days", self.eval_days, 1)

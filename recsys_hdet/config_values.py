@@ -49,6 +49,11 @@ class TrainExposure(StrEnum):
     standard = "standard"    # drop the random-exposure impressions (is_rand = 1)
 
 
+class DayRead(StrEnum):
+    whole_day = "whole_day"            # every rank decodes the whole day file and keeps its rows (any layout)
+    own_row_groups = "own_row_groups"  # a training rank reads only the row groups dealt to it (layout 2)
+
+
 class DenseOptimizer(StrEnum):
     adam = "adam"
     adamw = "adamw"

@@ -38,6 +38,8 @@ def check_days_and_steps(cfg: DictConfig, root: str) -> None:
     meta = DatasetMeta.load(root)
     exposure = str(cfg.data.get("train_exposure", "all"))
     try:
+        if str(cfg.data.get("read", "whole_day")) == "own_row_groups":
+            meta.require_row_groups()
         train_days, _ = split_for(meta, cfg.data)
         # "standard": the rows without random exposure; data.holdout: the rows not held out
         per_day = day_rows(meta, train_days, exposure, RowHoldout.from_config(cfg.data))

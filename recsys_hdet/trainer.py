@@ -118,7 +118,7 @@ class Trainer:
             meta, train_days, int(cfg.data.batch_size), self.rank, self.world, int(cfg.seed),
             shuffle_within_day=bool(cfg.data.shuffle_within_day), reserve_rows=probe_rows(cfg),
             exposure=str(cfg.data.get("train_exposure", "all")), normalization=self.normalization,
-            holdout=self.holdout,
+            holdout=self.holdout, read=str(cfg.data.get("read", "whole_day")),
         )
         total_steps = len(stream)
         train_rows = sum(stream.rows_in_day(d) for d in train_days)

@@ -189,3 +189,16 @@ def test_standard_exposure_on_data_without_is_rand_is_named(tmp_path, data_cache
     proc = run_train(tmp_path / "run", "data=tiny", "data.generator=null", "data.train_exposure=standard",
                      data_cache=cache, timeout=120)
     _assert_clean_failure(proc, tmp_path / "run", "data.train_exposure=standard", str(root), "'is_rand' column")
+
+
+def test_own_row_groups_on_a_layout_1_data_set_is_named_with_the_command_that_rewrites_it(tmp_path, data_cache,
+                                                                                         tiny_dataset):
+    cache, root = _broken_copy(tiny_dataset, data_cache, tmp_path, "layout_1")
+    meta_path = root / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta.pop("layout", None)  # written before layout 2
+    meta_path.write_text(json.dumps(meta))
+    proc = run_train(tmp_path / "run", "data=tiny", "data.generator=null", "data.read=own_row_groups",
+                     data_cache=cache, timeout=120)
+    _assert_clean_failure(proc, tmp_path / "run", "data.read=own_row_groups", "layout version 1",
+                          f"python -m data_tools.relayout {root}")

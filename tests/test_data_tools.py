@@ -661,3 +661,29 @@ def test_generate_cli_refuses_bad_values_with_exit_2(tmp_path, capsys, flag, val
     assert generate_main(["--out", str(tmp_path / "g"), flag, value]) == 2
     assert f"field '{field}'" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()
+
+
+def test_convert_writes_layout_2_row_groups_and_validation_refuses_a_file_cut_otherwise(raw_dir, processed, tmp_path):
+    import pyarrow.parquet as pq
+
+    out = str(tmp_path / "grouped")
+    convert(*_raw(raw_dir), out, MIN_COUNT, chunk_rows=300, row_group_rows=700)  # the chunked path too
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    assert meta["layout"] == {"version": 2, "row_group_rows": 700}
+    for spec in meta["days"].values():
+        footer = pq.read_metadata(os.path.join(out, spec["file"]))
+        sizes = [footer.row_group(i).num_rows for i in range(footer.num_row_groups)]
+        assert sizes[:-1] == [700] * (len(sizes) - 1) and 0 < sizes[-1] <= 700 and sum(sizes) == spec["rows"]
+        # the same rows in the same order as the default conversion
+        assert pl.read_parquet(os.path.join(out, spec["file"])).equals(
+            pl.read_parquet(os.path.join(processed, spec["file"])))
+    meta["layout"]["row_group_rows"] = 500  # the files say otherwise
+    json.dump(meta, open(os.path.join(out, "meta.json"), "w"))
+    with pytest.raises(DataError, match=r"day=\d+\.parquet.*row group 0 holds 700 rows.*500 per group.*relayout"):
+        validate_processed(out)
+    meta["layout"] = {"version": 3}
+    json.dump(meta, open(os.path.join(out, "meta.json"), "w"))
+    with pytest.raises(DataError, match=r"meta\.json.*layout.*version"):
+        validate_processed(out)
+    with pytest.raises(DataError, match="row_group_rows: must be an int >= 1"):
+        convert(*_raw(raw_dir), str(tmp_path / "bad"), MIN_COUNT, row_group_rows=0)

@@ -51,7 +51,7 @@ def test_a_rank_that_reads_only_its_rows_gets_the_rows_one_rank_reads_at_their_p
     one = _stream(meta, days=days, extras=KEYS, reserve_rows=reserve)
     one_batches, one_reserved, step = {}, {}, 0
     for day_index, day in enumerate(days):
-        for i, b in enumerate(one._make_batch(one._load_day(day_index, None), j) for j in range(one.batches_in_day(day))):
+        for i, b in enumerate(one._make_batch(one._read_day(day_index), j) for j in range(one.batches_in_day(day))):
             one_batches[(day, i)] = b
         step += one.batches_in_day(day)
         one_reserved[day] = one.reserved_batches(64, trained_steps=step)
@@ -286,7 +286,7 @@ def test_the_next_day_is_read_in_the_background_and_the_batches_are_those_read_i
     assert [d for d, _ in readers] == [0, 1] and all(name.startswith("day-reader") for _, name in readers)
     pipelined = [next(it) for _ in range(len(stream) - 1)]
     assert [d for d, _ in readers] == [0, 1, 2]
-    in_line = [stream._make_batch(stream._load_day(i, None), b) for i, day in enumerate(stream.days)
+    in_line = [stream._make_batch(stream._read_day(i), b) for i, day in enumerate(stream.days)
                for b in range(stream.batches_in_day(day))][1:]
     assert len(pipelined) == len(in_line)
     for a, b in zip(pipelined, in_line):

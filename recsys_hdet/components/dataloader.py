@@ -9,6 +9,11 @@ Design:
   the sharded model need that). A training rank reads the whole day file but permutes, gathers and
   normalizes only its own rows (and the reserved ones). The remainder of a day that does not fill a global batch is
   dropped in training; in evaluation it is padded, with a mask, so every row is scored.
+- ``read="own_row_groups"`` (``data.read``; day files in layout 2): a training rank decodes only the
+  row groups dealt to it (:func:`~recsys_hdet.components.dataset.deal_row_groups`: about
+  ``1 / world_size`` of each day plus a few shared groups), shuffles its rows and runs the step
+  count every rank can fill. Another stream order than ``whole_day``'s (the same for a seed, so
+  resume is exact); a layout-1 data set is refused with the command that rewrites it.
 - Features, labels, which rows a day contributes (exposure, holdout) and the dense normalization
   are the data set's (:mod:`recsys_hdet.components.dataset`); ``Batch.extras`` carries columns that are
   never model inputs (oracle probabilities, raw ids) for evaluation only when asked for.
@@ -21,7 +26,8 @@ Design:
 - ``holdout``: the rows held out of every day are never read by a training stream; a stream with
   ``part="holdout"`` reads only them.
 
-Limits: a day must fit in memory (days are tens of MB here); multi-day files are not split.
+Limits: a rank's share of a day must fit in memory (``whole_day`` decodes the whole day first);
+multi-day files are not split.
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import torch
 from torchrec import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
-from recsys_hdet.components.dataset import (LABEL_PREFIX, RAND_COLUMN, DatasetMeta, DenseNormalization, RowHoldout,
-                                            day_rows, part_mask, standard_rows)
+from recsys_hdet.components.dataset import (DAY_READS, LABEL_PREFIX, RAND_COLUMN, DatasetMeta, DenseNormalization,
+                                            RankShare, RowHoldout, day_rows, deal_row_groups, kept_mask, part_mask,
+                                            standard_rows)
 from recsys_hdet.components.openmp import single_openmp_thread
 
 
@@ -80,21 +88,26 @@ class _DayArrays:
 
     def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str],
                  drop_random: bool = False, normalization: Optional[DenseNormalization] = None,
-                 keep: Optional[np.ndarray] = None, positions: Optional[np.ndarray] = None) -> None:
+                 keep: Optional[np.ndarray] = None, positions: Optional[np.ndarray] = None,
+                 share: Optional[RankShare] = None) -> None:
         label_cols = [LABEL_PREFIX + t for t in meta.tasks]
         columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
-        df = pl.read_parquet(meta.day_path(day), columns=columns + ([RAND_COLUMN] if drop_random else []))
-        if keep is not None:  # the holdout's part, by position in the file: before anything else
-            if len(keep) != df.height:
-                raise ValueError(f"{meta.day_path(day)}: {df.height} rows, meta.json says {len(keep)}")
-            df = df.filter(pl.Series(keep))
-        if drop_random:
-            df = df.filter(standard_rows).drop(RAND_COLUMN)
-        # Columns to arrays in file order, then each array permuted at once (np.take on the
-        # contiguous axis: cheaper than permuting the frame's rows in polars, 0.27 s per bench day).
-        order = np.random.default_rng([seed, int(day)]).permutation(df.height) if shuffle else None
-        if positions is not None:  # the file rows at those stream positions
-            order = order[positions] if order is not None else positions
+        if share is not None:  # a rank's dealt row groups alone; the share's rows are already in stream order
+            df, order = _read_share(meta, day, columns, share)
+            positions = order  # a rank's share: dense taken before it is normalized, as below
+        else:
+            df = pl.read_parquet(meta.day_path(day), columns=columns + ([RAND_COLUMN] if drop_random else []))
+            if keep is not None:  # the holdout's part, by position in the file: before anything else
+                if len(keep) != df.height:
+                    raise ValueError(f"{meta.day_path(day)}: {df.height} rows, meta.json says {len(keep)}")
+                df = df.filter(pl.Series(keep))
+            if drop_random:
+                df = df.filter(standard_rows).drop(RAND_COLUMN)
+            # Columns to arrays in file order, then each array permuted at once (np.take on the
+            # contiguous axis: cheaper than permuting the frame's rows in polars, 0.27 s per bench day).
+            order = np.random.default_rng([seed, int(day)]).permutation(df.height) if shuffle else None
+            if positions is not None:  # the file rows at those stream positions
+                order = order[positions] if order is not None else positions
         take = (lambda x, axis=0: np.take(x, order, axis=axis)) if order is not None else \
             (lambda x, axis=0: np.array(x, order="C"))  # a writable copy (polars' arrays may be read-only)
         self.rows = len(order) if order is not None else df.height
@@ -124,6 +137,17 @@ class _DayArrays:
         self.dense = torch.from_numpy(take(dense) if positions is None else np.ascontiguousarray(dense))
         self.labels = torch.from_numpy(take(df.select(label_cols).to_numpy().astype(np.float32, copy=False)))
         self.extras = {c: torch.from_numpy(take(df[c].to_numpy())) for c in extras}
+
+
+def _read_share(meta: DatasetMeta, day: str, columns: List[str], share: RankShare) -> tuple[pl.DataFrame, np.ndarray]:
+    """The share's row groups of the day file, and the share's rows as positions in what was read."""
+    path = meta.day_path(day)
+    starts = np.concatenate([[0], np.cumsum(meta.row_groups(day), dtype=np.int64)])
+    table = pq.ParquetFile(path).read_row_groups(share.groups.tolist(), columns=columns)
+    read_starts = np.concatenate([[0], np.cumsum(starts[share.groups + 1] - starts[share.groups])])
+    group = np.searchsorted(starts, share.rows, side="right") - 1
+    local = share.rows - starts[group] + read_starts[np.searchsorted(share.groups, group)]
+    return pl.from_arrow(table), local.astype(np.int64, copy=False)
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
@@ -157,8 +181,17 @@ class ParquetBatchStream:
         normalization: Optional[DenseNormalization] = None,
         holdout: Optional[RowHoldout] = None,
         part: str = "train",
+        read: str = "whole_day",
     ) -> None:
         self.meta = meta
+        if read not in DAY_READS:
+            raise ValueError(f"read={read!r}: one of {DAY_READS}")
+        # own_row_groups: a training stream reads only the row groups dealt to its rank (evaluation,
+        # with its padded batches, reads whole days either way)
+        self.deals_row_groups = read == "own_row_groups" and not pad_last
+        if self.deals_row_groups:
+            meta.require_row_groups()
+        self._deal_batches: Dict[str, int] = {}
         if normalization is not None:
             normalization.check(meta)
         self.normalization = normalization  # None: raw values, missing -> 0 (tests and tools only)
@@ -188,6 +221,10 @@ class ParquetBatchStream:
         return self._rows[day]
 
     def batches_in_day(self, day: str) -> int:
+        if self.deals_row_groups:
+            if day not in self._deal_batches:
+                self._deal_batches[day] = self._share(day).batches
+            return self._deal_batches[day]
         rows = self.rows_in_day(day) - self.reserve_rows
         global_batch = self.batch_size * self.world_size
         return -(-rows // global_batch) if self.pad_last else rows // global_batch
@@ -248,22 +285,25 @@ class ParquetBatchStream:
 
     def _read_day(self, day_index: int) -> "_DayArrays":
         day = self.days[day_index]
+        if self.deals_row_groups:
+            return _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
+                              normalization=self.normalization, share=self._share(day))
         keep = part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"]))
         return _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
                           drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep,
                           positions=self._rank_positions(day))
 
-    def _load_day(self, day_index: int, keep: Optional[np.ndarray]) -> "_DayArrays":
-        day = self.days[day_index]
-        arrays = _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
-                            drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep,
-                            positions=self._rank_positions(day))
-        return self._remember(day_index, arrays)
+    def _share(self, day: str) -> RankShare:
+        """This rank's row groups and rows of ``day`` under ``own_row_groups`` (:func:`deal_row_groups`)."""
+        return deal_row_groups(kept_mask(self.meta, day, self.exposure, self.holdout, self.part),
+                               self.meta.row_groups(day), self.rank, self.world_size, self.batch_size,
+                               self.reserve_rows, self.seed, day, self.shuffle)
 
     @property
     def _reads_own_rows(self) -> bool:
-        """A training rank of several reads only its rows of a day (:meth:`_rank_positions`)."""
-        return self.world_size > 1 and not self.pad_last
+        """A training rank reads only its rows of a day: its row groups (``own_row_groups``), or, of
+        several ranks, its positions in the whole day's stream (:meth:`_rank_positions`)."""
+        return self.deals_row_groups or (self.world_size > 1 and not self.pad_last)
 
     def _rank_positions(self, day: str) -> Optional[np.ndarray]:
         """The stream positions this rank reads of ``day`` when it reads only its own (several ranks,
@@ -293,8 +333,7 @@ class ParquetBatchStream:
         day_index = self.position_after(trained_steps)["day_index"]
         a = self._recent_days.get(day_index)
         if a is None:
-            day = self.days[day_index]
-            a = self._load_day(day_index, part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"])))
+            a = self._remember(day_index, self._read_day(day_index))
         first = a.rows - self.reserve_rows + skip_rows
         return [self._slice(a, start, min(start + batch_size, a.rows)) for start in range(first, a.rows, batch_size)]
 

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 
 LABEL_PREFIX = "label_"
@@ -36,6 +37,9 @@ ORACLE_PREFIX = "oracle_"
 RAND_COLUMN = "is_rand"  # 1: a random-exposure impression (the unbiased sample); never a model input
 # data.train_exposure: "all" trains on every impression, "standard" drops the random-exposure ones.
 TRAIN_EXPOSURES = ("all", "standard")
+# data.read: "whole_day" every rank decodes the whole day file and keeps its rows (any layout);
+# "own_row_groups" a training rank reads only the row groups dealt to it (layout 2, deal_row_groups)
+DAY_READS = ("whole_day", "own_row_groups")
 
 
 @dataclass
@@ -47,6 +51,8 @@ class DatasetMeta:
     days: Dict[str, Dict]  # "YYYYMMDD" -> {"file": str, "rows": int}
     has_oracle: bool
     source: Dict = field(default_factory=dict)  # provenance (generator config, string vocabularies)
+    # how the day files are cut into row groups: version 1 (absent) any; 2 groups of row_group_rows
+    layout: Dict = field(default_factory=lambda: {"version": 1})
 
     @classmethod
     def load(cls, root: str) -> "DatasetMeta":
@@ -61,7 +67,23 @@ class DatasetMeta:
             days=dict(sorted(meta["days"].items())),
             has_oracle=bool(meta.get("has_oracle", False)),
             source=dict(meta.get("source") or {}),
+            layout=dict(meta.get("layout") or {"version": 1}),
         )
+
+    def require_row_groups(self) -> None:
+        """ValueError naming the data set and the command that rewrites it, unless its day files are cut
+        into small row groups (layout 2) that ranks can be dealt."""
+        if int(self.layout.get("version", 1)) < 2:
+            raise ValueError(
+                f"data.read=own_row_groups deals each day's row groups to the ranks, but the data set at {self.root} "
+                f"has layout version {self.layout.get('version', 1)} (day files in a few large row groups, written "
+                f"before layout 2): rewrite it once with `python -m data_tools.relayout {self.root}` (same rows, same "
+                f"order; minutes per 10M rows), or train with data.read=whole_day")
+
+    def row_groups(self, day: str) -> List[int]:
+        """The row counts of the day file's row groups (from its footer)."""
+        meta = pq.read_metadata(self.day_path(day))
+        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
     def day_path(self, day: str) -> str:
         return os.path.join(self.root, self.days[day]["file"])
@@ -197,6 +219,17 @@ def day_rows(meta: DatasetMeta, days: Sequence[str], exposure: str = "all", hold
     return out
 
 
+def kept_mask(meta: DatasetMeta, day: str, exposure: str = "all", holdout: Optional[RowHoldout] = None,
+              part: str = "train") -> np.ndarray:
+    """Which rows of the day file a stream reads (:func:`day_rows` counts them), by file position."""
+    rows = int(meta.days[day]["rows"])
+    keep = part_mask(holdout, part, day, rows)
+    keep = np.ones(rows, dtype=bool) if keep is None else keep
+    if exposure == "standard":
+        keep &= pl.read_parquet(meta.day_path(day), columns=[RAND_COLUMN]).select(standard_rows).to_series().to_numpy()
+    return keep
+
+
 def part_mask(holdout: Optional[RowHoldout], part: str, day: str, rows: int) -> Optional[np.ndarray]:
     """Rows of the day file the stream's ``part`` keeps (None: every row)."""
     if holdout is None:
@@ -238,3 +271,69 @@ def split_for(meta: DatasetMeta, data_cfg) -> tuple[List[str], List[str]]:
     """:func:`split_days` with a run's ``data`` config."""
     return split_days(meta, int(data_cfg.eval_days), data_cfg.get("train_days"), int(data_cfg.get("skip_days", 0)),
                       data_cfg.get("until"), RowHoldout.from_config(data_cfg) is not None)
+
+
+# -- rank-local reads (data.read=own_row_groups) -----------------------------------------------
+# Row groups of a day file are the unit a rank reads. Seeds are tagged so the deal never reuses the
+# whole-day permutation's stream of numbers.
+_DEAL_TAG = 0xDEA1
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """One rank's part of a day under ``own_row_groups``: which row groups it reads (ascending), and
+    the day file's rows it produces, in stream order (its ``batches`` x batch_size training rows,
+    then the reserved rows every rank scores). ``rows_per_rank``: each rank's training rows before
+    they are cut to whole batches (the smallest sets the day's step count)."""
+
+    groups: np.ndarray
+    rows: np.ndarray
+    batches: int
+    rows_per_rank: List[int]
+
+
+def deal_row_groups(kept: np.ndarray, group_rows: Sequence[int], rank: int, world_size: int, batch_size: int,
+                    reserve_rows: int, seed: int, day: str, shuffle: bool = True) -> RankShare:
+    """Deal a day's row groups to ``world_size`` ranks so each reads about ``1 / world_size`` of the file.
+
+    ``kept``: which of the file's rows the stream reads (exposure and holdout), ``group_rows``: the
+    file's row-group sizes. The groups, in an order drawn from ``(seed, day)``, are split into a tail
+    that holds the ``reserve_rows`` reserved rows, ``world_size`` equal-count runs dealt round-robin
+    (group ``j`` to rank ``j % world_size``) and the few left over; the tail and the left-over groups
+    are *shared*: every rank reads them, the reserved rows are the last of their rows (shuffled, the
+    same on every rank), and their other rows are dealt row by row. A rank's training rows are
+    shuffled by ``(seed, day, world_size, rank)`` and cut to the step count every rank can fill.
+    Deterministic in its arguments, so a resumed job reads the same rows; it never reads a row
+    group it takes nothing from.
+    """
+    starts = np.concatenate([[0], np.cumsum(np.asarray(group_rows, dtype=np.int64))])
+    if starts[-1] != len(kept):
+        raise ValueError(f"day {day}: row groups hold {starts[-1]} rows, the mask {len(kept)}")
+    m = len(group_rows)
+    counts = np.array([int(kept[starts[g]:starts[g + 1]].sum()) for g in range(m)], dtype=np.int64)
+    rng = np.random.default_rng([int(seed), int(day), _DEAL_TAG])
+    order = rng.permutation(m) if shuffle else np.arange(m)
+    tail, held = 0, 0
+    while held < reserve_rows and tail < m:
+        held += int(counts[order[m - 1 - tail]])
+        tail += 1
+    dealt_groups = (m - tail) // world_size * world_size
+    dealt, shared = order[:dealt_groups], order[dealt_groups:]
+
+    def rows_of(groups: np.ndarray) -> np.ndarray:
+        parts = [np.flatnonzero(kept[starts[g]:starts[g + 1]]) + starts[g] for g in groups]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    shared_rows = rows_of(shared)
+    if shuffle:
+        shared_rows = shared_rows[rng.permutation(len(shared_rows))]
+    cut = max(0, len(shared_rows) - reserve_rows)
+    leftover, reserved = shared_rows[:cut], shared_rows[cut:]
+    rows_per_rank = [int(counts[dealt[r::world_size]].sum()) + len(leftover[r::world_size]) for r in range(world_size)]
+    batches = min(rows_per_rank) // batch_size
+    own = np.concatenate([rows_of(dealt[rank::world_size]), leftover[rank::world_size]])
+    if shuffle:
+        own = own[np.random.default_rng([int(seed), int(day), _DEAL_TAG, world_size, rank]).permutation(len(own))]
+    rows = np.concatenate([own[: batches * batch_size], reserved]).astype(np.int64, copy=False)
+    groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
+    return RankShare(groups=groups, rows=rows, batches=batches, rows_per_rank=rows_per_rank)

@@ -1,0 +1,81 @@
+"""Rewrite a processed data set's day files in layout 2: the same rows in the same order, cut into
+row groups of ``row_group_rows`` rows, the unit ``data.read=own_row_groups`` deals to the ranks.
+
+    python -m data_tools.relayout ROOT [--row-group-rows N]
+
+Each day file is written beside itself and moved into place (``os.replace``) once its rows and
+columns are checked against the original; meta.json's ``layout`` is replaced last. A run that is
+killed half way leaves every day file whole (some rewritten, which reads the same under
+``whole_day``) and meta.json at layout 1; run it again to finish. It holds the data set's lock
+(``ROOT.lock``, the one appends and ``ensure_dataset`` take). Exit status 2 on a bad data set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from data_tools import schema as S
+from data_tools.errors import DataError, data_error
+from data_tools.validate import _load_meta, validate_day_file
+from recsys_hdet.exit_status import ExitStatus
+from recsys_hdet.fileio import file_lock, write_json_atomic
+
+
+def relayout(root: str, row_group_rows: int = S.ROW_GROUP_ROWS, verbose: bool = False) -> dict:
+    """Rewrite ``root`` in layout 2 (see the module docstring); returns the new meta. A data set
+    already in layout 2 with the same ``row_group_rows`` is left as it is."""
+    if isinstance(row_group_rows, bool) or not isinstance(row_group_rows, int) or row_group_rows < 1:
+        raise DataError(f"row_group_rows: must be an int >= 1, got {row_group_rows!r}")
+    root = os.path.abspath(root)
+    with file_lock(root + ".lock"):
+        meta = _load_meta(root)
+        target = {"version": S.LAYOUT_VERSION, "row_group_rows": row_group_rows}
+        if meta.get("layout") == target:
+            return meta
+        for day, spec in meta["days"].items():
+            path = os.path.join(root, spec["file"])
+            validate_day_file(path, meta, day, spec.get("rows"))
+            footer = pq.read_metadata(path)
+            sizes = [footer.row_group(i).num_rows for i in range(footer.num_row_groups)]
+            if all(n == row_group_rows for n in sizes[:-1]) and sizes and sizes[-1] <= row_group_rows:
+                continue  # already cut this way (a run killed after it)
+            df = pl.read_parquet(path)
+            tmp = path + ".relayout"
+            df.write_parquet(tmp, row_group_size=row_group_rows)
+            if not pl.read_parquet(tmp).equals(df):  # nothing replaced unless it reads back the same
+                os.remove(tmp)
+                raise data_error(tmp, None, "rewritten day file does not read back as the original")
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            if verbose:
+                print(f"{spec['file']}: {df.height} rows in {-(-df.height // row_group_rows)} row groups")
+        meta["layout"] = target
+        write_json_atomic(os.path.join(root, "meta.json"), meta)
+        return meta
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m data_tools.relayout", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("root", help="the processed data set (a directory with meta.json)")
+    ap.add_argument("--row-group-rows", type=int, default=S.ROW_GROUP_ROWS, metavar="N",
+                    help=f"rows per row group (default {S.ROW_GROUP_ROWS:,})")
+    args = ap.parse_args(argv)
+    try:
+        meta = relayout(args.root, args.row_group_rows, verbose=True)
+    except DataError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return ExitStatus.USAGE
+    print(f"{args.root}: layout {json.dumps(meta['layout'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
