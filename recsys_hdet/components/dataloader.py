@@ -128,13 +128,12 @@ class _DayArrays:
             self.multi_lengths.append(lengths)
             self.multi_offsets.append(_offsets(lengths))
             self.multi_values.append(values)
-        dense = df.select(meta.dense).to_numpy().astype(np.float64)  # null (missing) -> NaN
-        if positions is not None:  # a rank's share: taken first (the normalization is elementwise)
-            dense = take(dense)
+        # [D, rows] (the transpose of polars' column-major array is contiguous): rows taken along the
+        # contiguous axis first, then the elementwise normalization in float64, so the values are the
+        # same whatever rows are taken and in what order (null, missing -> NaN -> 0)
+        dense = take(df.select(meta.dense).to_numpy().T, axis=1).T.astype(np.float64)
         dense = normalization.apply(dense) if normalization is not None else np.nan_to_num(dense, nan=0.0)
-        dense = dense.astype(np.float32, copy=False)
-        # the whole day: permuted after the cast (half the bytes to move)
-        self.dense = torch.from_numpy(take(dense) if positions is None else np.ascontiguousarray(dense))
+        self.dense = torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32))
         self.labels = torch.from_numpy(take(df.select(label_cols).to_numpy().astype(np.float32, copy=False)))
         self.extras = {c: torch.from_numpy(take(df[c].to_numpy())) for c in extras}
 
@@ -223,7 +222,7 @@ class ParquetBatchStream:
     def batches_in_day(self, day: str) -> int:
         if self.deals_row_groups:
             if day not in self._deal_batches:
-                self._deal_batches[day] = self._share(day).batches
+                self._deal_batches[day] = self._share(day, rows=False).batches
             return self._deal_batches[day]
         rows = self.rows_in_day(day) - self.reserve_rows
         global_batch = self.batch_size * self.world_size
@@ -293,11 +292,11 @@ class ParquetBatchStream:
                           drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep,
                           positions=self._rank_positions(day))
 
-    def _share(self, day: str) -> RankShare:
+    def _share(self, day: str, rows: bool = True) -> RankShare:
         """This rank's row groups and rows of ``day`` under ``own_row_groups`` (:func:`deal_row_groups`)."""
         return deal_row_groups(kept_mask(self.meta, day, self.exposure, self.holdout, self.part),
                                self.meta.row_groups(day), self.rank, self.world_size, self.batch_size,
-                               self.reserve_rows, self.seed, day, self.shuffle)
+                               self.reserve_rows, self.seed, day, self.shuffle, rows=rows)
 
     @property
     def _reads_own_rows(self) -> bool:

@@ -281,19 +281,20 @@ _DEAL_TAG = 0xDEA1
 
 @dataclass(frozen=True)
 class RankShare:
-    """One rank's part of a day under ``own_row_groups``: which row groups it reads (ascending), and
-    the day file's rows it produces, in stream order (its ``batches`` x batch_size training rows,
-    then the reserved rows every rank scores). ``rows_per_rank``: each rank's training rows before
-    they are cut to whole batches (the smallest sets the day's step count)."""
+    """One rank's part of a day under ``own_row_groups``: the row groups it reads (ascending: its dealt
+    groups and the shared ones), the day file's rows it produces in stream order (its ``batches`` x
+    batch_size training rows, then the reserved rows every rank scores; None when only the step count
+    was asked for), and ``rows_per_rank``: each rank's training rows before they are cut to whole
+    batches (the smallest sets the day's step count)."""
 
     groups: np.ndarray
-    rows: np.ndarray
+    rows: Optional[np.ndarray]
     batches: int
     rows_per_rank: List[int]
 
 
 def deal_row_groups(kept: np.ndarray, group_rows: Sequence[int], rank: int, world_size: int, batch_size: int,
-                    reserve_rows: int, seed: int, day: str, shuffle: bool = True) -> RankShare:
+                    reserve_rows: int, seed: int, day: str, shuffle: bool = True, rows: bool = True) -> RankShare:
     """Deal a day's row groups to ``world_size`` ranks so each reads about ``1 / world_size`` of the file.
 
     ``kept``: which of the file's rows the stream reads (exposure and holdout), ``group_rows``: the
@@ -303,37 +304,39 @@ def deal_row_groups(kept: np.ndarray, group_rows: Sequence[int], rank: int, worl
     are *shared*: every rank reads them, the reserved rows are the last of their rows (shuffled, the
     same on every rank), and their other rows are dealt row by row. A rank's training rows are
     shuffled by ``(seed, day, world_size, rank)`` and cut to the step count every rank can fill.
-    Deterministic in its arguments, so a resumed job reads the same rows; it never reads a row
-    group it takes nothing from.
+    Deterministic in its arguments, so a resumed job reads the same rows. ``rows=False``: the step
+    count alone, from group-level arithmetic (no row is listed).
     """
     starts = np.concatenate([[0], np.cumsum(np.asarray(group_rows, dtype=np.int64))])
     if starts[-1] != len(kept):
         raise ValueError(f"day {day}: row groups hold {starts[-1]} rows, the mask {len(kept)}")
     m = len(group_rows)
-    counts = np.array([int(kept[starts[g]:starts[g + 1]].sum()) for g in range(m)], dtype=np.int64)
+    kept_before = np.concatenate([[0], np.cumsum(kept, dtype=np.int64)])
+    counts = kept_before[starts[1:]] - kept_before[starts[:-1]]
     rng = np.random.default_rng([int(seed), int(day), _DEAL_TAG])
     order = rng.permutation(m) if shuffle else np.arange(m)
-    tail, held = 0, 0
-    while held < reserve_rows and tail < m:
-        held += int(counts[order[m - 1 - tail]])
-        tail += 1
+    # the tail: the fewest last groups of the order that hold the reserved rows (all of them if none do)
+    tail = 0 if reserve_rows <= 0 else min(m, int(np.searchsorted(np.cumsum(counts[order][::-1]), reserve_rows)) + 1)
     dealt_groups = (m - tail) // world_size * world_size
     dealt, shared = order[:dealt_groups], order[dealt_groups:]
+    leftover_rows = max(0, int(counts[shared].sum()) - reserve_rows)
+    rows_per_rank = [int(counts[dealt[r::world_size]].sum()) + len(range(r, leftover_rows, world_size))
+                     for r in range(world_size)]
+    batches = min(rows_per_rank) // batch_size
+    groups = np.sort(np.concatenate([dealt[rank::world_size], shared]))
+    if not rows:
+        return RankShare(groups=groups, rows=None, batches=batches, rows_per_rank=rows_per_rank)
 
-    def rows_of(groups: np.ndarray) -> np.ndarray:
-        parts = [np.flatnonzero(kept[starts[g]:starts[g + 1]]) + starts[g] for g in groups]
+    def rows_of(gs: np.ndarray) -> np.ndarray:
+        parts = [np.flatnonzero(kept[starts[g]:starts[g + 1]]) + starts[g] for g in gs]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     shared_rows = rows_of(shared)
     if shuffle:
         shared_rows = shared_rows[rng.permutation(len(shared_rows))]
-    cut = max(0, len(shared_rows) - reserve_rows)
-    leftover, reserved = shared_rows[:cut], shared_rows[cut:]
-    rows_per_rank = [int(counts[dealt[r::world_size]].sum()) + len(leftover[r::world_size]) for r in range(world_size)]
-    batches = min(rows_per_rank) // batch_size
+    leftover, reserved = shared_rows[:leftover_rows], shared_rows[leftover_rows:]
     own = np.concatenate([rows_of(dealt[rank::world_size]), leftover[rank::world_size]])
     if shuffle:
         own = own[np.random.default_rng([int(seed), int(day), _DEAL_TAG, world_size, rank]).permutation(len(own))]
-    rows = np.concatenate([own[: batches * batch_size], reserved]).astype(np.int64, copy=False)
-    groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
-    return RankShare(groups=groups, rows=rows, batches=batches, rows_per_rank=rows_per_rank)
+    return RankShare(groups=groups, rows=np.concatenate([own[: batches * batch_size], reserved]).astype(np.int64),
+                     batches=batches, rows_per_rank=rows_per_rank)
