@@ -294,6 +294,14 @@ def measure(raw: Dict[str, Any], root: str, nprocs: List[int], steps: int, extra
     return row
 
 
+def code_state() -> Dict[str, Any]:
+    """The commit the figures were measured at, and whether the checkout had uncommitted changes."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return {"commit": head, "clean": not dirty}
+
+
 # -- fits and projection --------------------------------------------------------------------------
 def fit(rows: List[int], values: List[float]) -> Dict[str, float]:
     """Least-squares line against millions of rows, and the growth from the smallest to the largest size."""
@@ -475,7 +483,8 @@ def record(r: Dict[str, Any], body: str) -> None:
     write_json_atomic(path, results)
     s, load = r["setup"], r["load_average"]
     replace_benchmarks_section(HEADING, (
-        f"{HEADING}\n\n`{r['command']}` on {r['date']}, {r['machine']}. **Measured beside other work on this "
+        f"{HEADING}\n\n`{r['command']}` on {r['date']}, {r['machine']}, at commit {r['commit']['commit'][:7]}"
+        f"{'' if r['commit']['clean'] else ' (with uncommitted changes)'}. **Measured beside other work on this "
         f"shared machine** (1-minute load average {load['start']:.1f} at the start, {load['end']:.1f} at the end): one "
         f"measurement per figure; rates are lowered and made noisy by the contention (the loader's rows per CPU "
         f"second are not). Synthetic data, {s['rows_per_day']:,} rows a day, "
@@ -564,6 +573,7 @@ def main(argv=None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
                    f"torch {importlib.metadata.version('torch')}",
         "date": time.strftime("%Y-%m-%d"), "command": command, "mode": "quick" if args.quick else "full",
+        "commit": code_state(),
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "setup": {"rows_per_day": args.rows_per_day, "ids": {**FIXED_IDS, "n_videos": args.n_videos},
                   "steps": args.steps, "nprocs": args.nprocs, "train_overrides": args.train_override,
