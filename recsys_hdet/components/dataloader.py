@@ -84,7 +84,8 @@ class _DayArrays:
     A training rank keeps only its own batches' rows and the reserved tail (every rank scores
     those): the permutation, the jagged gathers and the dense normalization then touch a
     ``1 / world_size`` share of the day. The rows it keeps are the ones it would have sliced from
-    the whole day, bit for bit (the normalization is elementwise)."""
+    the whole day, bit for bit (the normalization is elementwise). With ``share`` (``own_row_groups``)
+    only the share's row groups are decoded and its rows, already in stream order, are kept."""
 
     def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str],
                  drop_random: bool = False, normalization: Optional[DenseNormalization] = None,
@@ -94,7 +95,6 @@ class _DayArrays:
         columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
         if share is not None:  # a rank's dealt row groups alone; the share's rows are already in stream order
             df, order = _read_share(meta, day, columns, share)
-            positions = order  # a rank's share: dense taken before it is normalized, as below
         else:
             df = pl.read_parquet(meta.day_path(day), columns=columns + ([RAND_COLUMN] if drop_random else []))
             if keep is not None:  # the holdout's part, by position in the file: before anything else
