@@ -49,3 +49,15 @@ def test_benchmark_harness_runs_in_tiny_mode(tiny_dataset, data_cache):
     assert r["throughput_all"]["scaling_1_1thread"] > 0
     assert "| torchrec_ddp |" in proc.stdout and "same-run GEMM peak" in proc.stdout
     assert open(bench_md).read() == before  # only --write records into BENCHMARKS.md
+
+
+def test_the_committed_data_scaling_record_has_every_figure_per_size_from_a_clean_commit():
+    with open(os.path.join(REPO, "benchmarks", "results.json")) as f:
+        r = json.load(f)["data_scaling"]
+    assert r["mode"] == "full" and r["commit"]["clean"] and len(r["commit"]["commit"]) == 40
+    assert len(r["rows"]) >= 3 and r["rows"] == sorted(r["rows"])
+    for key in ("convert_peak_rss_mb", "convert_seconds", "loader_rows_per_sec_one_core",
+                "train_peak_rss_mb_per_worker", "train_examples_per_sec"):
+        assert len(r[key]) == len(r["rows"]) and all(v > 0 for v in r[key]), key
+    assert {"convert_peak_rss_growth", "loader_rank0_of_4_one_core_rows_per_sec_lowest",
+            "train_peak_rss_per_worker_growth"} <= set(r["targets"])
