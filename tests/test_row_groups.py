@@ -169,3 +169,15 @@ def test_own_row_groups_on_a_layout_1_data_set_is_refused_with_the_command(tiny_
     assert meta.layout == {"version": 2, "row_group_rows": 4000}
     assert pq.read_metadata(meta.day_path(list(meta.days)[0])).num_row_groups == 3
     _stream(meta, 0, 2, list(meta.days)[:1], read="own_row_groups")
+
+
+def test_own_row_groups_with_standard_exposure_never_reads_a_random_exposure_row(grouped):
+    meta = DatasetMeta.load(grouped)
+    days, _ = split_days(meta, eval_days=1)
+    world = 2
+    streams = [ParquetBatchStream(meta, days, 64, r, world, seed=3, extras=["is_rand"], exposure="standard",
+                                  read="own_row_groups") for r in range(world)]
+    flags = torch.cat([b.extras["is_rand"] for s in streams for b in s])
+    standard = sum(streams[0].rows_in_day(d) for d in days)
+    assert len(flags) > 0 and int(flags.abs().sum()) == 0
+    assert standard - len(flags) < len(days) * world * (64 + 2 * GROUP)  # only what the ranks cannot fill
