@@ -18,11 +18,10 @@ import os
 import sys
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from data_tools import schema as S
 from data_tools.errors import DataError, data_error
-from data_tools.validate import _load_meta, validate_day_file
+from data_tools.validate import _load_meta, miscut_row_group, row_group_sizes, validate_day_file
 from recsys_hdet.exit_status import ExitStatus
 from recsys_hdet.fileio import file_lock, write_json_atomic
 
@@ -41,9 +40,7 @@ def relayout(root: str, row_group_rows: int = S.ROW_GROUP_ROWS, verbose: bool = 
         for day, spec in meta["days"].items():
             path = os.path.join(root, spec["file"])
             validate_day_file(path, meta, day, spec.get("rows"))
-            footer = pq.read_metadata(path)
-            sizes = [footer.row_group(i).num_rows for i in range(footer.num_row_groups)]
-            if all(n == row_group_rows for n in sizes[:-1]) and sizes and sizes[-1] <= row_group_rows:
+            if miscut_row_group(row_group_sizes(path), row_group_rows) is None:
                 continue  # already cut this way (a run killed after it)
             df = pl.read_parquet(path)
             tmp = path + ".relayout"

@@ -334,6 +334,19 @@ def _load_meta(root: str) -> dict:
     return meta
 
 
+def row_group_sizes(path: str) -> list[int]:
+    """The row counts of a Parquet file's row groups (from its footer)."""
+    footer = pq.read_metadata(path)
+    return [footer.row_group(i).num_rows for i in range(footer.num_row_groups)]
+
+
+def miscut_row_group(sizes: list[int], rows_per_group: int) -> int | None:
+    """The first row group that breaks layout 2 (every group ``rows_per_group`` rows, the last one at
+    most that), or None."""
+    return next((i for i, n in enumerate(sizes)
+                 if n != rows_per_group and (i < len(sizes) - 1 or n > rows_per_group)), None)
+
+
 def validate_day_file(path: str, meta: dict, day: str | None = None,
                       expected_rows: int | None = None) -> int:
     """Check one processed day file against ``meta``; return its row count."""
@@ -362,11 +375,9 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
         if sch[c] != dtype:
             raise data_error(path, c, f"dtype {sch[c]} (expected {dtype})")
     layout = meta.get("layout") or {"version": 1}
-    if layout.get("version") == 2:  # the row groups own_row_groups deals: every one full but the last
-        footer = pq.read_metadata(path)
-        sizes = [footer.row_group(i).num_rows for i in range(footer.num_row_groups)]
-        g = int(layout["row_group_rows"])
-        bad = next((i for i, n in enumerate(sizes) if n != g and (i < len(sizes) - 1 or n > g)), None)
+    if layout.get("version") == S.LAYOUT_VERSION:  # the row groups own_row_groups deals
+        sizes, g = row_group_sizes(path), int(layout["row_group_rows"])
+        bad = miscut_row_group(sizes, g)
         if bad is not None:
             raise data_error(path, None, f"row group {bad} holds {sizes[bad]} rows; meta.json's layout 2 says "
                                          f"{g} per group (the last may be shorter): rewrite it with "

@@ -206,17 +206,8 @@ def day_rows(meta: DatasetMeta, days: Sequence[str], exposure: str = "all", hold
         raise ValueError(f"part={part!r}: one of {STREAM_PARTS}")
     if exposure == "standard":
         require_rand_column(meta, days)
-    out = {}
-    for d in days:
-        total = int(meta.days[d]["rows"])
-        keep = part_mask(holdout, part, d, total)
-        if exposure == "all":
-            out[d] = int(keep.sum()) if keep is not None else total
-        else:
-            standard = pl.read_parquet(meta.day_path(d), columns=[RAND_COLUMN]).select(standard_rows).to_series()
-            standard = standard.to_numpy()
-            out[d] = int((standard & keep).sum()) if keep is not None else int(standard.sum())
-    return out
+    return {d: int(meta.days[d]["rows"]) if exposure == "all" and holdout is None
+            else int(kept_mask(meta, d, exposure, holdout, part).sum()) for d in days}
 
 
 def kept_mask(meta: DatasetMeta, day: str, exposure: str = "all", holdout: Optional[RowHoldout] = None,
