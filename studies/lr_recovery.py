@@ -48,6 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from studies import harness as SR
 from studies.harness import (AblationConfig, StudyFiles, StudyMismatch, fmt as _f, machine_line, outcome, run_one,
                              paired, run_schedules, write_reports)
+from recsys_hdet import lr_find
 from recsys_hdet.components.metrics_log import read_json, read_jsonl
 from recsys_hdet.constants import TASKS
 
@@ -190,27 +191,12 @@ def lr_finder_sweeps(embedding: float, dense: float) -> Dict[str, List[str]]:
                       "optim.schedule.range_test.groups=[" + ",".join(DENSE) + "]"]}
 
 
-def suggest_multiplier(record: Dict[str, Any], beta: float = 0.98) -> Optional[float]:
-    """fastai's classic suggestion from a range test's line: the loss smoothed by an exponential moving
-    average (``beta``, bias-corrected), cut where it exceeds 4x its minimum (or turns non-finite); the
-    multiplier at the smoothed minimum, divided by 10. None without a logged step."""
+def suggest_multiplier(record: Dict[str, Any]) -> Optional[float]:
+    """The suggestion (:func:`recsys_hdet.lr_find.suggest_multiplier`: fastai's classic rule) from a range-test
+    run's results line. None without a logged step."""
     rt = record.get("range_test") or {}
-    steps, losses = rt.get("step") or [], rt.get("loss") or []
-    avg, best, best_at = 0.0, math.inf, None
-    for k, (step, loss) in enumerate(zip(steps, losses)):
-        if loss is None or not math.isfinite(loss):
-            break
-        avg = beta * avg + (1 - beta) * loss
-        smoothed = avg / (1 - beta ** (k + 1))
-        if smoothed > 4 * best:
-            break
-        if smoothed < best:
-            best, best_at = smoothed, step
-    if best_at is None:
-        return None
-    # metrics' step k records the k steps trained; step k - 1 (0-based) ran at the multiplier of k - 1
-    pct = min(max(best_at - 1, 0), int(rt["steps"]) - 1) / (int(rt["steps"]) - 1)
-    return float(rt["low"]) * (float(rt["high"]) / float(rt["low"])) ** pct / 10
+    return lr_find.suggest_multiplier(rt.get("step") or [], rt.get("loss") or [], float(rt.get("low", 1.0)),
+                                      float(rt.get("high", 1.0)), int(rt.get("steps", 2)))
 
 
 # ----------------------------------------------------------------------------------------------

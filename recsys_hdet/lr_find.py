@@ -1,0 +1,171 @@
+"""``python -m recsys_hdet.lr_find +experiment=NAME [overrides]``: max learning rates from LR range tests.
+
+The LR range test (Smith 2017, arXiv 1506.01186; fastai's ``lr_find``, Lightning's ``Tuner.lr_find``),
+run as the recovery study's ``lr_finder`` contender runs it (docs/lr_recovery.md): one short plain run
+per axis, first the embedding group, then the dense groups together. In a sweep the axis's groups
+rise geometrically from their max LR x ``low`` to x ``high`` over ``steps`` steps
+(``optim.schedule.range_test``: 100 steps, x0.01 to x100 by default) while the other axis is held at
+its max LR x ``low``, so that each sweep measures its own groups; the loss is logged every step. The
+suggestion is fastai's classic rule: the loss smoothed by an exponential moving average (0.98,
+bias-corrected) and cut where it exceeds 4x its minimum, the multiplier at the smoothed minimum / 10.
+
+The command prints the overrides to train with (each group's max LR x its axis's multiplier: the dense
+groups keep their ratios) and writes ``lr_find.json`` into its run directory
+(``outputs/lr_find/<experiment>/<time>/``, the sweeps in ``sweep_embedding/`` and ``sweep_dense/``).
+
+Limits: the sweeps train the first ``steps`` steps of the pass on the config's data and layout, so
+their cost is 2 x ``steps`` steps (in the recovery study 200 steps beside a 960-step pass); rollback is
+off and the divergence check at its default, so a sweep ends where its loss explodes, as a range test
+does. The suggestion is for the config's schedule (one-cycle), from its start: HDET and the
+parameter-free dense optimizers (Prodigy, Schedule-Free) set their step sizes themselves and are refused.
+Exit status: 0 with a suggestion, 2 for a bad config or data, 1 when a sweep failed or logged no loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+import hydra
+import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.train)
+from omegaconf import DictConfig, OmegaConf
+
+from recsys_hdet.config import CONF_DIR, ConfigError, run_hydra_command
+from recsys_hdet.exit_status import ExitStatus
+
+AXES: Dict[str, Sequence[str]] = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
+SMOOTHING = 0.98
+_config_composed = False
+
+
+def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
+                       sweep_steps: int, beta: float = SMOOTHING) -> Optional[float]:
+    """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
+    trained when ``losses[k]`` was logged): the loss smoothed by an exponential moving average
+    (``beta``, bias-corrected), cut where it exceeds 4x its minimum or turns non-finite; the multiplier
+    of the max LR at the smoothed minimum, divided by 10. None without a finite logged loss."""
+    avg, best, best_at = 0.0, math.inf, None
+    for k, (step, loss) in enumerate(zip(steps, losses)):
+        if loss is None or not math.isfinite(loss):
+            break
+        avg = beta * avg + (1 - beta) * loss
+        smoothed = avg / (1 - beta ** (k + 1))
+        if smoothed > 4 * best:
+            break
+        if smoothed < best:
+            best, best_at = smoothed, step
+    if best_at is None:
+        return None
+    # a record at step k follows k trained steps; the last of them (0-based k - 1) ran at the multiplier of k - 1
+    pct = min(max(best_at - 1, 0), sweep_steps - 1) / (sweep_steps - 1)
+    return low * (high / low) ** pct / 10
+
+
+def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
+    """The range test of one axis: ``cfg`` with the range-test schedule for the axis's groups, the other
+    axis's max LRs x ``low``, a stop after ``steps`` steps, the loss logged every step, no checkpoints,
+    no rollback."""
+    rt = cfg.optim.schedule.range_test
+    sweep = OmegaConf.create(OmegaConf.to_container(cfg))
+    for other, groups in AXES.items():
+        if other != axis:
+            for g in groups:
+                sweep.optim.lr[g] = float(cfg.optim.lr[g]) * float(rt.low)
+    for key, value in {"optim.schedule.name": "range_test", "optim.schedule.range_test.groups": list(AXES[axis]),
+                       "trainer.stop_at_step": int(rt.steps), "trainer.log_every": 1,
+                       "trainer.rollback.max_rollbacks": 0, "trainer.periodic_checkpoint.every_steps": 0,
+                       "trainer.checkpoint": False, "trainer.tensorboard": False}.items():
+        OmegaConf.update(sweep, key, value, merge=False)
+    return sweep
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Refuses what a range test of the one-cycle's max LRs cannot serve (ConfigError, exit 2)."""
+    if bool(cfg.hdet.get("enabled", False)):
+        raise ConfigError("hdet.enabled=true: the LR range test sweeps a plain run; drop hdet=enabled "
+                          "(HDET's controller moves the base itself)")
+    dense = str(cfg.optim.dense.type)
+    if dense not in ("adam", "adamw"):
+        raise ConfigError(f"optim.dense.type={dense}: sets its own step size; the LR range test serves adam or adamw")
+    if str(cfg.optim.schedule.get("name", "one_cycle")) != "one_cycle":
+        raise ConfigError(f"optim.schedule.name={cfg.optim.schedule.name}: the suggestion is for the one-cycle "
+                          "schedule's max LRs (leave optim.schedule.name at one_cycle)")
+
+
+def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
+    """Runs the two sweeps into ``run_dir`` and returns the record ``lr_find.json`` holds:
+    per axis its sweep's run, status, steps and multiplier; ``lr``: the suggested max LR per group
+    (absent when a sweep gave no suggestion)."""
+    from recsys_hdet.api import train
+    from recsys_hdet.components.metrics_log import read_jsonl
+
+    check_config(cfg)
+    rt = cfg.optim.schedule.range_test
+    record: Dict[str, Any] = {"range_test": {"steps": int(rt.steps), "low": float(rt.low), "high": float(rt.high)},
+                              "start": {g: float(cfg.optim.lr[g]) for gs in AXES.values() for g in gs}, "sweeps": {}}
+    for axis in AXES:
+        sweep_dir = os.path.join(run_dir, f"sweep_{axis}")
+        result = train(sweep_config(cfg, axis), sweep_dir)
+        logged = [m for m in read_jsonl(os.path.join(sweep_dir, "metrics.jsonl")) if "loss" in m and "step" in m]
+        multiplier = suggest_multiplier([int(m["step"]) for m in logged], [m["loss"]["avg"] for m in logged],
+                                        float(rt.low), float(rt.high), int(rt.steps))
+        record["sweeps"][axis] = {"run_dir": sweep_dir, "status": result.status, "steps": result.steps,
+                                  "multiplier": multiplier}
+        if multiplier is None:
+            return record
+    record["lr"] = {g: float(f"{record['start'][g] * record['sweeps'][axis]['multiplier']:.6g}")
+                    for axis, gs in AXES.items() for g in gs}
+    return record
+
+
+def overrides_line(lr: Dict[str, float]) -> str:
+    return " ".join(f"optim.lr.{g}={v:.6g}" for g, v in lr.items())
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    from data_tools.errors import DataError
+
+    from recsys_hdet.fileio import write_text_atomic
+
+    global _config_composed
+    _config_composed = True
+    run_dir = hydra.core.hydra_config.HydraConfig.get().runtime.output_dir
+    try:
+        record = find(cfg, run_dir)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(ExitStatus.USAGE)
+    write_text_atomic(os.path.join(run_dir, "lr_find.json"), json.dumps(record, indent=1) + "\n")
+    for axis, s in record["sweeps"].items():
+        print(f"{axis}: sweep {s['status']} after {s['steps']} steps, multiplier {s['multiplier']}", flush=True)
+    if "lr" not in record:
+        failed = [a for a, s in record["sweeps"].items() if s["multiplier"] is None]
+        print(f"error: no suggestion: the {failed[0]} sweep logged no finite loss ({record['sweeps'][failed[0]]['run_dir']})",
+              file=sys.stderr)
+        sys.exit(ExitStatus.FAILED)
+    print(f"suggested: {overrides_line(record['lr'])}")
+    print(f"lr_find: {os.path.join(run_dir, 'lr_find.json')}")
+
+
+def usage() -> str:
+    return "\n".join([
+        "python -m recsys_hdet.lr_find (recsys-hdet-lr-find): LR range tests (one per axis: embedding, dense) of a",
+        "training config; prints the max LRs to train with and writes lr_find.json (docs/training.md).", "",
+        "usage: python -m recsys_hdet.lr_find [+experiment=PRESET] [overrides as for recsys_hdet.train]",
+        "  optim.schedule.range_test.steps=100 .low=0.01 .high=100: each sweep's length and range (x max LR)", "",
+        "Exit status: 0 suggested, 1 a sweep gave no suggestion, 2 bad config or data."])
+
+
+def cli() -> None:
+    """``python -m recsys_hdet.lr_find`` and the ``recsys-hdet-lr-find`` command."""
+    if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+        sys.argv.append("hydra.run.dir=outputs/lr_find/${experiment_name}/${now:%Y-%m-%d_%H-%M-%S}")
+    run_hydra_command(main, lambda: _config_composed, usage)
+
+
+if __name__ == "__main__":
+    cli()
