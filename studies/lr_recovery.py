@@ -14,7 +14,8 @@ contender, a run that diverges or ends at the base-rate predictor (NE >= 0.999 o
    over every cell that shares 2+ seeds with it), not within half a decade of a failed cell.
 3. **The starts** (:data:`STARTS`), seeds 0 1 2 each, and the contenders (:data:`VARIANTS`):
    - ``plain_rollback``: the plain run at the start (the reference every contender is paired with),
-   - ``hdet``: the product's default (conf/hdet/enabled.yaml), ``hdet_credit``: the discounted credit,
+   - ``hdet``: the product's default (conf/hdet/enabled.yaml), and the controller issue's pre-registered
+     variants (``hdet_explore``, ``hdet_effect_fixed``, ``hdet_aimd``, ``hdet_rprop``),
    - ``prodigy``: Prodigy as its authors run it (d0 1e-6, the dense LR multiplier 1: the start's
      dense LR does not enter, so runs with the same embedding LR are one run),
    - ``schedulefree``: Schedule-Free AdamW at the start's dense LR, constant, with its own warm-up
@@ -84,10 +85,6 @@ START_LABELS = {
 HDET_ANNEAL_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hdet.signal=anneal_probe",
                       "hdet.anneal_probe.steps=4", "hdet.effect_scale=0.005", "hdet.min_t=2.0", "hdet.alpha=0.25",
                       "hdet.controller_start=0", "hdet.beta=0.9")
-# The discounted-credit signal (MARTHE's hypergradient read from the spread) under the same controller.
-HDET_CREDIT_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hdet.signal=discounted_credit",
-                      "hdet.discounted_credit.mu=0.9", "hdet.discounted_credit.fraction=0.5", "hdet.effect_scale=0.005",
-                      "hdet.min_t=2.0", "hdet.alpha=0.25", "hdet.controller_start=0", "hdet.beta=0.9")
 # The controller issue's variants (docs/hdet.md, "Choosing the default": pre-registered before their first
 # recovery run), each the default's signal and spread with one change: explore-then-commit (two rounds of 125
 # steps in the one-cycle's 293-step warm-up, a decade then half of one between the extreme replicas, then
@@ -127,14 +124,14 @@ def schedulefree(embedding: float, dense: float) -> List[str]:
 # variant -> the overrides added to the start's LRs, or a function of the start's LRs giving every override;
 # lr_finder's overrides come from its sweeps (:func:`lr_finder_overrides`).
 VARIANTS = {"plain_rollback": (), "hdet": HDET_ANNEAL_EFFECT, "prodigy": prodigy, "schedulefree": schedulefree,
-            "lr_finder": None, "hdet_credit": HDET_CREDIT_EFFECT, "hdet_explore": HDET_EXPLORE,
+            "lr_finder": None, "hdet_explore": HDET_EXPLORE,
             "hdet_effect_fixed": HDET_EFFECT_FIXED, "hdet_aimd": HDET_AIMD, "hdet_rprop": HDET_RPROP}
-HDET_VARIANTS = ("hdet", "hdet_credit", "hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
+HDET_VARIANTS = ("hdet", "hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
 # Schedule-Free's dense LR is constant after its warm-up where the preset's schedule decays to ~0: its
 # dense LR area against that schedule says nothing of the LR it settles on; not reported.
 NO_LR_AREA = ("schedulefree",)
 LABELS = {"plain_rollback": "plain + rollback", "hdet": "HDET default (anneal-then-probe, effect controller)",
-          "hdet_credit": "HDET discounted credit, effect controller", "prodigy": "Prodigy (dense, d0 1e-6)",
+          "prodigy": "Prodigy (dense, d0 1e-6)",
           "schedulefree": "Schedule-Free AdamW (dense)", "lr_finder": "LR finder (range test) + plain",
           "hdet_explore": "HDET explore-then-commit (2 rounds of 125 steps)",
           "hdet_effect_fixed": "HDET effect controller, per-sync fit reset at 30%",
@@ -572,7 +569,10 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
         "retired": {"hdet_previous": "the earlier defaults (probe signal, regression score): dominated in "
                                      "docs/lr_recovery_f2; not rerun under the contract",
                     "hdet_paper": "the paper's form: dominated in docs/lr_recovery_f2; not rerun under the contract",
-                    "plain": "plain without rollback: the contract turns rollback on for every contender"},
+                    "plain": "plain without rollback: the contract turns rollback on for every contender",
+                    "hdet_credit": "the discounted-credit signal under the effect controller: not among the variants "
+                                   "pre-registered in docs/hdet.md, and its signal missed the truth target (4 of 6 "
+                                   "cases at the low start, docs/hdet.md); never run under the contract"},
         "wall_time": wall_time(results),
         "chosen_rule": chosen_rule(),
     }
@@ -800,8 +800,8 @@ def render_markdown(result: Dict[str, Any]) -> str:
         lines += ["", f"Wall time: one completed HDET run took {w['hdet_over_plain']:.2f}x one completed plain + "
                       f"rollback run (means over {w['per_variant']['hdet']['runs']} and "
                       f"{w['per_variant']['plain_rollback']['runs']} runs, 2 cores)."]
-    lines += ["", "Retired contenders (old rows in [lr_recovery_f2/lr_recovery.md](lr_recovery_f2/lr_recovery.md), "
-                  "not rerun under the contract): " + "; ".join(f"`{k}`: {v}" for k, v in result["retired"].items()) + "."]
+    lines += ["", "Retired contenders (not run under the contract; the earlier rows, where any, in "
+                  "[lr_recovery_f2/lr_recovery.md](lr_recovery_f2/lr_recovery.md)): " + "; ".join(f"`{k}`: {v}" for k, v in result["retired"].items()) + "."]
     lines += [""] + _grid_table(result) + ["", "![each group's base over the pass](lr_recovery.png)", ""]
     return "\n".join(lines) + "\n"
 
