@@ -711,7 +711,7 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
                                 for axis in ("embedding", "dense")},
             "rollbacks": [r.get("rollbacks") for r in runs if r["outcome"] is not None],
             "cost_seconds": _mean([r.get("cost_seconds") for r in completed]),
-            "commits": sorted({r["commit"] for r in runs if r["outcome"] is not None}),
+            "commits": sorted({r["commit"] for r in runs if r["outcome"] is not None and r.get("commit")}),
             "clean": all(r["clean"] for r in runs if r["outcome"] is not None)}
     return out
 

@@ -215,6 +215,9 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
             assert {"failed", "paired_diff", "gap_closed"} <= set(per_start)
     runs = [run for s in committed["starts"].values() for v in s["runs"].values() for run in v if run["outcome"]]
     assert all(run["commit"] and run["clean"] is True for run in runs)
+    for s in committed["starts"].values():  # each contender's entry names the commits of its finished runs
+        for v, entry in s["variants"].items():
+            assert entry["commits"] == sorted({run["commit"] for run in s["runs"][v] if run["outcome"]}) and entry["clean"]
     assert all(len(line["commit"]) == 40 and line["clean"] is True for line in files.results.values())
     if committed["plateau_rule"]:
         assert committed["plateau_rule"]["std"] == "pooled"
