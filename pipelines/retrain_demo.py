@@ -47,8 +47,10 @@ def shuffle_labels(root: str, day: str, seed: int = 0) -> None:
     os.replace(path + ".tmp", path)
 
 
-def retrain_command(registry: str, data: str, nproc: int, extra: Sequence[str] = ()) -> List[str]:
-    overrides = ",".join(f"'{o}'" for o in (*DEMO_OVERRIDES, f"trainer.nproc={nproc}"))
+def retrain_command(registry: str, data: str, nproc: int, extra: Sequence[str] = (),
+                    train_overrides: Sequence[str] = ()) -> List[str]:
+    """The job's command on the demo data: ``extra`` job settings, ``train_overrides`` after the demo's."""
+    overrides = ",".join(f"'{o}'" for o in (*DEMO_OVERRIDES, f"trainer.nproc={nproc}", *train_overrides))
     return [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={registry}", f"data_root={data}",
             f"overrides=[{overrides}]"]
 

@@ -1,22 +1,25 @@
-"""``python -m studies.retrain_compare``: carried learning rates vs the static config, day by day.
+"""``python -m studies.retrain_compare``: HDET on each new day vs plain, in the scheduled retraining job.
 
 Per seed (``--seeds``, paired: both arms of a seed share its cold start and the job's ``seed``), one
-cold start (version 1, on the first 3 days of the retrain_demo data set) is copied into two
+cold start (version 1, plain, on the first 3 days of the retrain_demo data set) is copied into two
 registries; then for each of ``--days`` new days (appended to the shared data set, same ground
-truth, drift continued) both run the scheduled job: ``carried`` with ``carry_lr=true`` (each day
-starts every group's max LR from the bases the published model's controller ended with) and
-``static`` with ``carry_lr=false`` (the preset's LRs every day). Writes ``docs/retraining.{md,json}``:
-per day and arm, the candidate's held-out NE per task (the day's held-out slice), the oracle's NE
-on the same rows, the gate's decision and the LRs the day started from.
+truth, drift continued) both run the scheduled job (experiment ``retrain_daily``, warm start from the
+published model, ``carry_lr`` off): ``hdet`` with ``hdet=enabled`` (conf/hdet/enabled.yaml's controller
+explores on every day), ``plain`` with ``hdet=disabled``. The first new day changes the cold start's
+setting in the ``hdet`` arm, so that day runs with ``allow_config_change=true``. Writes
+``docs/retraining.{md,json}``: per day and arm, the candidate's held-out NE per task (the day's
+held-out slice), the oracle's NE on the same rows, the gate's decision and the LRs the day trained with.
 
-The report gives, per day, each seed's carried - static difference of the mean held-out NE, each
-seed's mean over its days, and the mean over every (seed, day) pair with a 95% t-interval taking
-the pairs as independent (a seed's days are chained through its registry: the true one is wider).
+The report gives, per day, each seed's hdet - plain difference of the mean held-out NE, each seed's
+mean over its days, and the mean over every (seed, day) pair with a 95% t-interval taking the pairs as
+independent (a seed's days are chained through its registry: the true one is wider). The retraining
+job explores each day only if this says it helps (docs/operations.md).
 
 Resumable: the data set (shared by the seeds) is appended only up to the days asked for, and the
 job itself skips days already trained, so a rerun continues where it stopped. Options: ``--out DIR``
 (default ``outputs/retrain_compare``), ``--days N`` (default 5), ``--seeds S ...`` (default 0 1),
-``--nproc N`` (default 2), ``--docs DIR``.
+``--nproc N`` (default 2), ``--docs DIR``. The earlier form of this study (carried learning rates
+against the static config, both arms HDET) is kept as recorded in docs/retraining_carry_lr.md.
 """
 
 from __future__ import annotations
@@ -33,13 +36,17 @@ import time
 from typing import Any, Dict, List
 
 from pipelines import retrain as R
-from studies.harness import paired
+from studies.harness import code_state, paired
 from pipelines.registry import Registry
 from pipelines.retrain_demo import retrain_command
 from recsys_hdet.constants import TASKS
 from recsys_hdet.exit_status import ExitStatus
 
-ARMS = {"carried": "carry_lr=true", "static": "carry_lr=false"}
+# arm -> the training overrides of its days (after the demo overrides); the cold start trains plain. Every run
+# reserves the HDET probe's rows (hdet.probe_rows in the demo overrides), so both arms train the same rows.
+SAME_ROWS = ("data.reserve_rows=1024",)
+ARMS = {"hdet": ("hdet=enabled", *SAME_ROWS), "plain": ("hdet=disabled", *SAME_ROWS)}
+COLD_START = ("hdet=disabled", *SAME_ROWS)
 
 
 def _run(cmd: List[str], log_path: str) -> int:
@@ -93,24 +100,22 @@ def write_docs(out: str, docs: str, days_asked: int, seeds: List[int]) -> None:
     days = sorted({d for rows in per_seed.values() for d in rows})
     both = lambda s, d: set(per_seed[s].get(d, {})) == set(ARMS)
     mean = lambda r: statistics.fmean(r["ne"][t] for t in TASKS)
-    diff = {(s, d): mean(per_seed[s][d]["carried"]) - mean(per_seed[s][d]["static"])
+    diff = {(s, d): mean(per_seed[s][d]["hdet"]) - mean(per_seed[s][d]["plain"])
             for s in seeds for d in days if both(s, d)}
     complete_days = [d for d in days if all(both(s, d) for s in seeds)]
-    table = ["| day | seed | carried NE (mean) | static NE (mean) | carried - static | oracle NE (mean) "
-             "| carried: published? | static: published? | carried max LR embedding / transformer "
-             "| static max LR embedding / transformer | carried: bases it ended with |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lrs = lambda r: f"{r['max_lr']['embedding']:.3g} / {r['max_lr']['transformer']:.3g}"
+    table = ["| day | seed | hdet NE (mean) | plain NE (mean) | hdet - plain | oracle NE (mean) "
+             "| hdet: published? | plain: published? | hdet: bases it ended with, embedding / transformer |",
+             "|---|---|---|---|---|---|---|---|---|"]
     decision = lambda r: r["status"] + (f" ({'; '.join(r['reasons'])})" if r["reasons"] else "")
     for d in days:
         for s in seeds:
             if not both(s, d):
                 continue
-            c, st = per_seed[s][d]["carried"], per_seed[s][d]["static"]
-            ended = f"{c['hdet_bases']['embedding']:.3g} / {c['hdet_bases']['transformer']:.3g}" if c["hdet_bases"] else "-"
-            table.append(f"| {d} | {s} | {mean(c):.4f} | {mean(st):.4f} | {diff[(s, d)]:+.4f} | "
-                         f"{statistics.fmean(c['oracle_ne'][t] for t in TASKS):.4f} "
-                         f"| {decision(c)} | {decision(st)} | {lrs(c)} | {lrs(st)} | {ended} |")
+            h, p = per_seed[s][d]["hdet"], per_seed[s][d]["plain"]
+            ended = f"{h['hdet_bases']['embedding']:.3g} / {h['hdet_bases']['transformer']:.3g}" if h["hdet_bases"] else "-"
+            table.append(f"| {d} | {s} | {mean(h):.4f} | {mean(p):.4f} | {diff[(s, d)]:+.4f} | "
+                         f"{statistics.fmean(h['oracle_ne'][t] for t in TASKS):.4f} "
+                         f"| {decision(h)} | {decision(p)} | {ended} |")
     per_task = ["| day | seed | arm | " + " | ".join(TASKS) + " |", "|---|---|---|" + "---|" * len(TASKS)]
     for d in days:
         for s in seeds:
@@ -124,28 +129,27 @@ def write_docs(out: str, docs: str, days_asked: int, seeds: List[int]) -> None:
                  for arm in ARMS}
     runs = len(seeds) * len(complete_days)
     verdict = ("no day finished in both arms of every seed yet" if not complete_days else
-               f"Over {len(complete_days)} day(s) x {len(seeds)} seed(s): published days carried {published['carried']} "
-               f"of {runs}, static {published['static']} of {runs}. Carried minus static mean NE (negative = carried "
+               f"Over {len(complete_days)} day(s) x {len(seeds)} seed(s): published days hdet {published['hdet']} "
+               f"of {runs}, plain {published['plain']} of {runs}. HDET minus plain mean NE (negative = HDET "
                "better), per seed over its days: " + ", ".join(f"seed {s} {m:+.4f}" for s, m in zip(seeds, seed_means))
                + f"; over the {runs} (seed, day) pairs {_ci(over_pairs)} (95% t-interval taking the pairs as "
                "independent: a seed's days are chained through its registry, so the true interval is wider).")
     partial = "" if len(complete_days) >= days_asked else (
         f"**PARTIAL: {len(complete_days)} of {days_asked} days finished in both arms of every seed;** rerun the "
         "command to continue.\n\n")
-    from omegaconf import OmegaConf
+    commit = code_state()
+    md = f"""# Scheduled retraining: HDET on each new day vs plain
 
-    job = OmegaConf.load(os.path.join(R.CONF_DIR, "retrain.yaml"))
-    md = f"""# Scheduled retraining: carried learning rates vs the static config
-
-{partial}Produced by `python -m studies.retrain_compare --seeds {' '.join(map(str, seeds))}` on {platform.machine()},
-{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. Data: the retrain_demo synthetic set (`conf/data/retrain_demo.yaml`), 3
-days for each seed's cold start (version 1), then one day appended at a time. Each day both registries
-of a seed run `python -m pipelines.retrain seed=S` (experiment `retrain_daily`: HDET with
-conf/hdet/enabled.yaml's controller, 2 workers); `carried` starts each group's max LR from the bases the
-published model's controller ended its day with, clamped to [preset / {job.carry_lr_clamp}, preset x
-{job.carry_lr_clamp}] (`carry_lr_clamp`), `static` from the preset's LRs every day. NE: the day's held-out
-slice (10% of the day, about 1,600 rows, never trained on), scored by the candidate of that day; the
-oracle is the generator's true probabilities on the same rows.
+{partial}Produced by `python -m studies.retrain_compare --seeds {' '.join(map(str, seeds))} --days {days_asked}` on
+{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, commit {commit['commit']}{'' if commit['clean'] else ' (dirty tree)'}.
+Data: the retrain_demo synthetic set (`conf/data/retrain_demo.yaml`), 3 days for each seed's cold start
+(version 1, plain), then one day appended at a time. Each day both registries of a seed run
+`python -m pipelines.retrain seed=S` (experiment `retrain_daily`, warm start from the published model,
+2 workers, `carry_lr` off): `hdet` with `hdet=enabled` (conf/hdet/enabled.yaml's controller, exploring on
+every day), `plain` with `hdet=disabled`. NE: the day's held-out slice (10% of the day, about 1,600 rows,
+never trained on), scored by the candidate of that day; the oracle is the generator's true
+probabilities on the same rows. Both arms train the same rows (1,024 of each day reserved for HDET's probe,
+in the plain arm too) with rollback on (the trainer's default).
 
 {verdict}
 
@@ -155,13 +159,15 @@ Per task (held-out NE of each day's candidate):
 
 {chr(10).join(per_task)}
 
-Raw figures: `docs/retraining.json`.
+Raw figures: `docs/retraining.json`. The earlier form of this study (carried learning rates against the
+static config, both arms HDET): [retraining_carry_lr.md](retraining_carry_lr.md).
 """
     os.makedirs(docs, exist_ok=True)
     with open(os.path.join(docs, "retraining.json"), "w") as f:
-        json.dump({"seeds": {str(s): per_seed[s] for s in seeds},
-                   "difference_carried_minus_static": {"per_seed_day": {f"{s}/{d}": v for (s, d), v in diff.items()},
-                                                       "over_seeds": over_seeds, "over_pairs": over_pairs}},
+        json.dump({"commit": commit["commit"], "clean": commit["clean"], "seeds": {str(s): per_seed[s] for s in seeds},
+                   "difference_hdet_minus_plain": {"per_seed_day": {f"{s}/{d}": v for (s, d), v in diff.items()},
+                                                   "over_seeds": over_seeds, "over_pairs": over_pairs},
+                   "published": published, "days": len(complete_days)},
                   f, indent=1)
     with open(os.path.join(docs, "retraining.md"), "w") as f:
         f.write(md)
@@ -195,7 +201,7 @@ def main(argv=None) -> int:
         cold = os.path.join(seed_dir(out, seed), "cold")
         if not Registry(cold).current():
             code = _run(retrain_command(cold, data, args.nproc, ["--until", sorted(json.load(
-                open(os.path.join(data, "meta.json")))["days"])[base_days - 1]]) + [f"seed={seed}"], log)
+                open(os.path.join(data, "meta.json")))["days"])[base_days - 1]], COLD_START) + [f"seed={seed}"], log)
             if code != ExitStatus.OK:
                 print(f"the cold start of seed {seed} failed (exit {code}); see {log}")
                 return 1
@@ -208,10 +214,11 @@ def main(argv=None) -> int:
             append_synthetic_days(data, 1)
         day = sorted(json.load(open(os.path.join(data, "meta.json")))["days"])[base_days + k]
         for seed in args.seeds:
-            for arm, setting in ARMS.items():
+            for arm, overrides in ARMS.items():
                 t0 = time.time()
+                first = ["allow_config_change=true"] if k == 0 else []  # the arm's setting against the cold start's
                 code = _run(retrain_command(os.path.join(seed_dir(out, seed), arm), data, args.nproc,
-                                            ["--until", day]) + [setting, f"seed={seed}"], log)
+                                            ["--until", day], overrides) + [*first, f"seed={seed}"], log)
                 print(f"day {day} seed {seed} {arm}: exit {code}, {time.time() - t0:.0f} s", flush=True)
                 if code not in (ExitStatus.OK, ExitStatus.REJECTED, ExitStatus.NOTHING_TO_DO):
                     print(f"failed; see {log}")
