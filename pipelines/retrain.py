@@ -3,9 +3,9 @@
 For each day that arrived after the last day a version was trained on, in order:
 
 1. **Train**: warm-start from the published model (``registry/current``), one pass over the day
-   (``experiment``, HDET on by default); the first run (empty registry) trains
+   (``experiment``, plain by default: docs/retraining.md); the first run (empty registry) trains
    ``cold_start_experiment`` on every day up to the newest instead. With ``carry_lr`` each group's
-   max LR starts from the per-group bases the published model's HDET controller ended with
+   max LR starts from the per-group bases the published model's HDET controller ended with (HDET on)
    (``hdet_bases`` in its manifest) instead of the preset's static values.
 2. **Evaluate**: the candidate and the published model score the same rows: the **held-out slice
    of the day just trained on** (``holdout``: a fixed random slice of every day, by file position,
