@@ -127,6 +127,10 @@ VARIANTS = {"plain_rollback": (), "hdet": HDET_ANNEAL_EFFECT, "prodigy": prodigy
             "lr_finder": None, "hdet_explore": HDET_EXPLORE,
             "hdet_effect_fixed": HDET_EFFECT_FIXED, "hdet_aimd": HDET_AIMD, "hdet_rprop": HDET_RPROP}
 HDET_VARIANTS = ("hdet", "hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
+# The controller issue's variants run only at the starts its targets and the pre-registered rule read (the best
+# start and the four misset starts of its targets); elsewhere they are "not planned" (a run recorded there is read).
+CONTROLLER_VARIANTS = ("hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
+CONTROLLER_STARTS = ("best", "all_low", "all_high", "emb_low_dense_high", "emb_low")
 # Schedule-Free's dense LR is constant after its warm-up where the preset's schedule decays to ~0: its
 # dense LR area against that schedule says nothing of the LR it settles on; not reported.
 NO_LR_AREA = ("schedulefree",)
@@ -532,7 +536,8 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
         e, d = start_lrs(start, anchor)
         per_variant: Dict[str, List[Dict[str, Any]]] = {}
         for variant in VARIANTS:
-            train = variant in variants
+            planned = not (variant in CONTROLLER_VARIANTS and start not in CONTROLLER_STARTS)
+            train = variant in variants and planned
             runs = []
             for seed in seeds:
                 finder = None
@@ -543,7 +548,8 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
                     name = run_name_of(start, variant, e, d)
                     r = runner.run(name, seed, variant_overrides(variant, e, d), train)
                 runs.append(run_entry(r, seed, SR.run_name(name, seed), variant, finder,
-                                      missing="not run yet" if report_only or not train else "crashed"))
+                                      missing="not planned" if not planned else
+                                      "not run yet" if report_only or not train else "crashed"))
                 if r and variant in HDET_VARIANTS and variant not in forms:
                     forms[variant] = hdet_overrides(r)  # the form a variant's runs trained with, read from a run
             per_variant[variant] = runs
@@ -552,7 +558,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
                                          start_lr)
         results[start]["orderings"] = {v: orderings([out.results[r["run"]] for r in per_variant[v] if r["bases"]], start_lr)
                                        for v in HDET_VARIANTS}
-    planned = sum(len(v) for s in results.values() for v in s["runs"].values())
+    planned = sum(r["status"] != "not planned" for s in results.values() for v in s["runs"].values() for r in v)
     missing = sum(r["status"] in ("not run yet", "crashed") for s in results.values() for v in s["runs"].values() for r in v)
     out_json: Dict[str, Any] = {
         "anchor": {"embedding": anchor[0], "dense": anchor[1], "from": "docs/lr_recovery.json (the earlier study's "
