@@ -129,6 +129,47 @@ def yaml_usage(config_name: str, doc: str) -> str:
     return doc.strip() + "\n\n" + keys.strip()
 
 
+def remove_hydra_leftovers(run_dir: str, log_name: str) -> None:
+    """A run that fails validation trains and writes nothing: Hydra has already written ``.hydra/``
+    and an empty job log (``log_name``) into the run directory, so those go, and the directory too if that leaves
+    it empty (a directory that held anything else is kept), and so do the empty parents Hydra made
+    for it inside the working directory (outputs/<experiment>/)."""
+    import shutil
+
+    shutil.rmtree(os.path.join(run_dir, ".hydra"), ignore_errors=True)
+    log = os.path.join(run_dir, log_name)
+    if os.path.isfile(log) and os.path.getsize(log) == 0:
+        os.remove(log)
+    path, cwd = os.path.abspath(run_dir), os.getcwd()
+    while True:
+        try:
+            os.rmdir(path)
+        except OSError:
+            break  # not empty: it held something before this run
+        path = os.path.dirname(path)
+        if not path.startswith(cwd + os.sep):
+            break
+
+
+def check_composition(overrides: List[str]) -> None:
+    """Composes the config once before Hydra's own run, so that an unknown key, a wrong type or a
+    bad choice is reported in one line naming the key and what is allowed (exit 2). Hydra reports
+    every other composition error itself (flags such as --help or -m are left to it)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            compose(config_name="config", overrides=overrides)
+    except ConfigCompositionException as e:
+        message = compose_error(e)
+        if message:
+            print(f"error: {message}", file=sys.stderr)
+            from recsys_hdet.exit_status import ExitStatus
+
+            sys.exit(ExitStatus.USAGE)
+
+
 def run_hydra_command(main: Callable[[], None], composed: Callable[[], bool], usage: Callable[[], str]) -> None:
     """Runs a ``@hydra.main`` entry point as a command: ``-h``/``--help`` prints ``usage()``; Hydra's
     own exit 1 before the config was composed (it printed why: an unknown key, a wrong type, a

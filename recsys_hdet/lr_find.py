@@ -18,7 +18,8 @@ their cost is 2 x ``steps`` steps (in the recovery study 200 steps beside a 960-
 off and the divergence check at its default, so a sweep ends where its loss explodes, as a range test
 does. The suggestion is for the config's schedule (one-cycle), from its start: HDET and the
 parameter-free dense optimizers (Prodigy, Schedule-Free) set their step sizes themselves and are refused.
-Exit status: 0 with a suggestion, 2 for a bad config or data, 1 when a sweep failed or logged no loss.
+Exit status: 0 with a suggestion (a warning when it lies at an end of the range), 2 for a bad config or data
+(nothing written) or a run directory that already holds a range test, 1 when a sweep failed or logged no loss.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.train)
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.config import CONF_DIR, ConfigError, run_hydra_command
+from recsys_hdet.config import CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_hydra_command
 from recsys_hdet.exit_status import ExitStatus
 
 AXES: Dict[str, Sequence[str]] = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
@@ -67,7 +68,7 @@ def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], 
 def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
     """The range test of one axis: ``cfg`` with the range-test schedule for the axis's groups, the other
     axis's max LRs x ``low``, a stop after ``steps`` steps, the loss logged every step, no checkpoints,
-    no rollback."""
+    no rollback, and a fresh run directory (``trainer.resume=never``)."""
     rt = cfg.optim.schedule.range_test
     sweep = OmegaConf.create(OmegaConf.to_container(cfg))
     for other, groups in AXES.items():
@@ -77,6 +78,7 @@ def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
     for key, value in {"optim.schedule.name": "range_test", "optim.schedule.range_test.groups": list(AXES[axis]),
                        "trainer.stop_at_step": int(rt.steps), "trainer.log_every": 1,
                        "trainer.rollback.max_rollbacks": 0, "trainer.periodic_checkpoint.every_steps": 0,
+                       "trainer.resume": "never",
                        "trainer.checkpoint": False, "trainer.tensorboard": False}.items():
         OmegaConf.update(sweep, key, value, merge=False)
     return sweep
@@ -95,27 +97,47 @@ def check_config(cfg: DictConfig) -> None:
                           "schedule's max LRs (leave optim.schedule.name at one_cycle)")
 
 
+def range_edge(multiplier: float, low: float, high: float) -> Optional[str]:
+    """"high" when the suggestion is the largest the range allows (the loss still fell at the sweep's end:
+    the rate may lie higher), "low" when it is the smallest (the loss rose from the first step), else None."""
+    if math.isclose(multiplier, high / 10, rel_tol=1e-9):
+        return "high"
+    if math.isclose(multiplier, low / 10, rel_tol=1e-9):
+        return "low"
+    return None
+
+
 def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
     """Runs the two sweeps into ``run_dir`` and returns the record ``lr_find.json`` holds:
-    per axis its sweep's run, status, steps and multiplier; ``lr``: the suggested max LR per group
-    (absent when a sweep gave no suggestion)."""
+    per axis its sweep's run, exit status, status, steps, multiplier and ``range_edge``; ``lr``: the
+    suggested max LR per group (absent when a sweep failed or gave no suggestion). A sweep that ends
+    diverged is an ordinary range test (its loss exploded); any other failure stops the search."""
     from recsys_hdet.api import train
     from recsys_hdet.components.metrics_log import read_jsonl
 
     check_config(cfg)
+    if os.path.exists(os.path.join(run_dir, "lr_find.json")) or any(
+            os.path.exists(os.path.join(run_dir, f"sweep_{axis}")) for axis in AXES):
+        raise ConfigError(f"hydra.run.dir={run_dir}: already holds an LR range test (lr_find.json or sweep_*); "
+                          "use another directory")
     rt = cfg.optim.schedule.range_test
-    record: Dict[str, Any] = {"range_test": {"steps": int(rt.steps), "low": float(rt.low), "high": float(rt.high)},
+    low, high = float(rt.low), float(rt.high)
+    record: Dict[str, Any] = {"range_test": {"steps": int(rt.steps), "low": low, "high": high},
                               "start": {g: float(cfg.optim.lr[g]) for gs in AXES.values() for g in gs}, "sweeps": {}}
     for axis in AXES:
         sweep_dir = os.path.join(run_dir, f"sweep_{axis}")
         result = train(sweep_config(cfg, axis), sweep_dir)
-        logged = [m for m in read_jsonl(os.path.join(sweep_dir, "metrics.jsonl")) if "loss" in m and "step" in m]
-        multiplier = suggest_multiplier([int(m["step"]) for m in logged], [m["loss"]["avg"] for m in logged],
-                                        float(rt.low), float(rt.high), int(rt.steps))
-        record["sweeps"][axis] = {"run_dir": sweep_dir, "status": result.status, "steps": result.steps,
-                                  "multiplier": multiplier}
-        if multiplier is None:
+        sweep: Dict[str, Any] = {"run_dir": sweep_dir, "exit_status": result.exit_status, "status": result.status,
+                                 "steps": result.steps, "multiplier": None, "range_edge": None}
+        record["sweeps"][axis] = sweep
+        if result.exit_status not in (ExitStatus.OK, ExitStatus.DIVERGED):
             return record
+        logged = [m for m in read_jsonl(os.path.join(sweep_dir, "metrics.jsonl")) if "loss" in m and "step" in m]
+        sweep["multiplier"] = suggest_multiplier([int(m["step"]) for m in logged], [m["loss"]["avg"] for m in logged],
+                                                 low, high, int(rt.steps))
+        if sweep["multiplier"] is None:
+            return record
+        sweep["range_edge"] = range_edge(sweep["multiplier"], low, high)
     record["lr"] = {g: float(f"{record['start'][g] * record['sweeps'][axis]['multiplier']:.6g}")
                     for axis, gs in AXES.items() for g in gs}
     return record
@@ -138,14 +160,23 @@ def main(cfg: DictConfig) -> None:
         record = find(cfg, run_dir)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
+        remove_hydra_leftovers(run_dir, "lr_find.log")
         sys.exit(ExitStatus.USAGE)
     write_text_atomic(os.path.join(run_dir, "lr_find.json"), json.dumps(record, indent=1) + "\n")
     for axis, s in record["sweeps"].items():
-        print(f"{axis}: sweep {s['status']} after {s['steps']} steps, multiplier {s['multiplier']}", flush=True)
+        print(f"{axis}: sweep {s['status']} after {s['steps']} steps (exit status {s['exit_status']}), "
+              f"multiplier {s['multiplier']}", flush=True)
+        if s["range_edge"] == "high":
+            print(f"warning: the {axis} suggestion is the largest this range allows (the loss still fell at the "
+                  "sweep's end): the rate may lie higher; raise optim.schedule.range_test.high", flush=True)
+        elif s["range_edge"] == "low":
+            print(f"warning: the {axis} suggestion is the smallest this range allows (the loss rose from the first "
+                  "step): lower optim.schedule.range_test.low", flush=True)
     if "lr" not in record:
-        failed = [a for a, s in record["sweeps"].items() if s["multiplier"] is None]
-        print(f"error: no suggestion: the {failed[0]} sweep logged no finite loss ({record['sweeps'][failed[0]]['run_dir']})",
-              file=sys.stderr)
+        axis, s = next((a, s) for a, s in record["sweeps"].items() if s["multiplier"] is None)
+        why = (f"its run failed (exit status {s['exit_status']})" if s["exit_status"] not in (ExitStatus.OK, ExitStatus.DIVERGED)
+               else "it logged no finite loss")
+        print(f"error: no suggestion: the {axis} sweep in {s['run_dir']}: {why}", file=sys.stderr)
         sys.exit(ExitStatus.FAILED)
     print(f"suggested: {overrides_line(record['lr'])}")
     print(f"lr_find: {os.path.join(run_dir, 'lr_find.json')}")
@@ -162,8 +193,11 @@ def usage() -> str:
 
 def cli() -> None:
     """``python -m recsys_hdet.lr_find`` and the ``recsys-hdet-lr-find`` command."""
-    if not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+    overrides = sys.argv[1:]
+    if not any(a.lstrip("+").startswith("hydra.run.dir=") for a in overrides):
         sys.argv.append("hydra.run.dir=outputs/lr_find/${experiment_name}/${now:%Y-%m-%d_%H-%M-%S}")
+    if not any(a.startswith("-") for a in overrides):
+        check_composition(overrides)
     run_hydra_command(main, lambda: _config_composed, usage)
 
 

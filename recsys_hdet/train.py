@@ -20,34 +20,12 @@ import torchrec  # noqa: F401 - before Hydra sets up logging: fbgemm logs each l
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from recsys_hdet.config import CONF_DIR, ConfigError, compose_error, run_hydra_command
+from recsys_hdet.config import CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_hydra_command
 from recsys_hdet.exit_status import ExitStatus
 
 # Set once Hydra has composed the config and entered main(): an exit before that is Hydra's own
 # report of a config it cannot compose (unknown preset or group option, malformed override).
 _config_composed = False
-
-
-def _remove_hydra_leftovers(run_dir: str) -> None:
-    """A run that fails validation trains and writes nothing: Hydra has already written ``.hydra/``
-    and an empty job log into the run directory, so those go, and the directory too if that leaves
-    it empty (a directory that held anything else is kept), and so do the empty parents Hydra made
-    for it inside the working directory (outputs/<experiment>/)."""
-    import shutil
-
-    shutil.rmtree(os.path.join(run_dir, ".hydra"), ignore_errors=True)
-    log = os.path.join(run_dir, "train.log")
-    if os.path.isfile(log) and os.path.getsize(log) == 0:
-        os.remove(log)
-    path, cwd = os.path.abspath(run_dir), os.getcwd()
-    while True:
-        try:
-            os.rmdir(path)
-        except OSError:
-            break  # not empty: it held something before this run
-        path = os.path.dirname(path)
-        if not path.startswith(cwd + os.sep):
-            break
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -67,7 +45,7 @@ def main(cfg: DictConfig) -> Optional[float]:
         result = train(cfg, run_dir, job_start=job_start)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
-        _remove_hydra_leftovers(run_dir)
+        remove_hydra_leftovers(run_dir, "train.log")
         sys.exit(ExitStatus.USAGE)
     ne = [m["ne"] for m in (result.summary or {}).get("eval", {}).values()]
     scored = bool(ne) and all(x is not None and math.isfinite(x) for x in ne)
@@ -80,23 +58,6 @@ def main(cfg: DictConfig) -> Optional[float]:
               file=sys.stderr)
         return float("inf")
     return sum(ne) / len(ne)
-
-
-def _check_composition(overrides: List[str]) -> None:
-    """Composes the config once before Hydra's own run, so that an unknown key, a wrong type or a
-    bad choice is reported in one line naming the key and what is allowed (exit 2). Hydra reports
-    every other composition error itself (flags such as --help or -m are left to it)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import ConfigCompositionException
-
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            compose(config_name="config", overrides=overrides)
-    except ConfigCompositionException as e:
-        message = compose_error(e)
-        if message:
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(ExitStatus.USAGE)
 
 
 def _preset_summary(path: str) -> str:
@@ -137,7 +98,7 @@ def cli() -> None:
     """``python -m recsys_hdet.train`` and the ``recsys-hdet-train`` command."""
     overrides = sys.argv[1:]
     if not any(a.startswith("-") for a in overrides):
-        _check_composition(overrides)
+        check_composition(overrides)
     from recsys_hdet.distributed import torchrun_follower
 
     if torchrun_follower():

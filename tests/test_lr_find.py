@@ -9,27 +9,33 @@ import sys
 import pytest
 
 from conftest import run_command
-from recsys_hdet.lr_find import suggest_multiplier
+from recsys_hdet.lr_find import range_edge, suggest_multiplier
 
 
-def _multiplier(step, low=0.01, high=100.0, steps=100):
-    return low * (high / low) ** ((step - 1) / (steps - 1)) / 10
-
-
-def test_the_suggestion_is_a_tenth_of_the_multiplier_at_the_loss_minimum():
-    steps = list(range(1, 101))
-    valley = [(s - 51) ** 2 / 1000 + 1.0 for s in steps]  # minimum after 51 steps
-    assert suggest_multiplier(steps, valley, 0.01, 100.0, 100, beta=0.0) == pytest.approx(_multiplier(51), rel=1e-12)
-    # Smoothing lags the minimum (an average of what came before), never leads it.
-    smoothed = suggest_multiplier(steps, valley, 0.01, 100.0, 100)
-    assert _multiplier(51) < smoothed <= _multiplier(100)
-    # The curve is cut where it explodes (> 4x its minimum) or turns non-finite: a lower loss after that is ignored.
-    exploding = [2.0, 1.5, 1.0, 5.0, 0.1]
-    assert suggest_multiplier([1, 2, 3, 4, 5], exploding, 0.01, 100.0, 5, beta=0.0) == pytest.approx(_multiplier(3, steps=5))
-    broken = [2.0, 1.0, math.nan, 0.1]
-    assert suggest_multiplier([1, 2, 3, 4], broken, 0.01, 100.0, 4, beta=0.0) == pytest.approx(_multiplier(2, steps=4))
+def test_the_suggestion_is_a_tenth_of_the_multiplier_the_best_loss_was_trained_at():
+    # 5 steps from x0.01 to x100: the 0-based steps k run at x0.01, x0.1, x1, x10, x100. A record after k steps
+    # holds the loss of step k - 1, computed before its update, which ran at that step's multiplier; so the
+    # minimum at the record after 3 steps points at x1 and the suggestion is x0.1 (fastai's rule, unsmoothed).
+    assert suggest_multiplier([1, 2, 3, 4, 5], [2.0, 1.5, 1.0, 1.2, 1.3], 0.01, 100.0, 5, beta=0.0) \
+        == pytest.approx(0.1, rel=1e-12)
+    assert suggest_multiplier([1, 2, 3, 4, 5], [2.0, 1.5, 1.4, 1.2, 1.1], 0.01, 100.0, 5, beta=0.0) \
+        == pytest.approx(10.0, rel=1e-12)  # still falling at the end: the largest this range allows
+    # Cut where the loss explodes (> 4x its minimum) or turns non-finite: a lower loss after that is ignored.
+    assert suggest_multiplier([1, 2, 3, 4, 5], [2.0, 1.5, 1.0, 5.0, 0.1], 0.01, 100.0, 5, beta=0.0) \
+        == pytest.approx(0.1, rel=1e-12)
+    assert suggest_multiplier([1, 2, 3, 4, 5], [2.0, 1.0, math.nan, 0.1, 0.1], 0.01, 100.0, 5, beta=0.0) \
+        == pytest.approx(0.01, rel=1e-12)
     assert suggest_multiplier([], [], 0.01, 100.0, 100) is None
     assert suggest_multiplier([1], [math.inf], 0.01, 100.0, 100) is None
+    # Smoothing (0.98, bias-corrected) lags the minimum: on a valley whose raw minimum follows 51 of 100 steps the
+    # suggestion lies above the raw one and below the end of the range.
+    steps = list(range(1, 101))
+    valley = [(k - 51) ** 2 / 1000 + 1.0 for k in steps]
+    raw = suggest_multiplier(steps, valley, 0.01, 100.0, 100, beta=0.0)
+    assert raw == pytest.approx(0.01 * 1e4 ** (50 / 99) / 10, rel=1e-12)
+    assert raw < suggest_multiplier(steps, valley, 0.01, 100.0, 100) < 10.0
+    assert range_edge(10.0, 0.01, 100.0) == "high" and range_edge(0.001, 0.01, 100.0) == "low"
+    assert range_edge(0.1, 0.01, 100.0) is None
 
 
 def _lr_find(run_dir, data_cache, *overrides):
@@ -70,8 +76,31 @@ def test_lr_find_sweeps_each_axis_and_prints_the_suggested_max_lrs(tmp_path, tin
 
 @pytest.mark.parametrize("override, named", [("hdet=enabled", "hdet.enabled=true"),
                                              ("optim.dense.type=prodigy", "optim.dense.type=prodigy")])
-def test_lr_find_refuses_what_sets_its_own_step_size(tmp_path, tiny_dataset, data_cache, override, named):
+def test_lr_find_refuses_what_sets_its_own_step_size_and_writes_nothing(tmp_path, tiny_dataset, data_cache, override,
+                                                                        named):
     run_dir = tmp_path / "find"
     proc = _lr_find(run_dir, data_cache, "trainer.nproc=1", "trainer.sharding_group_size=1", override)
     assert proc.returncode == 2 and named in proc.stderr, proc.stderr[-2000:]
-    assert not (run_dir / "lr_find.json").exists() and not (run_dir / "sweep_embedding").exists()
+    assert not run_dir.exists()
+
+
+def test_a_sweep_that_fails_ends_the_search_without_a_suggestion(tmp_path, monkeypatch):
+    """A sweep whose run failed (here: its workers' exit status 1, no summary) gives no suggestion, even
+    with losses logged before it failed; the command then exits 1."""
+    from recsys_hdet import api, lr_find
+    from recsys_hdet.api import compose_config
+
+    def failing_train(cfg, run_dir, **_):
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+            for k in (1, 2, 3):
+                f.write(json.dumps({"step": k, "loss": {"avg": 1.0 / k}}) + "\n")
+        return api.TrainResult(str(run_dir), 1, None)
+
+    monkeypatch.setattr(api, "train", failing_train)
+    record = lr_find.find(compose_config(["data=tiny"]), str(tmp_path / "find"))
+    assert record["sweeps"]["embedding"]["exit_status"] == 1 and record["sweeps"]["embedding"]["multiplier"] is None
+    assert "dense" not in record["sweeps"] and "lr" not in record
+    # A directory that already holds a range test is refused, not read again.
+    with pytest.raises(lr_find.ConfigError, match="already holds an LR range test"):
+        lr_find.find(compose_config(["data=tiny"]), str(tmp_path / "find"))
