@@ -127,8 +127,9 @@ VARIANTS = {"plain_rollback": (), "hdet": HDET_ANNEAL_EFFECT, "prodigy": prodigy
             "lr_finder": None, "hdet_explore": HDET_EXPLORE,
             "hdet_effect_fixed": HDET_EFFECT_FIXED, "hdet_aimd": HDET_AIMD, "hdet_rprop": HDET_RPROP}
 HDET_VARIANTS = ("hdet", "hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
-# The controller issue's variants run only at the starts its targets and the pre-registered rule read (the best
-# start and the four misset starts of its targets); elsewhere they are "not planned" (a run recorded there is read).
+# The controller issue's variants run only at the best start and the four starts its targets name; at old_tuned
+# and emb_high_dense_low they are "not planned" (a run recorded there is read, and not counted as planned): the
+# pre-registered rule's step 1 (which reads every start) already excludes every variant at the best start.
 CONTROLLER_VARIANTS = ("hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
 CONTROLLER_STARTS = ("best", "all_low", "all_high", "emb_low_dense_high", "emb_low")
 # Schedule-Free's dense LR is constant after its warm-up where the preset's schedule decays to ~0: its
@@ -196,8 +197,9 @@ def suggest_multiplier(record: Dict[str, Any]) -> Optional[float]:
     """The suggestion (:func:`recsys_hdet.lr_find.suggest_multiplier`: fastai's classic rule) from a range-test
     run's results line. None without a logged step."""
     rt = record.get("range_test") or {}
-    return lr_find.suggest_multiplier(rt.get("step") or [], rt.get("loss") or [], float(rt.get("low", 1.0)),
-                                      float(rt.get("high", 1.0)), int(rt.get("steps", 2)))
+    if not rt.get("step"):
+        return None
+    return lr_find.suggest_multiplier(rt["step"], rt["loss"], float(rt["low"]), float(rt["high"]), int(rt["steps"]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -547,9 +549,10 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
                 else:
                     name = run_name_of(start, variant, e, d)
                     r = runner.run(name, seed, variant_overrides(variant, e, d), train)
-                runs.append(run_entry(r, seed, SR.run_name(name, seed), variant, finder,
-                                      missing="not planned" if not planned else
-                                      "not run yet" if report_only or not train else "crashed"))
+                runs.append({**run_entry(r, seed, SR.run_name(name, seed), variant, finder,
+                                         missing="not planned" if not planned else
+                                         "not run yet" if report_only or not train else "crashed"),
+                             "planned": planned})
                 if r and variant in HDET_VARIANTS and variant not in forms:
                     forms[variant] = hdet_overrides(r)  # the form a variant's runs trained with, read from a run
             per_variant[variant] = runs
@@ -558,7 +561,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
                                          start_lr)
         results[start]["orderings"] = {v: orderings([out.results[r["run"]] for r in per_variant[v] if r["bases"]], start_lr)
                                        for v in HDET_VARIANTS}
-    planned = sum(r["status"] != "not planned" for s in results.values() for v in s["runs"].values() for r in v)
+    planned = sum(r["planned"] for s in results.values() for v in s["runs"].values() for r in v)
     missing = sum(r["status"] in ("not run yet", "crashed") for s in results.values() for v in s["runs"].values() for r in v)
     out_json: Dict[str, Any] = {
         "anchor": {"embedding": anchor[0], "dense": anchor[1], "from": "docs/lr_recovery.json (the earlier study's "
@@ -788,6 +791,8 @@ def render_markdown(result: Dict[str, Any]) -> str:
     for name, s in result["starts"].items():
         first = True
         for v, c in s["variants"].items():
+            if not any(run["planned"] or run["outcome"] for run in s["runs"][v]):
+                continue  # not planned at this start, nothing recorded
             lr_a, ip = c["lr_area_geomean"], c["lr_area_in_plateau"]
             head = (f"| {name} | {s['lr']['embedding']:.3g} / {s['lr']['dense']:.3g} | "
                     f"{'-' if s['misset'] is None else 'yes' if s['misset'] else 'no'} "

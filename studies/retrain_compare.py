@@ -13,7 +13,7 @@ held-out slice), the oracle's NE on the same rows, the gate's decision and the L
 The report gives, per day, each seed's hdet - plain difference of the mean held-out NE, each seed's
 mean over its days, and the mean over every (seed, day) pair with a 95% t-interval taking the pairs as
 independent (a seed's days are chained through its registry: the true one is wider). The retraining
-job explores each day only if this says it helps (docs/operations.md).
+job explores each day only if this shows it helps (docs/hdet.md, "The rule applied").
 
 Resumable: the data set (shared by the seeds) is appended only up to the days asked for, and the
 job itself skips days already trained, so a rerun continues where it stopped. Options: ``--out DIR``

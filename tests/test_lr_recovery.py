@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import REPO, read_json, run_command
-from studies.lr_recovery import VARIANTS
+from studies.lr_recovery import CONTROLLER_STARTS, CONTROLLER_VARIANTS, VARIANTS
 
 
 def _study(out, data_cache, *extra):
@@ -215,6 +215,13 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
             assert {"failed", "paired_diff", "gap_closed"} <= set(per_start)
     runs = [run for s in committed["starts"].values() for v in s["runs"].values() for run in v if run["outcome"]]
     assert all(run["commit"] and run["clean"] is True for run in runs)
+    for name, s in committed["starts"].items():  # the controller's variants are planned at its starts only
+        for v, runs in s["runs"].items():
+            assert all(run["planned"] == (v not in CONTROLLER_VARIANTS or name in CONTROLLER_STARTS) for run in runs)
+    planned = sum(run["planned"] for s in committed["starts"].values() for v in s["runs"].values() for run in v)
+    done = sum(bool(run["planned"] and run["outcome"]) for s in committed["starts"].values() for v in s["runs"].values()
+               for run in v)
+    assert committed.get("partial", f"{planned} of {planned} runs").startswith(f"{done} of {planned} ")
     for s in committed["starts"].values():  # each contender's entry names the commits of its finished runs
         for v, entry in s["variants"].items():
             assert entry["commits"] == sorted({run["commit"] for run in s["runs"][v] if run["outcome"]}) and entry["clean"]
