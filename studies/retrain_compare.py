@@ -5,8 +5,8 @@ cold start (version 1, plain, on the first 3 days of the retrain_demo data set) 
 registries; then for each of ``--days`` new days (appended to the shared data set, same ground
 truth, drift continued) both run the scheduled job (experiment ``retrain_daily``, warm start from the
 published model, ``carry_lr`` off): ``hdet`` with ``hdet=enabled`` (conf/hdet/enabled.yaml's controller
-explores on every day), ``plain`` with ``hdet=disabled``. The first new day changes the cold start's
-setting in the ``hdet`` arm, so that day runs with ``allow_config_change=true``. Writes
+explores on every day), ``plain`` with ``hdet=disabled``. The ``hdet`` arm's setting differs from the
+plain cold start's, so it runs with ``allow_config_change=true`` until it has published a day of its own. Writes
 ``docs/retraining.{md,json}``: per day and arm, the candidate's held-out NE per task (the day's
 held-out slice), the oracle's NE on the same rows, the gate's decision and the LRs the day trained with.
 
@@ -82,6 +82,13 @@ def collect(out: str) -> Dict[str, Any]:
                 "lr_start": m["lr_start"], "hdet_bases": m["hdet_bases"], "train_seconds": m.get("train_seconds"),
                 "max_lr": _max_lrs(reg.version_dir(v)), "reasons": m["gate"].get("reasons", [])}
     return rows
+
+
+def from_cold_start(registry: str) -> bool:
+    """Whether the registry's published version is still the cold start (no day of its own published)."""
+    reg = Registry(registry)
+    current = reg.current()
+    return current is None or bool(reg.manifest(current).get("cold_start"))
 
 
 def seed_dir(out: str, seed: int) -> str:
@@ -216,9 +223,11 @@ def main(argv=None) -> int:
         for seed in args.seeds:
             for arm, overrides in ARMS.items():
                 t0 = time.time()
-                first = ["allow_config_change=true"] if k == 0 else []  # the arm's setting against the cold start's
-                code = _run(retrain_command(os.path.join(seed_dir(out, seed), arm), data, args.nproc,
-                                            ["--until", day], overrides) + [*first, f"seed={seed}"], log)
+                registry = os.path.join(seed_dir(out, seed), arm)
+                # The hdet arm's setting differs from the plain cold start's until the arm publishes a day of its own.
+                changed = ["allow_config_change=true"] if overrides != COLD_START and from_cold_start(registry) else []
+                code = _run(retrain_command(registry, data, args.nproc, ["--until", day], overrides)
+                            + [*changed, f"seed={seed}"], log)
                 print(f"day {day} seed {seed} {arm}: exit {code}, {time.time() - t0:.0f} s", flush=True)
                 if code not in (ExitStatus.OK, ExitStatus.REJECTED, ExitStatus.NOTHING_TO_DO):
                     print(f"failed; see {log}")
