@@ -120,7 +120,32 @@ def collect(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> Dict[st
             "base_vs_schedule": {g: v for g, v in decay.items() if v["n"]},
             "runs": runs,
         })
-    return {"seeds": list(seeds), "rows": rows, "hdet_form": hdet_form(results, seeds)}
+    return {"seeds": list(seeds), "rows": rows, "hdet_form": hdet_form(results, seeds),
+            "contrasts": contrasts(results, seeds)}
+
+
+# (contender, reference, what the difference isolates): paired by seed on the mean held-out NE over the tasks.
+CONTRASTS = (
+    ("hdet_full", "hdet_no_autolr", "the controller (same spread, averaging, warm start and max LRs)"),
+    ("hdet_no_autolr", "warm_init", "spread + averaging, controller off (same warm start and max LRs)"),
+    ("hdet_full", "warm_init", "full HDET against plain (same warm start and max LRs)"),
+    ("hdet_no_warm_init", "baseline_high", "HDET without the warm start against plain (same max LRs)"),
+    ("warm_init", "baseline_high", "the noisy warm start, plain (same max LRs)"),
+    ("baseline_high", "baseline_low", "9x max LRs against the conservative ones, plain"),
+)
+
+
+def contrasts(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> List[Dict[str, Any]]:
+    """Each of :data:`CONTRASTS` as contender - reference over the seeds where both completed, with its 95%
+    interval and the failures beside (:func:`studies.harness.paired_over_seeds`, which refuses different rows)."""
+    out = []
+    for contender, reference, what in CONTRASTS:
+        runs = {name: {s: results[SR.run_name(name, s)] for s in seeds if SR.is_finished(results, SR.run_name(name, s))}
+                for name in (contender, reference)}
+        if runs[contender] and runs[reference]:
+            out.append({"contender": contender, "reference": reference, "what": what,
+                        **SR.paired_over_seeds(runs[contender], runs[reference])})
+    return out
 
 
 HDET_FORM_KEYS = ("space", "score", "signal", "alpha", "sync_every", "controller_start", "beta", "travel_decades")
@@ -187,6 +212,19 @@ def render_markdown(result: Dict[str, Any], command: str, machine: str, report: 
             + f" | {r.get('failed', r['diverged'])}/{r['seeds_run']} | {_fmt(r['wall_seconds'], 0)} | {p['avg_lr'] or '-'} | "
             f"{p['train_loss'] or '(not in the paper)'} |"
         )
+    if result.get("contrasts"):
+        lines += ["", "## Paired differences", "",
+                  "Held-out NE, mean over the three tasks: contender - reference on the seeds where both completed "
+                  "(every run trains the same rows under the fairness contract), mean and 95% t-interval; negative: "
+                  "the contender is better.", "",
+                  "| contender - reference | what it isolates | difference [95% CI] (seeds) | failed (contender / reference) |",
+                  "|---|---|---|---|"]
+        for c in result["contrasts"]:
+            d = c["diff"]
+            diff = "-" if d is None else f"{d['mean']:+.4f}" + (
+                f" [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]" if d["ci95"] else "") + f" ({len(c['seeds'])})"
+            lines.append(f"| {c['contender']} - {c['reference']} | {c['what']} | {diff} | "
+                         f"{len(c['failed'])} / {len(c['reference_failed'])} |")
     decay_rows = [r for r in result["rows"] if r["base_vs_schedule"]]
     if decay_rows:
         lines += [

@@ -1,6 +1,7 @@
 """The ablation pipeline: real (tiny) runs, resumability, and the tables it writes."""
 
 import json
+import math
 import os
 import sys
 
@@ -84,3 +85,26 @@ def test_the_report_keeps_the_previous_table_verbatim_and_names_the_controller(t
     (tmp_path / "empty.md").write_text("no table here\n")
     assert main(["--out", str(tmp_path / "study"), "--previous", str(tmp_path / "empty.md")]) == 2
     assert not (tmp_path / "study").exists()
+
+
+def test_the_contrasts_pair_seeds_where_both_completed_and_report_failures_beside():
+    from studies.ablation import contrasts, render_markdown
+
+    rows = {"data": "bench", "reserve_rows": 4096, "total_steps": 960, "examples_per_step": 2048}
+
+    def line(name, seed, ne, status="completed"):
+        return {"name": f"{name}/seed{seed}", "seed": seed, "status": status, "rows": dict(rows),
+                "mean_ne": ne if status == "completed" else None,
+                **({"eval": {t: {"ne": ne} for t in ("contribution", "like", "long_dwell")}} if status == "completed" else {})}
+
+    results = {f"hdet_full/seed{s}": line("hdet_full", s, ne) for s, ne in ((0, 0.790), (1, 0.800), (2, 1.0))}
+    results.update({f"hdet_no_autolr/seed{s}": line("hdet_no_autolr", s, ne) for s, ne in ((0, 0.785), (1, 0.791), (2, 0.79))})
+    (c,) = contrasts(results, [0, 1, 2])  # only this pair has runs on both sides
+    assert (c["contender"], c["reference"]) == ("hdet_full", "hdet_no_autolr")
+    # Seed 2's contender ended at the base rate: failed, beside the pairing, never a difference of NE 1.
+    assert c["seeds"] == [0, 1] and c["failed"] == [2] and c["reference_failed"] == []
+    assert c["diff"]["mean"] == pytest.approx(0.007) and c["diff"]["n"] == 2
+    half = 12.706 * math.sqrt(((0.005 - 0.007) ** 2 + (0.009 - 0.007) ** 2) / 1) / math.sqrt(2)
+    assert c["diff"]["ci95"] == pytest.approx([0.007 - half, 0.007 + half], rel=1e-3)
+    md = render_markdown({"seeds": [0, 1, 2], "rows": [], "hdet_form": None, "contrasts": [c]}, "cmd", "m", None)
+    assert "| hdet_full - hdet_no_autolr | the controller" in md and "+0.0070 [" in md and "| 1 / 0 |" in md
