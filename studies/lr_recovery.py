@@ -583,6 +583,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
                                    "pre-registered in docs/hdet.md, and its signal missed the truth target (4 of 6 "
                                    "cases at the low start, docs/hdet.md); never run under the contract"},
         "wall_time": wall_time(results),
+        "targets": targets(results),
         "chosen_rule": chosen_rule(),
     }
     if missing:
@@ -632,6 +633,55 @@ def wall_time(results: Dict[str, Any]) -> Dict[str, Any]:
     ratio = (per["hdet"]["mean_seconds"] / per["plain_rollback"]["mean_seconds"]
              if per["hdet"]["runs"] and per["plain_rollback"]["runs"] else None)
     return {"per_variant": per, "hdet_over_plain": ratio}
+
+
+# The controller issue's targets (docs/hdet.md): the starts they read and the anchors a variant must beat there.
+TARGET_STARTS = ("all_low", "all_high", "emb_low_dense_high", "emb_low")
+ANCHORS = ("prodigy", "schedulefree", "lr_finder")
+
+
+def targets(results: Dict[str, Any], variants: Sequence[str] = ("hdet", *CONTROLLER_VARIANTS)) -> Dict[str, Any]:
+    """Per HDET variant, the controller issue's targets, each met or not (None: its runs are not all in):
+    - at each of :data:`TARGET_STARTS`: >= 75% of the gap to the best cell closed (``gap_fraction``, read at
+      emb_low too, which the plateau rule does not call misset) with the paired 95% interval of contender -
+      plain + rollback below 0, LR area in the plateau (both axes) in >= 2 of 3 seeds, 0 failed;
+    - at ``best``: contender - plain <= +0.001 (mean) with an interval that includes 0, both axes' LR area
+      within a factor 2 of the start in >= 2 of 3 seeds;
+    - better than each of :data:`ANCHORS` at each target start: mean over the seeds both completed of
+      contender - anchor < 0.
+    The wall-time target is a benchmark's (side by side in one run), not this study's: its runs' seconds
+    come from different sessions and loads."""
+    def ne_by_seed(s: Dict[str, Any], v: str) -> Dict[int, float]:
+        return {r["seed"]: r["ne"] for r in s["runs"][v] if r["outcome"] == "completed"}
+
+    out: Dict[str, Any] = {}
+    for v in variants:
+        t: Dict[str, Any] = {"starts": {}, "anchors": {}}
+        for start in (s for s in TARGET_STARTS if s in results):
+            e = results[start]["variants"][v]
+            d, frac = e["paired_diff"], e["gap_fraction"]
+            complete = e["seeds"] == 3
+            t["starts"][start] = {
+                "gap_fraction": frac, "ci95": d["ci95"] if d else None, "in_plateau": e["lr_area_in_plateau_both"],
+                "failed": e["failed"],
+                "met": None if not complete else bool(
+                    e["failed"] == 0 and frac is not None and frac >= 0.75 and d and d["ci95"] and d["ci95"][1] < 0
+                    and (e["lr_area_in_plateau_both"] or 0) >= 2)}
+            mine = ne_by_seed(results[start], v)
+            anchors = {}
+            for a in ANCHORS:
+                theirs = ne_by_seed(results[start], a)
+                seeds = sorted(set(mine) & set(theirs))
+                anchors[a] = statistics.fmean(mine[s] - theirs[s] for s in seeds) if seeds else None
+            t["anchors"][start] = {"diff": anchors, "met": None if not complete or None in anchors.values()
+                                   else all(x < 0 for x in anchors.values())}
+        b = results["best"]["variants"][v] if "best" in results else None
+        d = b["paired_diff"] if b else None
+        t["best"] = {"diff": d, "within_2x": b["lr_area_within_2x_of_start"] if b else None,
+                     "met": None if not b or b["seeds"] < 3 or not d or not d["ci95"] else bool(
+                         d["mean"] <= 0.001 and d["ci95"][0] <= 0 <= d["ci95"][1] and b["lr_area_within_2x_of_start"] >= 2)}
+        out[v] = t
+    return out
 
 
 def variant_summary(results: Dict[str, Any]) -> Dict[str, Any]:
@@ -697,22 +747,27 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
     for v, runs in per_variant.items():
         done = by_seed[v]
         if v == "plain_rollback":
-            diff, seeds, closed = gap, sorted(plain_ok), None
+            diff, seeds, closed, fraction = gap, sorted(plain_ok), None, None
         else:
             p = SR.paired_over_seeds(done, plain)
             diff, seeds = p["diff"], p["seeds"]
             den = statistics.fmean(plain[s]["mean_ne"] - best_ne(s) for s in seeds) if seeds and best else None
-            closed = (statistics.fmean(plain[s]["mean_ne"] - done[s]["mean_ne"] for s in seeds) / den
-                      if misset and den else None)
+            fraction = statistics.fmean(plain[s]["mean_ne"] - done[s]["mean_ne"] for s in seeds) / den if den else None
+            closed = fraction if misset else None
         completed = [r for r in runs if r["outcome"] == "completed"]
         areas = [{"seed": r["seed"], **r["lr_area"]} for r in completed if r["lr_area"]]
-        in_plateau = {axis: (sum(lr_range[axis][0] <= a[axis] <= lr_range[axis][1] for a in areas)
+        inside = lambda a, axis: lr_range[axis][0] <= a[axis] <= lr_range[axis][1]  # noqa: E731
+        in_plateau = {axis: (sum(inside(a, axis) for a in areas)
                              if lr_range and lr_range[axis] else None) for axis in ("embedding", "dense")}
+        both_in = (sum(inside(a, "embedding") and inside(a, "dense") for a in areas)
+                   if lr_range and lr_range["embedding"] and lr_range["dense"] else None)
+        near_start = sum(all(0.5 <= a[axis] / start_lr[axis] <= 2.0 for axis in ("embedding", "dense")) for a in areas)
         out["variants"][v] = {
             "failed": sum(r["outcome"] == "failed" for r in runs),
             "diverged": sum(r["status"] == "diverged" for r in runs),
             "collapsed": sum(bool(r.get("collapsed")) for r in runs),
-            "paired_diff": diff, "paired_seeds": seeds, "gap_closed": closed, "lr_area_in_plateau": in_plateau,
+            "paired_diff": diff, "paired_seeds": seeds, "gap_closed": closed, "gap_fraction": fraction,
+            "lr_area_in_plateau": in_plateau, "lr_area_in_plateau_both": both_in, "lr_area_within_2x_of_start": near_start,
             "seeds": len(done), "completed": len(completed),
             "ne": _mean([r["ne"] for r in completed]), "ne_std": _std([r["ne"] for r in completed]),
             "lr_area": areas,
@@ -806,6 +861,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
                          f"{_lr(lr_a['embedding'])} / {_lr(lr_a['dense'])} | "
                          f"{'-' if ip['embedding'] is None else ip['embedding']} / {'-' if ip['dense'] is None else ip['dense']}"
                          f" of {c['completed']} | {', '.join(map(str, c['rollbacks'])) or '-'} | {cost} |")
+    lines += _targets_table(result)
     lines += _orderings_table(result)
     w = result["wall_time"]
     if w.get("hdet_over_plain"):
@@ -816,6 +872,35 @@ def render_markdown(result: Dict[str, Any]) -> str:
                   "[lr_recovery_f2/lr_recovery.md](lr_recovery_f2/lr_recovery.md)): " + "; ".join(f"`{k}`: {v}" for k, v in result["retired"].items()) + "."]
     lines += [""] + _grid_table(result) + ["", "![each group's base over the pass](lr_recovery.png)", ""]
     return "\n".join(lines) + "\n"
+
+
+def _targets_table(result: Dict[str, Any]) -> List[str]:
+    """The controller issue's targets per HDET variant (:func:`targets`): met / missed / pending."""
+    mark = lambda m: "pending" if m is None else "met" if m else "missed"  # noqa: E731
+    rows = result.get("targets") or {}
+    if not rows:
+        return []
+    lines = ["", "### The controller issue's targets", "",
+             "Per start of the targets: gap closed (>= 75%, the interval of contender - plain + rollback below 0, LR "
+             "area in the plateau in 2 of 3 seeds, 0 failed); best: contender - plain <= +0.001 with the interval "
+             "including 0 and both LR areas within x2 of the start in 2 of 3 seeds; anchors: better than Prodigy, "
+             "Schedule-Free and the LR finder (paired mean) at every target start. Pending: not every run is in. "
+             "(The wall-time target is measured side by side by benchmarks/, not here.)", "",
+             "| variant | " + " | ".join(TARGET_STARTS) + " | best | beats the anchors |",
+             "|---|" + "---|" * (len(TARGET_STARTS) + 2)]
+    for v, t in rows.items():
+        cells = []
+        for start in TARGET_STARTS:
+            c = t["starts"].get(start)
+            closed = "-" if c is None or c["gap_fraction"] is None else f"{c['gap_fraction'] * 100:.0f}%"
+            cells.append("-" if c is None else f"{mark(c['met'])} ({closed})")
+        b = t["best"]
+        best_diff = "-" if not b["diff"] else f"{b['diff']['mean']:+.4f}"
+        best = f"{mark(b['met'])} ({best_diff})"
+        anchors = [a["met"] for a in t["anchors"].values()]
+        beats = "pending" if None in anchors or not anchors else f"{sum(anchors)} of {len(anchors)} starts"
+        lines.append(f"| {LABELS[v]} | " + " | ".join(cells) + f" | {best} | {beats} |")
+    return lines
 
 
 def _orderings_table(result: Dict[str, Any]) -> List[str]:

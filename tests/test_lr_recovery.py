@@ -222,6 +222,7 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
     done = sum(bool(run["planned"] and run["outcome"]) for s in committed["starts"].values() for v in s["runs"].values()
                for run in v)
     assert committed.get("partial", f"{planned} of {planned} runs").startswith(f"{done} of {planned} ")
+    assert set(committed["targets"]) == {"hdet", *CONTROLLER_VARIANTS}
     for s in committed["starts"].values():  # each contender's entry names the commits of its finished runs
         for v, entry in s["variants"].items():
             assert entry["commits"] == sorted({run["commit"] for run in s["runs"][v] if run["outcome"]}) and entry["clean"]
@@ -230,3 +231,37 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
         assert committed["plateau_rule"]["std"] == "pooled"
     r.update(command="c", machine="m")
     assert "fairness contract" in render_markdown(r)
+
+
+def test_the_controller_targets_are_met_only_when_every_condition_holds():
+    from studies.lr_recovery import TARGET_STARTS, targets
+
+    def entry(diff, ci, fraction, in_plateau=3, near=3, failed=0, seeds=3):
+        return {"paired_diff": {"mean": diff, "ci95": ci, "n": seeds}, "gap_fraction": fraction, "seeds": seeds,
+                "failed": failed, "lr_area_in_plateau_both": in_plateau, "lr_area_within_2x_of_start": near}
+
+    def runs(nes):
+        return [{"seed": s, "ne": ne, "outcome": "completed"} for s, ne in enumerate(nes)]
+
+    good = entry(-0.010, [-0.015, -0.005], 0.80)
+    cases = {"all_low": good,
+             "all_high": entry(-0.010, [-0.021, +0.001], 0.80),   # the interval reaches 0: missed
+             "emb_low_dense_high": entry(-0.010, [-0.015, -0.005], 0.70),  # 70% < 75%: missed
+             "emb_low": entry(-0.010, [-0.015, -0.005], 0.80, in_plateau=1)}  # 1 of 3 seeds in the plateau: missed
+    results = {}
+    for start in (*TARGET_STARTS, "best"):
+        v = entry(+0.0005, [-0.002, +0.003], None, near=2) if start == "best" else cases[start]
+        results[start] = {"variants": {"hdet": v},
+                          "runs": {"hdet": runs([0.780, 0.781, 0.779]), "prodigy": runs([0.782, 0.783, 0.781]),
+                                   "schedulefree": runs([0.781, 0.782, 0.780]),
+                                   # the LR finder beats it at all_low (by 0.0005 on average)
+                                   "lr_finder": runs([0.7795, 0.7805, 0.7785] if start == "all_low" else [0.790] * 3)}}
+    t = targets(results, variants=("hdet",))["hdet"]
+    assert [t["starts"][s]["met"] for s in TARGET_STARTS] == [True, False, False, False]
+    assert t["anchors"]["all_low"]["met"] is False and t["anchors"]["all_low"]["diff"]["lr_finder"] == pytest.approx(0.0005)
+    assert t["anchors"]["all_high"]["met"] is True and t["anchors"]["all_high"]["diff"]["prodigy"] == pytest.approx(-0.002)
+    assert t["best"]["met"] is True
+    results["best"]["variants"]["hdet"] = entry(+0.0015, [-0.001, +0.004], None)  # mean above +0.001
+    assert targets(results, variants=("hdet",))["hdet"]["best"]["met"] is False
+    results["all_low"]["variants"]["hdet"] = {**good, "seeds": 2}  # a seed still training: pending, not missed
+    assert targets(results, variants=("hdet",))["hdet"]["starts"]["all_low"]["met"] is None
