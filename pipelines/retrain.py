@@ -160,6 +160,10 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
     overrides = training_overrides(cfg, plan, all_days, warm, carried)
     composed = compose_config(overrides)
     experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
+    if cfg.carry_lr and not bool(composed.hdet.enabled):
+        raise CarryWithoutController(
+            f"day {plan.day}: carry_lr=true carries the rates HDET's controller ended with, but experiment="
+            f"{experiment} trains plain (hdet.enabled=false): set carry_lr=false, or add 'hdet=enabled' to overrides")
     changes = changed_settings(cfg, parent_manifest, current_dir, composed, experiment) if current_dir else []
     if changes and not cfg.allow_config_change:
         raise SettingsChanged(f"day {plan.day}: the settings differ from the published version {current}'s: "
@@ -237,6 +241,10 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
 
 class SettingsChanged(RetrainError):
     """The day would train with other settings than the published version's (exit status 2)."""
+
+
+class CarryWithoutController(SettingsChanged):
+    """``carry_lr=true`` for a day that trains plain: there are no controller rates to carry (exit status 2)."""
 
 
 def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -> int:

@@ -381,3 +381,8 @@ def test_a_changed_setting_between_days_is_refused_naming_the_keys(tmp_path, tin
     assert "REFUSED" in err and "model.dropout: 0.0 -> 0.3" in err and "allow_config_change=true" in err, err
     assert reg.list_versions() == before and reg.current() == "v0001"
     assert not os.path.exists(tmp_path / "registry" / "work" / days[1] / "summary.json")
+    # carry_lr=true on a plain day (the retrain_daily preset is plain) has no controller rates to carry: refused.
+    assert _main(tmp_path, "carry_lr=true", "allow_config_change=true") == ExitStatus.USAGE
+    err = capsys.readouterr().err
+    assert "REFUSED" in err and "carry_lr=true carries the rates HDET's controller ended with" in err, err
+    assert reg.list_versions() == before
