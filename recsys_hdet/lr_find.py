@@ -39,6 +39,8 @@ from recsys_hdet.exit_status import ExitStatus
 
 AXES: Dict[str, Sequence[str]] = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
 SMOOTHING = 0.98
+# How a sweep may end and still be read: stopped after its steps, or diverged where its loss exploded.
+SWEEP_ENDS = (ExitStatus.OK, ExitStatus.DIVERGED)
 _config_composed = False
 
 
@@ -63,6 +65,13 @@ def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], 
     # a record at step k follows k trained steps; the last of them (0-based k - 1) ran at the multiplier of k - 1
     pct = min(max(best_at - 1, 0), sweep_steps - 1) / (sweep_steps - 1)
     return low * (high / low) ** pct / 10
+
+
+def range_test_curve(metrics: Sequence[Dict[str, Any]]) -> tuple[List[int], List[float]]:
+    """A range-test run's logged curve from its ``metrics.jsonl`` records: the steps trained at each record
+    and the loss logged there (what :func:`suggest_multiplier` reads)."""
+    logged = [m for m in metrics if "loss" in m and "step" in m]
+    return [int(m["step"]) for m in logged], [m["loss"]["avg"] for m in logged]
 
 
 def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
@@ -130,11 +139,10 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
         sweep: Dict[str, Any] = {"run_dir": sweep_dir, "exit_status": result.exit_status, "status": result.status,
                                  "steps": result.steps, "multiplier": None, "range_edge": None}
         record["sweeps"][axis] = sweep
-        if result.exit_status not in (ExitStatus.OK, ExitStatus.DIVERGED):
+        if result.exit_status not in SWEEP_ENDS:
             return record
-        logged = [m for m in read_jsonl(os.path.join(sweep_dir, "metrics.jsonl")) if "loss" in m and "step" in m]
-        sweep["multiplier"] = suggest_multiplier([int(m["step"]) for m in logged], [m["loss"]["avg"] for m in logged],
-                                                 low, high, int(rt.steps))
+        curve = range_test_curve(read_jsonl(os.path.join(sweep_dir, "metrics.jsonl")))
+        sweep["multiplier"] = suggest_multiplier(*curve, low, high, int(rt.steps))
         if sweep["multiplier"] is None:
             return record
         sweep["range_edge"] = range_edge(sweep["multiplier"], low, high)
@@ -174,7 +182,7 @@ def main(cfg: DictConfig) -> None:
                   "step): lower optim.schedule.range_test.low", flush=True)
     if "lr" not in record:
         axis, s = next((a, s) for a, s in record["sweeps"].items() if s["multiplier"] is None)
-        why = (f"its run failed (exit status {s['exit_status']})" if s["exit_status"] not in (ExitStatus.OK, ExitStatus.DIVERGED)
+        why = (f"its run failed (exit status {s['exit_status']})" if s["exit_status"] not in SWEEP_ENDS
                else "it logged no finite loss")
         print(f"error: no suggestion: the {axis} sweep in {s['run_dir']}: {why}", file=sys.stderr)
         sys.exit(ExitStatus.FAILED)

@@ -474,7 +474,8 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
     r["schedule"] = schedule
     r["max_lr"] = max_lr
     r["preset_lr"] = base_lr
-    r["lr_area"] = _round_tree(lr_area(read_jsonl(os.path.join(path, "metrics.jsonl")), schedule, base_lr, total))
+    metrics = read_jsonl(os.path.join(path, "metrics.jsonl"))
+    r["lr_area"] = _round_tree(lr_area(metrics, schedule, base_lr, total))
     if cfg.hdet.get("enabled"):
         r["hdet"] = {"config": OmegaConf.to_container(cfg.hdet, resolve=True), **_round_tree(summary.get("hdet") or {})}
         syncs = [s for s in read_jsonl(os.path.join(path, "hdet.jsonl")) if "event" not in s]
@@ -487,10 +488,11 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
     r["rows"] = {"data": str(cfg.data.name), "reserve_rows": probe_rows(cfg), "total_steps": total,
                  "examples_per_step": int(cfg.data.batch_size) * int(cfg.trainer.nproc)}
     if str(cfg.optim.schedule.get("name", "one_cycle")) == "range_test":
-        logged = [m for m in read_jsonl(os.path.join(path, "metrics.jsonl")) if "loss" in m and "step" in m]
+        from recsys_hdet.lr_find import range_test_curve
+
+        steps, losses = range_test_curve(metrics)
         r["range_test"] = {**OmegaConf.to_container(cfg.optim.schedule.range_test, resolve=True),
-                           "step": [int(m["step"]) for m in logged],
-                           "loss": [sig(m["loss"]["avg"], LOSS_SIG) for m in logged]}
+                           "step": steps, "loss": [sig(loss, LOSS_SIG) for loss in losses]}
     r["commit"], r["clean"] = run_info.get("commit"), bool(run_info.get("clean", False))
     return r
 
