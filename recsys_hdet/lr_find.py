@@ -39,6 +39,9 @@ from recsys_hdet.exit_status import ExitStatus
 
 AXES: Dict[str, Sequence[str]] = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
 SMOOTHING = 0.98
+# fastai's rule: the suggestion is the multiplier at the smoothed minimum divided by this, so it lies in
+# [low, high] / this (range_edge reads those ends).
+SUGGESTION_DIVISOR = 10
 # How a sweep may end and still be read: stopped after its steps, or diverged where its loss exploded.
 SWEEP_ENDS = (ExitStatus.OK, ExitStatus.DIVERGED)
 _config_composed = False
@@ -49,7 +52,7 @@ def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], 
     """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
     trained when ``losses[k]`` was logged): the loss smoothed by an exponential moving average
     (``beta``, bias-corrected), cut where it exceeds 4x its minimum or turns non-finite; the multiplier
-    of the max LR at the smoothed minimum, divided by 10. None without a finite logged loss."""
+    of the max LR at the smoothed minimum, divided by :data:`SUGGESTION_DIVISOR`. None without a finite logged loss."""
     avg, best, best_at = 0.0, math.inf, None
     for k, (step, loss) in enumerate(zip(steps, losses)):
         if loss is None or not math.isfinite(loss):
@@ -64,7 +67,7 @@ def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], 
         return None
     # a record at step k follows k trained steps; the last of them (0-based k - 1) ran at the multiplier of k - 1
     pct = min(max(best_at - 1, 0), sweep_steps - 1) / (sweep_steps - 1)
-    return low * (high / low) ** pct / 10
+    return low * (high / low) ** pct / SUGGESTION_DIVISOR
 
 
 def range_test_curve(metrics: Sequence[Dict[str, Any]]) -> tuple[List[int], List[float]]:
@@ -109,9 +112,9 @@ def check_config(cfg: DictConfig) -> None:
 def range_edge(multiplier: float, low: float, high: float) -> Optional[str]:
     """"high" when the suggestion is the largest the range allows (the loss still fell at the sweep's end:
     the rate may lie higher), "low" when it is the smallest (the loss rose from the first step), else None."""
-    if math.isclose(multiplier, high / 10, rel_tol=1e-9):
+    if math.isclose(multiplier, high / SUGGESTION_DIVISOR, rel_tol=1e-9):
         return "high"
-    if math.isclose(multiplier, low / 10, rel_tol=1e-9):
+    if math.isclose(multiplier, low / SUGGESTION_DIVISOR, rel_tol=1e-9):
         return "low"
     return None
 
