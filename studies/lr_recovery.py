@@ -654,13 +654,16 @@ def targets(results: Dict[str, Any], variants: Sequence[str] = ("hdet", *CONTROL
     def ne_by_seed(s: Dict[str, Any], v: str) -> Dict[int, float]:
         return {r["seed"]: r["ne"] for r in s["runs"][v] if r["outcome"] == "completed"}
 
+    def every_seed_in(s: Dict[str, Any], v: str) -> bool:  # every planned seed has a result
+        return s["variants"][v]["seeds"] == len(s["runs"][v])
+
     out: Dict[str, Any] = {}
     for v in variants:
         t: Dict[str, Any] = {"starts": {}, "anchors": {}}
         for start in (s for s in TARGET_STARTS if s in results):
             e = results[start]["variants"][v]
             d, frac = e["paired_diff"], e["gap_fraction"]
-            complete = e["seeds"] == len(results[start]["runs"][v])  # every planned seed has a result
+            complete = every_seed_in(results[start], v)
             t["starts"][start] = {
                 "gap_fraction": frac, "ci95": d["ci95"] if d else None, "in_plateau": e["lr_area_in_plateau_both"],
                 "failed": e["failed"],
@@ -677,8 +680,9 @@ def targets(results: Dict[str, Any], variants: Sequence[str] = ("hdet", *CONTROL
                                    else all(x < 0 for x in anchors.values())}
         b = results["best"]["variants"][v] if "best" in results else None
         d = b["paired_diff"] if b else None
+        judged = bool(b) and every_seed_in(results["best"], v) and bool(d) and bool(d["ci95"])
         t["best"] = {"diff": d, "within_2x": b["lr_area_within_2x_of_start"] if b else None,
-                     "met": None if not b or b["seeds"] < len(results["best"]["runs"][v]) or not d or not d["ci95"] else bool(
+                     "met": None if not judged else bool(
                          d["mean"] <= 0.001 and d["ci95"][0] <= 0 <= d["ci95"][1] and b["lr_area_within_2x_of_start"] >= 2)}
         out[v] = t
     return out
