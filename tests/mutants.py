@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -141,7 +142,10 @@ MUTANTS = (
     Mutant("AA", "the hand-over's plain control starts at the pass's start, not at the commit step", "recsys_hdet/hdet/integration.py",
            "self.plain.start_at(step)",
            "self.plain.start_at(0)",
-           ["tests/test_hdet_hand_over.py::test_after_the_commit_the_run_is_the_plain_run_branched_from_its_state_at_the_held_lrs"]),
+           ["tests/test_hdet_hand_over.py::test_after_the_commit_the_run_is_the_plain_run_branched_from_its_state_at_the_held_lrs"]),    # Issue 50, serving: export, predict, the exported program.
+    # (end of serving mutants)
+    # Issue 50, operations and data: the gate, the registry, the settings check, row groups, conversion.
+    # (end of operations and data mutants)
 )
 
 
@@ -169,9 +173,12 @@ def main(keys: Sequence[str]) -> int:
     survived = 0
     with tempfile.TemporaryDirectory() as scratch_root:
         for m in chosen:
+            started = time.monotonic()
             result = check(m, scratch_root)
+            seconds = time.monotonic() - started
             survived += not result.startswith("killed")
-            print(f"{m.key} | {m.what} | {' '.join(t.split('::')[-1] for t in m.tests)} | {result}", flush=True)
+            print(f"{m.key} | {m.path} | {m.what} | {' '.join(t.split('::')[-1] for t in m.tests)} | {result} | {seconds:.0f} s",
+                  flush=True)
     return 1 if survived else 0
 
 
