@@ -38,11 +38,13 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
-# The crash-recovery end-to-end runs (kill -9 and resume, rollback, the retraining job's kills):
-# slow-marked, and run by CI beside `make test` (8 tests, 11.5 minutes measured on 2 cores beside other work).
+# The crash-recovery end-to-end runs (kill -9 and resume, rollback, the retraining job's kills) and the
+# README's own path (convert, train, evaluate, export, predict, adopt, retrain; about 80 s alone):
+# slow-marked, and run by CI beside `make test` (9 tests, about 13 minutes on 2 cores).
 test-recovery: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/test_resume.py \
-		tests/test_retrain.py::test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills
+		tests/test_retrain.py::test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills \
+		tests/test_readme_path.py
 
 # Includes the slow end-to-end runs.
 test-all: $(STAMP)
