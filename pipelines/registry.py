@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from recsys_hdet.fileio import LockHeld, try_exclusive_lock
@@ -126,7 +126,12 @@ class Registry:
         if os.path.lexists(tmp_link):
             os.remove(tmp_link)
         os.symlink(os.path.join("versions", version), tmp_link)
-        os.replace(tmp_link, self.current_link)
+        try:
+            os.replace(tmp_link, self.current_link)
+        except BaseException:  # current is untouched; the new link must not be left beside it
+            with suppress(OSError):
+                os.remove(tmp_link)
+            raise
 
     def rollback(self, to: Optional[str] = None) -> str:
         """Points ``current`` at ``to``, or at the published version before the current one (its

@@ -263,3 +263,21 @@ def test_killed_append_is_rolled_back_by_the_next(tmp_path):
     for f in ID_FEATURES:
         assert pl.read_parquet(vocab_path(root, f)).equals(pl.read_parquet(vocab_path(ref, f))), f
     assert validate_processed(root)["ids"] == _meta(ref)["ids"]
+
+
+def test_an_appended_day_is_cut_into_the_data_sets_row_groups(tmp_path):
+    # A data set in row groups shorter than its days (relaid out to 400 rows): the appended day is
+    # written in the groups meta.json's layout records, not the converter's default.
+    import pyarrow.parquet as pq
+
+    from data_tools.relayout import relayout
+
+    root = _build(tmp_path)
+    relayout(root, 400)
+    assert append_synthetic_days(root, 1) == [DAY3]
+    meta = validate_processed(root)
+    assert meta["layout"] == {"version": 2, "row_group_rows": 400}
+    rows = meta["days"][DAY3]["rows"]
+    footer = pq.ParquetFile(os.path.join(root, meta["days"][DAY3]["file"])).metadata
+    sizes = [footer.row_group(i).num_rows for i in range(footer.num_row_groups)]
+    assert rows > 2 * 400 and sizes == [400] * (rows // 400) + ([rows % 400] if rows % 400 else []), sizes

@@ -687,3 +687,32 @@ def test_convert_writes_layout_2_row_groups_and_validation_refuses_a_file_cut_ot
         validate_processed(out)
     with pytest.raises(DataError, match="row_group_rows: must be an int >= 1"):
         convert(*_raw(raw_dir), str(tmp_path / "bad"), MIN_COUNT, row_group_rows=0)
+
+
+@pytest.mark.parametrize("path", ["whole_day", "chunked"])
+def test_both_ways_of_writing_a_day_cut_it_into_the_configured_row_groups(raw_dir, tmp_path, monkeypatch, path):
+    # Days of 4,000 rows, longer than the 700-row groups: written whole (chunk_rows above the day's rows)
+    # or sorted in time ranges and concatenated (chunk_rows=300), each day file's footer holds groups of
+    # exactly 700 rows (the last one shorter), the layout meta.json records.
+    import pyarrow.parquet as pq
+
+    import data_tools.convert as C
+
+    ranges = []
+    real = C._time_ranges
+    monkeypatch.setattr(C, "_time_ranges", lambda *a, **kw: ranges.append(real(*a, **kw)) or ranges[-1])
+    out = str(tmp_path / path)
+    convert(*_raw(raw_dir), out, MIN_COUNT, chunk_rows=300 if path == "chunked" else 10_000, row_group_rows=700)
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    assert meta["layout"] == {"version": 2, "row_group_rows": 700}
+    assert len(meta["days"]) == SMALL["days"]
+    if path == "chunked":  # every day went through the time ranges, several of them
+        assert len(ranges) == SMALL["days"] and all(len(r) > 1 for r in ranges)
+    else:
+        assert ranges == []
+    for spec in meta["days"].values():
+        assert spec["rows"] > 2 * 700
+        footer = pq.ParquetFile(os.path.join(out, spec["file"])).metadata
+        sizes = [footer.row_group(i).num_rows for i in range(footer.num_row_groups)]
+        assert sizes == [700] * (spec["rows"] // 700) + ([spec["rows"] % 700] if spec["rows"] % 700 else []), sizes
+    validate_processed(out)  # the files agree with the layout meta.json records

@@ -58,3 +58,64 @@ def test_one_job_at_a_time(tmp_path):
                 pass
     with reg.lock():  # released: the next job gets it
         pass
+
+
+def _published(tmp_path, *names):
+    reg = Registry(str(tmp_path / "registry"))
+    parent = None
+    for name in names:
+        reg.add_version(name, _candidate(tmp_path, name), {"parent": parent, "status": "published"})
+        parent = name
+    return reg
+
+
+def _assert_current_is(reg, version):
+    """``current`` is a symlink to versions/<version>, which exists and is complete, and no temporary
+    link is left beside it."""
+    link = reg.current_link
+    assert os.path.islink(link), "current is missing"
+    assert os.readlink(link) == os.path.join("versions", version)
+    assert os.path.isdir(link), f"current dangles: -> {os.readlink(link)}"
+    assert json.load(open(os.path.join(link, "manifest.json")))["version"] == version
+    assert open(os.path.join(link, "checkpoint", ".metadata")).read() == version
+    assert reg.current() == version
+    assert sorted(os.listdir(reg.root)) == ["current", "versions"], "a temporary link was left behind"
+
+
+@pytest.mark.parametrize("failing", [("symlink",), ("replace", "rename")], ids=["link", "move"])
+def test_a_repoint_that_fails_midway_leaves_current_on_the_old_complete_version(tmp_path, monkeypatch, failing):
+    # The repoint fails at its critical step (making the new link, or moving it over current, by
+    # whichever call the code uses): current must still point at the old version, never be missing or
+    # dangling, and no temporary link be left over.
+    reg = _published(tmp_path, "v1", "v2")
+    reg.set_current("v1")
+    _assert_current_is(reg, "v1")
+    calls = []
+
+    def crash(src, dst, *a, **kw):
+        calls.append(dst)
+        raise OSError(28, "No space left on device (planted)")
+
+    with monkeypatch.context() as m:
+        for name in failing:
+            m.setattr(os, name, crash)
+        with pytest.raises(OSError, match="planted"):
+            reg.set_current("v2")
+    assert calls, f"set_current never called os.{' or os.'.join(failing)}"
+    _assert_current_is(reg, "v1")
+    reg.set_current("v2")  # the next attempt succeeds
+    _assert_current_is(reg, "v2")
+
+
+def test_a_refused_repoint_leaves_current_as_it_was(tmp_path):
+    reg = _published(tmp_path, "v1")
+    reg.set_current("v1")
+    reg.add_version("v2", _candidate(tmp_path, "v2"), {"parent": "v1", "status": "rejected"})
+    os.makedirs(os.path.join(reg.versions, ".tmp-v3", "checkpoint"))  # a half-written version
+    for version in ("v2", ".tmp-v3", "v3", "v9"):
+        with pytest.raises(RegistryError):
+            reg.set_current(version)
+        assert os.readlink(reg.current_link) == os.path.join("versions", "v1") and reg.current() == "v1"
+    os.rmdir(os.path.join(reg.versions, ".tmp-v3", "checkpoint"))
+    os.rmdir(os.path.join(reg.versions, ".tmp-v3"))
+    _assert_current_is(reg, "v1")

@@ -101,6 +101,64 @@ def test_gate_rules():
     assert diverged["decision"] == "rejected" and "did not complete (status 'diverged')" in diverged["reasons"][0]
 
 
+def _paired(low):
+    return {"diff": low + 0.001, "low": low, "high": low + 0.002, "rows": 1000}
+
+
+def test_gate_thresholds_hold_exactly_at_their_boundaries():
+    # Each threshold at its exact value (binary-exact numbers, so no rounding decides): NE at max_ne is
+    # refused (">=": no better than the positive rate), a calibration at either bound passes (inclusive),
+    # an interval whose low end is exactly ne_tolerance is not "entirely above" it (passes).
+    cfg = _cfg(ne_tolerance=0.25, max_ne=0.75, calibration=[0.5, 1.5])
+    done = {"status": "completed"}
+
+    def decide(ne=0.5, cal=1.0, low=None):
+        cand = {"rows": 1000, "eval": {"like": {"ne": ne, "calibration": cal}}}
+        pub = None if low is None else {"eval": {"like": {"ne": 0.5}}, "paired": {"like": _paired(low)}}
+        return G.gate(cfg, done, cand, pub)
+
+    assert decide()["decision"] == "published"
+    at_max = decide(ne=0.75)
+    assert at_max["decision"] == "rejected" and at_max["reasons"] == [
+        "like: NE 0.7500 >= gate.max_ne 0.75 (no better than the held-out rows' positive rate)"]
+    assert decide(ne=0.7499)["decision"] == "published"
+    for cal in (0.5, 1.5):  # the bounds themselves are inside
+        assert decide(cal=cal)["decision"] == "published", cal
+    for cal in (0.4999, 1.5001):
+        outside = decide(cal=cal)
+        assert outside["decision"] == "rejected" and outside["reasons"] == [
+            f"like: calibration {cal:.3f} outside gate.calibration [0.5, 1.5]"], cal
+    assert decide(low=0.25)["decision"] == "published"  # not *above* the tolerance
+    worse = decide(low=0.2501)
+    assert worse["decision"] == "rejected" and "entirely above gate.ne_tolerance 0.25" in worse["reasons"][0]
+    assert G.worse_with_confidence(_paired(0.25), 0.25) is False
+    assert G.worse_with_confidence(_paired(0.2501), 0.25) is True
+    assert G.worse_with_confidence({"low": None}, 0.0) is False  # no interval: no evidence of harm
+
+
+def test_gate_refuses_missing_or_non_finite_metrics_and_a_missing_summary():
+    cfg = _cfg(ne_tolerance=0.0, max_ne=1.0, calibration=[0.8, 1.25])
+    done = {"status": "completed"}
+
+    def decide(summary=done, **like):
+        m = {"ne": 0.8, "calibration": 1.0, **like}
+        return G.gate(cfg, summary, {"rows": 1000, "eval": {"like": m, "long_dwell": {"ne": 0.7, "calibration": 1.0}}},
+                      None)
+
+    assert decide()["decision"] == "published" and decide()["reasons"] == []
+    for ne in (None, float("nan"), float("inf"), float("-inf")):
+        d = decide(ne=ne)
+        assert d["decision"] == "rejected" and d["reasons"] == ["like: NE is not finite"], (ne, d)
+    no_cal = decide(calibration=None)
+    assert no_cal["decision"] == "rejected" and no_cal["reasons"] == [
+        "like: calibration undefined outside gate.calibration [0.8, 1.25]"]
+    nan_cal = decide(calibration=float("nan"))  # NaN compares false to both bounds: outside
+    assert nan_cal["decision"] == "rejected" and "like: calibration nan outside" in nan_cal["reasons"][0]
+    for summary, shown in ((None, "None"), ({}, "None"), ({"status": "diverged"}, "'diverged'")):
+        d = decide(summary=summary)  # good metrics do not make up for a run that did not complete
+        assert d["decision"] == "rejected" and d["reasons"] == [f"the run did not complete (status {shown})"], summary
+
+
 def test_an_interrupted_publish_is_finished_but_a_rollback_is_not_undone(tmp_path):
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
@@ -386,3 +444,46 @@ def test_a_changed_setting_between_days_is_refused_naming_the_keys(tmp_path, tin
     err = capsys.readouterr().err
     assert "REFUSED" in err and "carry_lr=true carries the rates HDET's controller ended with" in err, err
     assert reg.list_versions() == before
+
+
+def _settings_case(tmp_path, carry_lr, published_carry_lr=None, **day):
+    """changed_settings between a published version trained with a hand-made config and a next day
+    whose config differs from it by ``day`` (dotted key -> new value)."""
+    from pipelines.settings import changed_settings, job_settings
+
+    cfg = OmegaConf.create({"experiment": "retrain_daily", "cold_start_experiment": "retrain_daily", "overrides": [],
+                            "carry_lr": carry_lr, "carry_lr_clamp": 4.0, "seed": 0})
+    was = OmegaConf.create({"optim": {"lr": {"embedding": 0.05, "non_embedding": 0.002}, "dense": {"eps": 1e-8}},
+                            "trainer": {"warm_start": None, "warm_start_overrides": []},
+                            "data": {"until": "20220408", "train_days": 3}, "seed": 0})
+    version_dir = tmp_path / "v0001"
+    (version_dir / ".hydra").mkdir(parents=True)
+    OmegaConf.save(was, str(version_dir / ".hydra" / "config.yaml"))
+    # the next day: the keys the job sets itself change as they do every day
+    now = OmegaConf.merge(was, {"data": {"until": "20220409", "train_days": 1},
+                                "trainer": {"warm_start": "/registry/current/checkpoint"}})
+    for key, value in day.items():
+        OmegaConf.update(now, key, value)
+    published = OmegaConf.merge(cfg, {"carry_lr": carry_lr if published_carry_lr is None else published_carry_lr})
+    parent = {"experiment": "retrain_daily", "settings": job_settings(published)}
+    return changed_settings(cfg, parent, str(version_dir), now, "retrain_daily")
+
+
+def test_the_max_lrs_are_left_out_of_the_settings_check_only_when_they_are_carried(tmp_path):
+    assert _settings_case(tmp_path / "a", carry_lr=True) == []
+    assert _settings_case(tmp_path / "b", carry_lr=False) == []
+    # carry_lr: the day's max LRs are the carried ones, which differ from the version's: allowed
+    assert _settings_case(tmp_path / "c", carry_lr=True, **{"optim.lr.embedding": 0.07,
+                                                            "optim.lr.non_embedding": 0.001}) == []
+    # without carry_lr a changed max LR is a changed setting, named
+    assert _settings_case(tmp_path / "d", carry_lr=False, **{"optim.lr.embedding": 0.07}) == [
+        "optim.lr.embedding: 0.05 -> 0.07"]
+    # carry_lr leaves out optim.lr.* only: other optimizer settings are still compared
+    assert _settings_case(tmp_path / "e", carry_lr=True, **{"optim.dense.eps": 1e-6, "optim.lr.embedding": 0.07}) == [
+        "optim.dense.eps: 1e-08 -> 1e-06"]
+    # a key that merely starts like a left-out one (trainer.warm_start_overrides) is compared
+    assert _settings_case(tmp_path / "f", carry_lr=True, **{"trainer.warm_start_overrides": ["model.dropout=0.1"]}) == [
+        "trainer.warm_start_overrides: [] -> ['model.dropout=0.1']"]
+    # switching carry_lr on between days is itself a changed setting
+    assert _settings_case(tmp_path / "g", carry_lr=True, published_carry_lr=False, **{"optim.lr.embedding": 0.07}) == [
+        "carry_lr: False -> True"]

@@ -181,3 +181,57 @@ def test_own_row_groups_with_standard_exposure_never_reads_a_random_exposure_row
     standard = sum(streams[0].rows_in_day(d) for d in days)
     assert len(flags) > 0 and int(flags.abs().sum()) == 0
     assert standard - len(flags) < len(days) * world * (64 + 2 * GROUP)  # only what the ranks cannot fill
+
+
+DAYS = ["20220408", "20220409", "20220410", "20220411", "20220412"]
+
+
+def _deal(day, world, reserve, sizes=(100,) * 24, seed=7):
+    kept = np.ones(sum(sizes), dtype=bool)
+    return [deal_row_groups(kept, list(sizes), r, world, 16, reserve, seed=seed, day=day) for r in range(world)]
+
+
+def test_each_day_deals_its_row_groups_in_its_own_order_each_to_one_rank():
+    m, world = 24, 3
+    starts = np.arange(m + 1) * 100
+    firsts = {}
+    for day in DAYS:
+        shares = _deal(day, world, reserve=0)
+        # deterministic: the same arguments deal the same groups and the same rows (a resumed job)
+        for s, again in zip(shares, _deal(day, world, reserve=0)):
+            assert np.array_equal(s.groups, again.groups) and np.array_equal(s.rows, again.rows)
+        # 24 groups, 3 ranks, nothing reserved: every group read by exactly one rank, 8 each
+        read = np.concatenate([s.groups for s in shares])
+        assert sorted(read) == list(range(m)) and all(len(s.groups) == m // world for s in shares), day
+        for s in shares:  # a rank's rows come from its own groups only
+            assert set(np.searchsorted(starts, s.rows, side="right") - 1) <= set(s.groups)
+        firsts[day] = tuple(shares[0].groups)
+        # with reserved rows: the tail's groups are shared (read by every rank), every other group by one
+        shares = _deal(day, world, reserve=250)
+        counts = np.bincount(np.concatenate([s.groups for s in shares]), minlength=m)
+        shared = np.flatnonzero(counts == world)
+        assert set(counts) <= {1, world} and 3 <= len(shared) < 3 + world, (day, counts)
+        assert all(set(shared) <= set(s.groups) for s in shares)
+    # for one seed, each day its own deal (a fixed order would give a rank the same part of every day)
+    assert len(set(firsts.values())) == len(DAYS), firsts
+    assert tuple(_deal(DAYS[0], world, 0, seed=8)[0].groups) != firsts[DAYS[0]]
+
+
+def test_the_stream_deals_each_day_by_its_own_date(grouped):
+    # What ParquetBatchStream reads under own_row_groups: each day's groups dealt by that day's date,
+    # to exactly one rank (24 groups, 2 ranks, nothing reserved), the same for a rebuilt stream.
+    meta = DatasetMeta.load(grouped)
+    days = sorted(meta.days)  # all 3 of the tiny data set's days
+    assert len(days) == 3
+    streams = [_stream(meta, r, 2, days, read="own_row_groups") for r in range(2)]
+    dealt = {}
+    for day in days:
+        shares = [s._share(day, rows=False) for s in streams]
+        assert sorted(np.concatenate([s.groups for s in shares])) == list(range(24)), day
+        assert [list(s.groups) for s in shares] == [list(_stream(meta, r, 2, days, read="own_row_groups")
+                                                         ._share(day, rows=False).groups) for r in range(2)]
+        expected = deal_row_groups(np.ones(sum(meta.row_groups(day)), dtype=bool), meta.row_groups(day), 0, 2, 64, 0,
+                                   seed=3, day=day, rows=False)
+        assert list(shares[0].groups) == list(expected.groups), day
+        dealt[day] = tuple(shares[0].groups)
+    assert len(set(dealt.values())) == len(days), dealt
