@@ -81,7 +81,10 @@ def gate(cfg: DictConfig, summary: Optional[Dict[str, Any]], candidate: Optional
     tasks: Dict[str, Dict[str, Any]] = {}
     if summary is None or summary.get("status") != "completed":
         reasons.append(f"the run did not complete (status {summary.get('status') if summary else None!r})")
-    if candidate is not None:
+    if candidate is None:
+        if not reasons:  # a completed run must have been scored: nothing unchecked is published
+            reasons.append("the candidate was not scored on the held-out rows (no metrics to check)")
+    else:
         low, high = (float(x) for x in g.calibration)
         for t, m in candidate["eval"].items():
             row = {"candidate_ne": m["ne"], "candidate_calibration": m["calibration"], "rows": candidate.get("rows")}

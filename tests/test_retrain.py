@@ -157,6 +157,10 @@ def test_gate_refuses_missing_or_non_finite_metrics_and_a_missing_summary():
     for summary, shown in ((None, "None"), ({}, "None"), ({"status": "diverged"}, "'diverged'")):
         d = decide(summary=summary)  # good metrics do not make up for a run that did not complete
         assert d["decision"] == "rejected" and d["reasons"] == [f"the run did not complete (status {shown})"], summary
+    # a completed run that was never scored has nothing checked: refused, not published
+    unscored = G.gate(cfg, done, None, None)
+    assert unscored["decision"] == "rejected" and unscored["reasons"] == [
+        "the candidate was not scored on the held-out rows (no metrics to check)"]
 
 
 def test_an_interrupted_publish_is_finished_but_a_rollback_is_not_undone(tmp_path):
