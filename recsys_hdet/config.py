@@ -35,7 +35,7 @@ def probe_rows(cfg: DictConfig) -> int:
     if reserved is not None:
         return int(reserved)
     h = cfg.hdet
-    return int(h.probe_rows) if h.enabled and h.get("signal") in PROBE_SIGNALS else 0
+    return int(h.probe_rows) if h.enabled and h.get("signal") in PROBE_SIGNALS and not h.range_test.steps else 0
 
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -106,7 +106,9 @@ def validate_config(cfg: DictConfig) -> None:
     _require(not h.enabled or cfg.optim.dense.type != "schedulefree_adamw", "optim.dense.type",
              str(cfg.optim.dense.type), "Schedule-Free AdamW trains at a constant LR with no schedule for HDET to "
              "move: not with hdet=enabled")
-    if h.enabled and h.signal in PROBE_SIGNALS:
+    if h.enabled and h.range_test.steps:
+        check_range_test(cfg)
+    elif h.enabled and h.signal in PROBE_SIGNALS:
         _require(cfg.data.reserve_rows != 0, "data.reserve_rows", 0,
                  f"hdet.signal={h.signal} scores rows reserved from training: null (hdet.probe_rows) or > 0")
         if h.signal == "anneal_probe":
@@ -120,6 +122,21 @@ def validate_config(cfg: DictConfig) -> None:
                  "exploring weight decay needs decoupled weight decay: set optim.dense.type=adamw")
         _require(float(cfg.optim.dense.weight_decay) > 0, "optim.dense.weight_decay", cfg.optim.dense.weight_decay,
                  "exploring weight decay (multiplicatively) needs a starting value > 0")
+
+
+def check_range_test(cfg: DictConfig) -> None:
+    """What the range test on the replicas (hdet.range_test.steps > 0) needs: two replicas or more (one sweep
+    per axis), the one-cycle schedule of Adam or AdamW (the committed max LRs are its), no other HDET form."""
+    replicas = int(cfg.trainer.nproc) // int(cfg.trainer.sharding_group_size)
+    _require(replicas >= 2, "trainer.sharding_group_size", cfg.trainer.sharding_group_size,
+             f"hdet.range_test sweeps one axis per replica: needs at least 2 replicas (trainer.nproc={cfg.trainer.nproc} "
+             "/ trainer.sharding_group_size); with one, run python -m recsys_hdet.lr_find")
+    _require(cfg.optim.dense.type in ("adam", "adamw"), "optim.dense.type", str(cfg.optim.dense.type),
+             "sets its own step size: hdet.range_test suggests max LRs for adam or adamw")
+    _require(int(cfg.hdet.explore_rounds) == 0, "hdet.explore_rounds", cfg.hdet.explore_rounds,
+             "explore-then-commit and hdet.range_test are two HDET forms: choose one")
+    _require(cfg.trainer.dense_gradients == "allreduce", "trainer.dense_gradients", str(cfg.trainer.dense_gradients),
+             "after hdet.range_test's commit the run trains plain: needs allreduce")
 
 
 def yaml_usage(config_name: str, doc: str) -> str:

@@ -133,8 +133,8 @@ class DenseOptimizerConfig:
 @dataclass
 class RangeTestConfig:
     steps: int = 100
-    low: float = 0.01
-    high: float = 100.0
+    low: float = 0.001
+    high: float = 10000.0
     groups: List[str] = field(default_factory=lambda: ["embedding", "transformer", "non_embedding", "no_decay"])
 
     def __post_init__(self) -> None:

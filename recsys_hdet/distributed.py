@@ -19,8 +19,9 @@ import signal
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -187,8 +188,34 @@ def shard_model(
     hooks = {"allreduce": finite_mean_allreduce_hook, "local": local_gradient_hook}
     if dense_gradients not in hooks:
         raise ValueError(f"trainer.dense_gradients={dense_gradients!r}: choose one of {sorted(hooks)}")
-    dmp._dmp_wrapped_module.register_comm_hook(pgs.world, hooks[dense_gradients])
+    reduction = DenseGradientReduction(hooks[dense_gradients], pgs.world)
+    dmp._dmp_wrapped_module.register_comm_hook(reduction, reduce_dense_gradients)
+    dmp.dense_gradient_reduction = reduction  # the job may narrow it for a while (HDET's range test)
     return dmp
+
+
+class DenseGradientReduction:
+    """The state of DDP's communication hook (:func:`reduce_dense_gradients`): the hook and a process group
+    that can change: the world by default; for a while another group (:meth:`within`: HDET's range test
+    reduces the dense gradients within each replica, so that the replicas' sweeps do not share a gradient)."""
+
+    def __init__(self, hook: Callable[..., Any], group: Any) -> None:
+        self.hook = hook
+        self.group = group
+
+    @contextmanager
+    def within(self, group: Any) -> Iterator[None]:
+        """The dense gradients reduced over ``group`` inside the block, over the earlier group after it."""
+        before, self.group = self.group, group
+        try:
+            yield
+        finally:
+            self.group = before
+
+
+def reduce_dense_gradients(state, bucket):  # (DenseGradientReduction, GradBucket) -> Future
+    """DDP's hook: ``state.hook`` over ``state.group`` (the group as it is at this step)."""
+    return state.hook(state.group, bucket)
 
 
 def usable_cores() -> int:

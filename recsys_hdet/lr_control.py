@@ -73,8 +73,9 @@ class ScheduledLR:
     wants_serving_loss = False
 
     def __init__(self, optimizer: Any, schedules: Mapping[str, Any], cycle_momentum: bool, total_steps: int,
-                 embedding_sync_every: int) -> None:
+                 embedding_sync_every: int, record: Optional[Mapping[str, Any]] = None) -> None:
         self.optimizer = optimizer
+        self.record = dict(record or {})  # what summary.json says of how the max LRs were chosen
         self.scheduler = GroupLRScheduler(optimizer.groups, schedules, cycle_momentum)
         self.total_steps = total_steps
         self.embedding_sync_every = embedding_sync_every
@@ -107,7 +108,7 @@ class ScheduledLR:
         self.optimizer.apply_hparams()
 
     def summary(self, train_seconds: float) -> Dict[str, Any]:
-        return {}
+        return dict(self.record)
 
     def state_dict(self) -> Dict[str, Any]:
         return self.scheduler.state_dict()
@@ -122,12 +123,20 @@ def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_e
     optimizer = handles.optimizer
     groups: List[str] = list(optimizer.groups)
 
-    def plain(max_lrs: Mapping[str, float]) -> ScheduledLR:
+    def plain(max_lrs: Mapping[str, float], record: Optional[Mapping[str, Any]] = None) -> ScheduledLR:
         """The plain run's control with each group's max LR from ``max_lrs`` (the config's elsewhere)."""
         optim = {**cfg.optim, "lr": {**cfg.optim.lr, **max_lrs}}
         return ScheduledLR(optimizer, build_schedules(optim, groups, total_steps),
-                           bool(cfg.optim.schedule.cycle_momentum), total_steps, plain_embedding_sync_every)
+                           bool(cfg.optim.schedule.cycle_momentum), total_steps, plain_embedding_sync_every, record)
 
+    if bool(cfg.hdet.enabled) and int(cfg.hdet.range_test.steps) > 0:
+        from recsys_hdet.hdet.range_test_job import replica_range_test
+
+        # The range test on the replicas: the sweep runs now, from the step-0 state it then puts back; the pass
+        # is the plain run at the committed max LRs.
+        committed, record = replica_range_test(cfg, handles)
+        return plain(committed, {"hdet": {"form": "range_test", "range_test": record},
+                                 "lr": {"controlled_max_lr": committed}})
     if bool(cfg.hdet.enabled):
         from recsys_hdet.hdet.integration import build_hdet_control
 

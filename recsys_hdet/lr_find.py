@@ -4,10 +4,13 @@ The LR range test (Smith 2017, arXiv 1506.01186; fastai's ``lr_find``, Lightning
 run as the recovery study's ``lr_finder`` contender runs it (docs/lr_recovery.md): one short plain run
 per axis, first the embedding group, then the dense groups together. In a sweep the axis's groups
 rise geometrically from their max LR x ``low`` to x ``high`` over ``steps`` steps
-(``optim.schedule.range_test``: 100 steps, x0.01 to x100 by default) while the other axis is held at
-its max LR x ``low``, so that each sweep measures its own groups; the loss is logged every step. The
-suggestion is fastai's classic rule: the loss smoothed by an exponential moving average (0.98,
-bias-corrected) and cut where it exceeds 4x its minimum, the multiplier at the smoothed minimum / 10.
+(``optim.schedule.range_test``: 100 steps, x0.001 to x10000 by default: seven decades, so that a suggestion
+can reach x1000 and a rate set 100x too low or too high is found inside the range, not at its ceiling;
+fastai sweeps eight in 100 steps) while the other axis is held at its max LR x ``low``, so that each sweep
+measures its own groups; the loss is logged every step. The suggestion is fastai's classic rule
+(:mod:`recsys_hdet.components.range_rule`): the loss smoothed by an exponential moving average (0.98,
+bias-corrected) and cut where it exceeds 4x its minimum, the multiplier at the smoothed minimum / 10; a
+suggestion within one sweep step of an end of the range is flagged (``range_edge``) and warned about.
 
 The command prints the overrides to train with (each group's max LR x its axis's multiplier: the dense
 groups keep their ratios) and writes ``lr_find.json`` into its run directory
@@ -25,7 +28,6 @@ Exit status: 0 with a suggestion (a warning when it lies at an end of the range)
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
@@ -34,40 +36,14 @@ import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.train)
 from omegaconf import DictConfig, OmegaConf
 
+from recsys_hdet.components.range_rule import range_edge, suggest_multiplier
 from recsys_hdet.config import CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_hydra_command
 from recsys_hdet.exit_status import ExitStatus
 
 AXES: Dict[str, Sequence[str]] = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
-SMOOTHING = 0.98
-# fastai's rule: the suggestion is the multiplier at the smoothed minimum divided by this, so it lies in
-# [low, high] / this (range_edge reads those ends).
-SUGGESTION_DIVISOR = 10
 # How a sweep may end and still be read: stopped after its steps, or diverged where its loss exploded.
 SWEEP_ENDS = (ExitStatus.OK, ExitStatus.DIVERGED)
 _config_composed = False
-
-
-def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
-                       sweep_steps: int, beta: float = SMOOTHING) -> Optional[float]:
-    """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
-    trained when ``losses[k]`` was logged): the loss smoothed by an exponential moving average
-    (``beta``, bias-corrected), cut where it exceeds 4x its minimum or turns non-finite; the multiplier
-    of the max LR at the smoothed minimum, divided by :data:`SUGGESTION_DIVISOR`. None without a finite logged loss."""
-    avg, best, best_at = 0.0, math.inf, None
-    for k, (step, loss) in enumerate(zip(steps, losses)):
-        if loss is None or not math.isfinite(loss):
-            break
-        avg = beta * avg + (1 - beta) * loss
-        smoothed = avg / (1 - beta ** (k + 1))
-        if smoothed > 4 * best:
-            break
-        if smoothed < best:
-            best, best_at = smoothed, step
-    if best_at is None:
-        return None
-    # a record at step k follows k trained steps; the last of them (0-based k - 1) ran at the multiplier of k - 1
-    pct = min(max(best_at - 1, 0), sweep_steps - 1) / (sweep_steps - 1)
-    return low * (high / low) ** pct / SUGGESTION_DIVISOR
 
 
 def range_test_curve(metrics: Sequence[Dict[str, Any]]) -> tuple[List[int], List[float]]:
@@ -109,16 +85,6 @@ def check_config(cfg: DictConfig) -> None:
                           "schedule's max LRs (leave optim.schedule.name at one_cycle)")
 
 
-def range_edge(multiplier: float, low: float, high: float) -> Optional[str]:
-    """"high" when the suggestion is the largest the range allows (the loss still fell at the sweep's end:
-    the rate may lie higher), "low" when it is the smallest (the loss rose from the first step), else None."""
-    if math.isclose(multiplier, high / SUGGESTION_DIVISOR, rel_tol=1e-9):
-        return "high"
-    if math.isclose(multiplier, low / SUGGESTION_DIVISOR, rel_tol=1e-9):
-        return "low"
-    return None
-
-
 def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
     """Runs the two sweeps into ``run_dir`` and returns the record ``lr_find.json`` holds:
     per axis its sweep's run, exit status, status, steps, multiplier and ``range_edge``; ``lr``: the
@@ -148,7 +114,7 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
         sweep["multiplier"] = suggest_multiplier(*curve, low, high, int(rt.steps))
         if sweep["multiplier"] is None:
             return record
-        sweep["range_edge"] = range_edge(sweep["multiplier"], low, high)
+        sweep["range_edge"] = range_edge(sweep["multiplier"], low, high, int(rt.steps))
     record["lr"] = {g: float(f"{record['start'][g] * record['sweeps'][axis]['multiplier']:.6g}")
                     for axis, gs in AXES.items() for g in gs}
     return record
@@ -198,7 +164,7 @@ def usage() -> str:
         "python -m recsys_hdet.lr_find (recsys-hdet-lr-find): LR range tests (one per axis: embedding, dense) of a",
         "training config; prints the max LRs to train with and writes lr_find.json (docs/training.md).", "",
         "usage: python -m recsys_hdet.lr_find [+experiment=PRESET] [overrides as for recsys_hdet.train]",
-        "  optim.schedule.range_test.steps=100 .low=0.01 .high=100: each sweep's length and range (x max LR)", "",
+        "  optim.schedule.range_test.steps=100 .low=0.001 .high=10000: each sweep's length and range (x max LR)", "",
         "Exit status: 0 suggested, 1 a sweep gave no suggestion, 2 bad config or data."])
 
 

@@ -158,7 +158,8 @@ class Trainer:
         # every trainer.embedding_sync_every steps (the LR control may take that over: HDET does).
         train_step = TrainStep(model, optimizer, self.pgs.device, str(cfg.trainer.train_pipeline))
         handles = JobHandles(model=model, optimizer=optimizer, averager=averager, stream=stream, layout=self.pgs.layout,
-                             process_group=self.pgs.world, task_weights=self.task_weights,
+                             process_group=self.pgs.world, sharding_group=self.pgs.sharding,
+                             dense_gradients=model.dense_gradient_reduction, task_weights=self.task_weights,
                              loss_settings=self.loss_settings, run_dir=self.run_dir, log=self.log,
                              served_loss=partial(self._served_loss, train_step),
                              train_outside=partial(train_step.train_outside, optimizer=optimizer))

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import run_command
-from recsys_hdet.lr_find import range_edge, suggest_multiplier
+from recsys_hdet.components.range_rule import range_edge, suggest_multiplier
 
 
 def test_the_suggestion_is_a_tenth_of_the_multiplier_the_best_loss_was_trained_at():
@@ -34,8 +34,34 @@ def test_the_suggestion_is_a_tenth_of_the_multiplier_the_best_loss_was_trained_a
     raw = suggest_multiplier(steps, valley, 0.01, 100.0, 100, beta=0.0)
     assert raw == pytest.approx(0.01 * 1e4 ** (50 / 99) / 10, rel=1e-12)
     assert raw < suggest_multiplier(steps, valley, 0.01, 100.0, 100) < 10.0
-    assert range_edge(10.0, 0.01, 100.0) == "high" and range_edge(0.001, 0.01, 100.0) == "low"
-    assert range_edge(0.1, 0.01, 100.0) is None
+    # Within one sweep step of an end of the range (5 steps: a decade a step) is flagged; further in is not.
+    assert range_edge(10.0, 0.01, 100.0, 5) == "high" and range_edge(0.001, 0.01, 100.0, 5) == "low"
+    assert range_edge(1.0, 0.01, 100.0, 5) == "high" and range_edge(0.01, 0.01, 100.0, 5) == "low"
+    assert range_edge(0.1, 0.01, 100.0, 5) is None and range_edge(0.99, 0.01, 100.0, 5) is None
+
+
+def test_the_widened_default_range_suggests_above_x10_where_the_loss_still_falls_at_x100():
+    """The finder's default sweep (x0.001 to x10000 over 100 steps) on a planted curve that falls until x1000
+    and explodes above it: the suggestion is x100 (the old x0.01-x100 range capped it at x10) and is not
+    flagged as an edge; the same curve cut at x100 (the old range's end) can only give x10 or less."""
+    from recsys_hdet.components.range_rule import sweep_multiplier
+    from recsys_hdet.config_schema import RangeTestConfig
+
+    rt = RangeTestConfig()
+    low, high, n = rt.low, rt.high, rt.steps
+    assert (low, high, n) == (0.001, 10000.0, 100)
+    rates = [sweep_multiplier(k, low, high, n) for k in range(n)]
+    # the loss of the record after k steps is that of a model trained at the rates of steps 0..k-1: falling in
+    # log(rate) until x1000, exploding after it
+    losses = [1.0 - 0.05 * math.log10(r / low) if r <= 1000 * 1.0001 else 1.0 + 10 * math.log10(r / 1000)
+              for r in rates]
+    m = suggest_multiplier(list(range(1, n + 1)), losses, low, high, n, beta=0.0)
+    assert m == pytest.approx(100.0, rel=0.15) and m > 10.0
+    assert range_edge(m, low, high, n) is None
+    smoothed = suggest_multiplier(list(range(1, n + 1)), losses, low, high, n)
+    assert 10.0 < smoothed <= m * 1.0001
+    old = [(k + 1, x) for k, (r, x) in enumerate(zip(rates, losses)) if r <= 100 * 1.0001]
+    assert suggest_multiplier([k for k, _ in old], [x for _, x in old], low, high, n, beta=0.0) <= 10.0 * 1.0001
 
 
 def _lr_find(run_dir, data_cache, *overrides):
@@ -49,7 +75,8 @@ def test_lr_find_sweeps_each_axis_and_prints_the_suggested_max_lrs(tmp_path, tin
 
     run_dir = tmp_path / "find"
     proc = _lr_find(run_dir, data_cache, "trainer.nproc=1", "trainer.sharding_group_size=1",
-                    "optim.schedule.range_test.steps=8", "optim.lr.embedding=0.04", "optim.lr.transformer=0.003")
+                    "optim.schedule.range_test.steps=8", "optim.schedule.range_test.low=0.01",
+                    "optim.schedule.range_test.high=100", "optim.lr.embedding=0.04", "optim.lr.transformer=0.003")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads((run_dir / "lr_find.json").read_text())
     start = record["start"]

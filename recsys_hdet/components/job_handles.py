@@ -26,11 +26,13 @@ class JobHandles:
     stream: Any                     # the data stream (components.dataloader.ParquetBatchStream): the reserved rows
     layout: Any                     # this rank's place in the 2-D layout (distributed.ParallelLayout)
     process_group: Any              # the world's process group
+    sharding_group: Any             # the process group of this rank's replica (its sharding group)
+    dense_gradients: Any            # distributed.DenseGradientReduction: over which ranks dense gradients are averaged
     task_weights: torch.Tensor      # the loss's per-task weights
     loss_settings: LossSettings     # the loss's knobs the training step reads
     run_dir: str
     log: Callable[[str], None]
     #: this replica's per-task mean loss on some batches as it serves (eval mode), outside the training step
     served_loss: Callable[[List[Any]], torch.Tensor]
-    #: one training step on a batch outside the train pipeline (forward, backward, the optimizers' step)
-    train_outside: Callable[[Any], None]
+    #: one training step on a batch outside the train pipeline (forward, backward, the optimizers' step); its loss
+    train_outside: Callable[[Any], torch.Tensor]

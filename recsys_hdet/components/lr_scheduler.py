@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from recsys_hdet.components.range_rule import sweep_multiplier
+
 
 def _annealing_cos(start: float, end: float, pct: float) -> float:
     cos_out = math.cos(math.pi * pct) + 1
@@ -129,8 +131,7 @@ class RangeTest:
         return self.max_lr * self.low
 
     def multiplier(self, step: int) -> float:
-        pct = min(max(step, 0), self.steps - 1) / (self.steps - 1)
-        return self.low * (self.high / self.low) ** pct
+        return sweep_multiplier(step, self.low, self.high, self.steps)
 
     def __call__(self, step: int) -> tuple[float, Optional[float]]:
         return self.max_lr * self.multiplier(step), None

@@ -51,16 +51,17 @@ class TrainStep:
         """One step on the next batch; the model's output. Raises StopIteration after the last."""
         return self.pipeline.progress(batches)
 
-    def train_outside(self, batch: Any, optimizer: Any) -> None:
+    def train_outside(self, batch: Any, optimizer: Any) -> torch.Tensor:
         """One training step (forward, backward, ``optimizer.step``) on ``batch``, outside the
-        pipeline's queue (HDET's cooldown before a probe): on the detached model, the batch moved to
-        the pipeline's device here."""
+        pipeline's queue (HDET's cooldown before a probe, its range test): on the detached model, the
+        batch moved to the pipeline's device here. Returns the step's loss (detached, not read on the host)."""
         with self.model_detached() as model:
             optimizer.zero_grad()
             loss, _ = model(batch.to(self.device))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+        return loss.detach()
 
     @contextmanager
     def model_detached(self) -> Iterator[torch.nn.Module]:

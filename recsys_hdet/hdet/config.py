@@ -224,6 +224,23 @@ class ExploreConfig:
 
 
 @dataclass
+class ReplicaRangeTestConfig:
+    """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test`): ``steps`` > 0 turns the form on.
+    Each replica sweeps one axis from max LR x ``low`` to x ``high`` over ``steps`` steps, the other axis held
+    at x ``low``; the run commits each axis's suggestion and trains plain from the step-0 state."""
+    steps: int = 0
+    low: float = 0.001
+    high: float = 10000.0
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.steps, int) and (self.steps == 0 or self.steps >= 2), "hdet.range_test.steps",
+                self.steps, "0 (off) or an integer >= 2")
+        require(is_number(self.low) and self.low > 0, "hdet.range_test.low", self.low, "must be a number > 0")
+        require(is_number(self.high) and self.high > self.low, "hdet.range_test.high", self.high,
+                f"must be a number above hdet.range_test.low={self.low}")
+
+
+@dataclass
 class WarmInitConfig:
     nu: float = 0.0
 
@@ -247,6 +264,7 @@ class HDETConfigGroup(HDETConfig):
     probe_mix: Any = 1.0     # a number in (0, 1], or "replicas"
     explore: ExploreConfig = field(default_factory=ExploreConfig)
     warm_init: WarmInitConfig = field(default_factory=WarmInitConfig)
+    range_test: ReplicaRangeTestConfig = field(default_factory=ReplicaRangeTestConfig)
 
     def __post_init__(self) -> None:
         if not self.enabled:

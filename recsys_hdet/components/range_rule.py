@@ -1,0 +1,58 @@
+"""How an LR range test's curve is read: fastai's classic suggestion and where it lies in the range.
+
+The one owner of the rule that both range tests apply: the command that sweeps before a plain run
+(:mod:`recsys_hdet.lr_find`, one sweep per axis after the other) and the range test on HDET's replicas
+(:mod:`recsys_hdet.hdet.range_test`, the axes swept at once by different replicas).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+SMOOTHING = 0.98
+# fastai's rule: the suggestion is the multiplier at the smoothed minimum divided by this, so it lies in
+# [low, high] / this (range_edge reads those ends).
+SUGGESTION_DIVISOR = 10
+
+
+def sweep_multiplier(step: int, low: float, high: float, sweep_steps: int) -> float:
+    """The LR multiplier a sweep trains step ``step`` (0-based) at: ``low`` to ``high`` geometrically over
+    ``sweep_steps`` steps, held at ``high`` after."""
+    pct = min(max(step, 0), sweep_steps - 1) / (sweep_steps - 1)
+    return low * (high / low) ** pct
+
+
+def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
+                       sweep_steps: int, beta: float = SMOOTHING) -> Optional[float]:
+    """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
+    trained when ``losses[k]`` was logged): the loss smoothed by an exponential moving average
+    (``beta``, bias-corrected), cut where it exceeds 4x its minimum or turns non-finite; the multiplier
+    of the max LR at the smoothed minimum, divided by :data:`SUGGESTION_DIVISOR`. None without a finite logged loss."""
+    avg, best, best_at = 0.0, math.inf, None
+    for k, (step, loss) in enumerate(zip(steps, losses)):
+        if loss is None or not math.isfinite(loss):
+            break
+        avg = beta * avg + (1 - beta) * loss
+        smoothed = avg / (1 - beta ** (k + 1))
+        if smoothed > 4 * best:
+            break
+        if smoothed < best:
+            best, best_at = smoothed, step
+    if best_at is None:
+        return None
+    # a record at step k follows k trained steps; the last of them (0-based k - 1) ran at the multiplier of k - 1
+    return sweep_multiplier(best_at - 1, low, high, sweep_steps) / SUGGESTION_DIVISOR
+
+
+def range_edge(multiplier: float, low: float, high: float, sweep_steps: int, within_steps: int = 1) -> Optional[str]:
+    """"high" when the suggestion lies within ``within_steps`` sweep steps of the largest the range allows (the
+    loss still fell, or barely stopped falling, at the sweep's end: the rate may lie higher), "low" when it lies
+    as near the smallest (the loss rose from the first steps), else None."""
+    step_ratio = (high / low) ** (within_steps / (sweep_steps - 1))
+    top, bottom = high / SUGGESTION_DIVISOR, low / SUGGESTION_DIVISOR
+    if multiplier >= top / step_ratio * (1 - 1e-9):
+        return "high"
+    if multiplier <= bottom * step_ratio * (1 + 1e-9):
+        return "low"
+    return None

@@ -1,0 +1,120 @@
+"""The range test on the replicas: HDET's replicas sweep the learning rates apart, per axis, at once.
+
+The LR range test (Smith 2017; fastai's ``lr_find``) reads where the loss stops falling as the rate
+climbs (the stability edge). :mod:`recsys_hdet.lr_find` runs it before a plain run, one axis after the
+other. Here the replicas that a data-parallel run has anyway run it in parallel, inside the run:
+
+- **Fan-out, one axis per replica.** Replica ``r`` (a sharding group: one copy of the embedding tables)
+  sweeps axis ``axes[r % len(axes)]``: its groups' rates rise geometrically from max LR x ``low`` to x
+  ``high`` over ``steps`` steps (:func:`~recsys_hdet.components.range_rule.sweep_multiplier`) while every
+  other group is held at its max LR x ``low``, so the axes are measured apart. With two replicas each axis
+  has one sweep; with more, the replicas sweeping the same axis are pooled (their ranks' losses averaged
+  per step: a less noisy curve). Nothing is averaged across replicas during the sweep (the job reduces the
+  dense gradients within each replica).
+- **Cheap logs.** Each rank writes its step loss into a preallocated tensor (no host sync per step); one
+  all-gather at the end gives every rank every curve.
+- **Commit.** Every rank reads the same curves with the same rule (fastai's classic:
+  :func:`~recsys_hdet.components.range_rule.suggest_multiplier`), so all commit the same multipliers
+  without another collective. An axis whose curve has no finite loss keeps multiplier 1 (its configured
+  rates), said in the record.
+
+What happens to the replicas' weights after the sweep is the job's business (it restores the step-0
+state: :mod:`recsys_hdet.hdet.range_test_job`). This module knows nothing of models: a step is a function
+of a batch that returns the rank's loss, the rates are set through a function of multipliers, and the
+curves are gathered through a function of a tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+
+import torch
+
+from recsys_hdet.components.range_rule import SMOOTHING, range_edge, suggest_multiplier, sweep_multiplier
+
+
+@dataclass(frozen=True)
+class ReplicaSweepPlan:
+    """Which replica sweeps which axis, over which range, in how many steps."""
+
+    axes: Mapping[str, Sequence[str]]  # axis name -> its LR groups
+    steps: int
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if self.steps < 2:
+            raise ValueError(f"hdet.range_test.steps={self.steps}: must be >= 2")
+        if not 0 < self.low < self.high:
+            raise ValueError(f"hdet.range_test: low={self.low}, high={self.high}: need 0 < low < high")
+
+    def axis_of(self, replica: int) -> str:
+        names = list(self.axes)
+        return names[replica % len(names)]
+
+    def multipliers(self, replica: int, step: int) -> Dict[str, float]:
+        """Each LR group's multiplier of its max LR at sweep step ``step`` on ``replica``."""
+        swept = self.axis_of(replica)
+        rising = sweep_multiplier(step, self.low, self.high, self.steps)
+        return {g: rising if axis == swept else self.low for axis, groups in self.axes.items() for g in groups}
+
+
+def exploded_at(losses: Sequence[float], beta: float = SMOOTHING) -> Optional[int]:
+    """The first 0-based index at which the range-test rule cuts the curve (the smoothed loss above 4x its
+    minimum, or a non-finite loss); None when it never does."""
+    avg, best = 0.0, math.inf
+    for k, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            return k
+        avg = beta * avg + (1 - beta) * loss
+        smoothed = avg / (1 - beta ** (k + 1))
+        if smoothed > 4 * best:
+            return k
+        best = min(best, smoothed)
+    return None
+
+
+def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequence[int]) -> Dict[str, Any]:
+    """Each axis's suggestion from every rank's curve (``curves[rank, step]``: the rank's loss at each sweep
+    step): the curve of an axis is the mean over the ranks of the replicas that swept it. Returns per axis
+    its ``multiplier`` (1.0 with ``no_suggestion`` when the curve has no finite loss), ``range_edge``, the
+    multiplier at which the rule cut the curve (``cut_at``, None if it never did), the ranks pooled and
+    the curve itself (``loss``: one value per step)."""
+    out: Dict[str, Any] = {}
+    per_step = list(range(1, plan.steps + 1))  # the loss of step k counts as logged after k + 1 steps (lr_find's)
+    for axis in plan.axes:
+        ranks = [r for r, replica in enumerate(replica_of_rank) if plan.axis_of(replica) == axis]
+        if not ranks:
+            raise ValueError(f"no replica sweeps the {axis} axis: the range test needs at least {len(plan.axes)} "
+                             "replicas (trainer.nproc / trainer.sharding_group_size)")
+        curve = [float(x) for x in curves[ranks].double().mean(0)]
+        multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps)
+        cut = exploded_at(curve)
+        out[axis] = {
+            "multiplier": 1.0 if multiplier is None else multiplier,
+            "no_suggestion": multiplier is None,
+            "range_edge": None if multiplier is None else range_edge(multiplier, plan.low, plan.high, plan.steps),
+            "cut_at": None if cut is None else sweep_multiplier(cut, plan.low, plan.high, plan.steps),
+            "ranks": ranks,
+            "loss": [x if math.isfinite(x) else None for x in curve],
+        }
+    return out
+
+
+def sweep(plan: ReplicaSweepPlan, replica: int, batches: Iterator[Any], train_step: Callable[[Any], torch.Tensor],
+          set_multipliers: Callable[[Mapping[str, float]], None],
+          gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """This rank's sweep: ``plan.steps`` steps, each on the next batch at this replica's multipliers
+    (``set_multipliers`` sets and pushes them before the step: a fused kernel takes a rate only when
+    pushed), its loss (``train_step(batch)``, a 0-d tensor, not read on the host) kept on the device.
+    Returns every rank's curve (``gather``: [world, steps]). Raises ValueError when the batches end first."""
+    losses: List[torch.Tensor] = []
+    for step in range(plan.steps):
+        batch = next(batches, None)
+        if batch is None:
+            raise ValueError(f"hdet.range_test.steps={plan.steps}: the pass has only {step} steps on this rank")
+        set_multipliers(plan.multipliers(replica, step))
+        losses.append(train_step(batch).detach().double().reshape(()))
+    return gather(torch.stack(losses))

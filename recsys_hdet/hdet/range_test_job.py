@@ -1,0 +1,101 @@
+"""The range test on the replicas in the training job (``hdet.range_test.steps > 0``): sweep, commit,
+restart from the step-0 state.
+
+Before the pass (:func:`replica_range_test`, called while the job builds its LR control):
+
+1. the rank's state at step 0 is copied (its model and optimizer state: :class:`ModelState`; the random
+   generators; the data stream's position);
+2. the dense gradients are reduced within each replica only (``JobHandles.dense_gradients.within``), so
+   that the replicas' sweeps do not share a gradient, and each replica sweeps its axis on the pass's first
+   ``steps`` batches (:func:`recsys_hdet.hdet.range_test.sweep`), one training step outside the train
+   pipeline each; one all-gather of the curves at the end;
+3. every rank commits the same multipliers (:func:`recsys_hdet.hdet.range_test.commit`), the state, the
+   generators and the stream's position are put back bit for bit, and the job goes on with the plain run's
+   LR control at the committed max LRs.
+
+So after the commit the run *is* the plain run at the committed max LRs, from the same step-0 state, bit for
+bit (tests/test_hdet_range_test.py); a sweep that blew up leaves nothing behind. Its cost: ``steps`` extra
+steps, run by all replicas at once (the LR finder runs two sweeps one after the other), and the copies.
+
+Limits: a resumed run sweeps again from the step-0 state before loading its checkpoint (the same curves, so
+the same commit: the sweep is deterministic); on one replica there is nothing to sweep with (refused by the
+config check: ``python -m recsys_hdet.lr_find`` sweeps the axes one after the other instead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, Mapping, Tuple
+
+import torch
+import torch.distributed as dist
+
+from recsys_hdet.components.job_handles import JobHandles
+from recsys_hdet.components.train_state import ModelState, RNGState
+from recsys_hdet.constants import PARAM_GROUPS
+from recsys_hdet.fileio import write_text_atomic
+from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
+from recsys_hdet.hdet.signals import snapshot
+
+# The two axes the replicas sweep apart: the embedding tables, and the dense groups together (their ratios kept).
+AXES = {"embedding": ("embedding",), "dense": tuple(g for g in PARAM_GROUPS if g != "embedding")}
+RECORD_FILE = "range_test.json"
+
+
+def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float], Dict[str, Any]]:
+    """Runs the sweep on this rank's replica and returns (the committed max LR per group, the record that
+    rank 0 also writes to ``range_test.json`` in the run directory)."""
+    rt, layout, optimizer, stream = cfg.hdet.range_test, handles.layout, handles.optimizer, handles.stream
+    plan = ReplicaSweepPlan(AXES, int(rt.steps), float(rt.low), float(rt.high))
+    max_lrs = {g: float(cfg.optim.lr[g]) for g in optimizer.groups}
+    replica_of_rank = [r // layout.sharding_group_size for r in range(layout.world_size)]
+    weights = handles.task_weights.double()
+
+    def set_multipliers(multipliers: Mapping[str, float]) -> None:
+        for group, param_groups in optimizer.groups.items():
+            for pg in param_groups:
+                pg["lr"] = max_lrs[group] * multipliers[group]
+        optimizer.apply_hparams()  # the fused embedding kernels take an LR only when pushed
+
+    def train_step(batch: Any) -> torch.Tensor:
+        return handles.train_outside(batch) / weights.sum()  # the task-weighted mean, as metrics.jsonl's loss
+
+    def gather(curve: torch.Tensor) -> torch.Tensor:
+        curves = [torch.empty_like(curve) for _ in range(layout.world_size)]
+        dist.all_gather(curves, curve, group=handles.process_group)
+        return torch.stack(curves).cpu()
+
+    start = time.perf_counter()
+    model_state, rng = ModelState(handles.model, optimizer.dense), RNGState()
+    saved = snapshot(model_state)
+    saved_rng, position = rng.state_dict(), stream.state_dict()
+    saved_lrs = [(pg, pg["lr"]) for pg in optimizer.param_groups]
+    batches = iter(stream)
+    try:
+        with handles.dense_gradients.within(handles.sharding_group):
+            curves = sweep(plan, layout.sharding_group, batches, train_step, set_multipliers, gather)
+    finally:
+        batches.close()  # its day reader stops
+        model_state.load_state_dict(saved)
+        rng.load_state_dict(saved_rng)
+        stream.load_state_dict(position)
+        for pg, lr in saved_lrs:
+            pg["lr"] = lr
+        optimizer.apply_hparams()
+    axes = commit(plan, curves, replica_of_rank)
+    committed = {g: float(f"{max_lrs[g] * axes[axis]['multiplier']:.6g}") for axis, gs in AXES.items() for g in gs}
+    record = {"steps": plan.steps, "low": plan.low, "high": plan.high, "start": max_lrs, "committed": committed,
+              "axes": axes, "replica_axis": {str(r): plan.axis_of(r) for r in range(layout.replicas)},
+              "seconds": time.perf_counter() - start}
+    if layout.rank == 0:
+        write_text_atomic(os.path.join(handles.run_dir, RECORD_FILE), json.dumps(record, indent=1) + "\n")
+    for axis, a in axes.items():
+        edge = f"; within a step of the range's {a['range_edge']} end" if a["range_edge"] else ""
+        why = " (no finite loss: its configured rates kept)" if a["no_suggestion"] else ""
+        handles.log(f"HDET range test: {axis} x{a['multiplier']:.4g}{why}{edge} (ranks {a['ranks']})")
+    handles.log("HDET range test committed in {:.1f} s; the pass trains plain from the step-0 state at max LRs "
+                "{}".format(record["seconds"], " ".join(f"{g}={v:.4g}" for g, v in committed.items())))
+    return committed, record
+

@@ -1,0 +1,168 @@
+"""The range test on HDET's replicas (recsys_hdet/hdet/range_test.py, range_test_job.py): each replica sweeps
+one axis while the other is held low, every rank commits the same suggestion, and the pass is then the plain
+run at the committed max LRs from the step-0 state, bit for bit."""
+import math
+
+import pytest
+import torch
+
+from conftest import read_json, read_jsonl, run_train
+from recsys_hdet.components.range_rule import suggest_multiplier, sweep_multiplier
+from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, exploded_at, sweep
+
+AXES = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
+
+
+# ----------------------------------------------------------------------------------------------
+# A planted objective: one quadratic per group, gradient descent, stability edge known
+
+
+class PlantedQuadratics:
+    """``sum_g curvature_g x_g^2 / 2`` trained by gradient descent on noisy gradients (``c x + noise``, as
+    minibatches give): group g's step is stable below the rate ``2 / curvature_g`` (its stability edge), where
+    its loss rises towards the edge (the noise's share grows with the rate) and explodes above it."""
+
+    def __init__(self, edges, noise=0.3, seed=0):
+        self.curvature = {g: 2.0 / e for g, e in edges.items()}
+        self.x = {g: (2.0 / c) ** 0.5 for g, c in self.curvature.items()}  # every group's loss starts at 1
+        self.scale = dict(self.x)  # the noise in units of the group's starting point
+        self.lr = {g: 0.0 for g in edges}
+        self.noise = noise
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def step(self, batch):
+        loss = sum(c * self.x[g] ** 2 / 2 for g, c in self.curvature.items())
+        for g, c in self.curvature.items():  # x <- x - lr (c x + noise)
+            noise = self.noise * c * self.scale[g] * float(torch.randn((), generator=self.generator))
+            self.x[g] = min(self.x[g] - self.lr[g] * (c * self.x[g] + noise), 1e100)
+        return torch.tensor(loss, dtype=torch.float64)
+
+
+def planted_suggestions(max_lrs, edges, together=False, steps=100):
+    """The committed max LR per axis from a two-replica sweep on the planted quadratics; ``together``: both axes
+    rise on every replica (one joint sweep, as a single range test of every group would)."""
+    plan = ReplicaSweepPlan(AXES, steps, 0.001, 10000.0)
+    curves = []
+    for replica in (0, 1):
+        objective = PlantedQuadratics(edges)
+
+        def set_multipliers(m, objective=objective, replica=replica):
+            if together:
+                m = {g: sweep_multiplier(len(curves_of[replica]), plan.low, plan.high, plan.steps) for g in m}
+            for g, x in m.items():
+                objective.lr[g] = max_lrs[g] * x
+
+        curves_of = {replica: []}
+
+        def train_step(batch, objective=objective, replica=replica):
+            loss = objective.step(batch)
+            curves_of[replica].append(loss)
+            return loss
+
+        curves.append(sweep(plan, replica, iter(range(steps)), train_step, set_multipliers, lambda c: c[None])[0])
+    axes = commit(plan, torch.stack(curves), [0, 1])
+    return {axis: max_lrs[AXES[axis][0]] * axes[axis]["multiplier"] for axis in AXES}, axes
+
+
+@pytest.mark.parametrize("misset", [100.0, 0.01])
+def test_each_axis_finds_its_planted_edge_with_the_other_axis_misset_100x(misset):
+    """Planted edges: embedding 30, dense 0.02; the rule's answer is a tenth of the edge (the smoothed minimum
+    lies near the edge). The embedding's max LR is set right, the dense groups' 100x off either way: each axis's
+    suggestion lies within a factor 2 of a tenth of its edge. Swept together, the explosion of the axis whose
+    edge comes first (in multiples of its max LR) cuts both curves, and the other axis's suggestion is far off."""
+    edges = {"embedding": 30.0, "transformer": 0.02, "non_embedding": 0.02, "no_decay": 0.02}
+    max_lrs = {"embedding": 3.0, **{g: 0.002 * misset for g in AXES["dense"]}}
+    found, axes = planted_suggestions(max_lrs, edges)
+    for axis, rate in found.items():
+        target = edges[AXES[axis][0]] / 10
+        assert target / 2 <= rate <= target * 2, (axis, rate, target, axes[axis]["multiplier"])
+        assert axes[axis]["cut_at"] is not None  # each sweep reached its explosion and was cut there
+    together, _ = planted_suggestions(max_lrs, edges, together=True)
+    off = [axis for axis, rate in together.items() if not edges[AXES[axis][0]] / 20 <= rate <= edges[AXES[axis][0]] / 5]
+    assert off == (["embedding"] if misset > 1 else ["dense"]), together  # the axis whose edge lies further up
+
+
+def test_the_plan_sweeps_one_axis_per_replica_and_holds_the_other_low_and_pools_replicas():
+    plan = ReplicaSweepPlan(AXES, 5, 0.01, 100.0)
+    assert [plan.axis_of(r) for r in range(4)] == ["embedding", "dense", "embedding", "dense"]
+    assert plan.multipliers(0, 4) == {"embedding": pytest.approx(100.0), **{g: 0.01 for g in AXES["dense"]}}
+    assert plan.multipliers(1, 2) == {"embedding": 0.01, **{g: pytest.approx(1.0) for g in AXES["dense"]}}
+    # 4 replicas of 1 rank: ranks 0 and 2 sweep the embedding, 1 and 3 the dense groups; each axis's curve is
+    # its ranks' mean; a rank whose loss turned non-finite cuts its axis's curve there
+    curves = torch.tensor([[2.0, 1.0, 0.5, 9.0, 9.0], [2.0, 1.5, 1.0, 0.8, 0.7],
+                           [2.0, 1.0, 0.5, 9.0, math.nan], [2.0, 1.5, 1.0, 0.8, 0.7]], dtype=torch.float64)
+    axes = commit(plan, curves, [0, 1, 2, 3])
+    assert axes["embedding"]["ranks"] == [0, 2] and axes["dense"]["ranks"] == [1, 3]
+    assert axes["embedding"]["loss"][:4] == [2.0, 1.0, 0.5, 9.0] and axes["embedding"]["loss"][4] is None
+    assert axes["dense"]["multiplier"] == suggest_multiplier([1, 2, 3, 4, 5], [2.0, 1.5, 1.0, 0.8, 0.7], 0.01, 100.0, 5)
+    assert axes["dense"]["range_edge"] == "high" and axes["dense"]["cut_at"] is None
+    assert exploded_at([1.0, 0.5, math.inf]) == 2
+    # no finite loss at all: the configured rates are kept, and the record says so
+    nan = commit(plan, torch.full((4, 5), math.nan, dtype=torch.float64), [0, 1, 2, 3])
+    assert nan["embedding"]["multiplier"] == 1.0 and nan["embedding"]["no_suggestion"]
+    with pytest.raises(ValueError, match="at least 2 replicas"):
+        commit(plan, curves[:1], [0])
+    with pytest.raises(ValueError, match="only 2 steps"):
+        sweep(plan, 0, iter(range(2)), lambda b: torch.tensor(1.0), lambda m: None, lambda c: c[None])
+
+
+def test_one_replica_or_another_form_is_refused_before_training(tmp_path, data_cache, tiny_dataset):
+    from recsys_hdet.api import compose_config
+    from recsys_hdet.config import validate_config
+    from recsys_hdet.config_values import ConfigError
+
+    base = ["data=tiny", "hdet=enabled", "hdet.range_test.steps=8"]
+    for extra, named in ((["trainer.nproc=2", "trainer.sharding_group_size=2"], "at least 2 replicas"),
+                         (["trainer.nproc=2", "trainer.sharding_group_size=1", "hdet.explore_rounds=1",
+                           "hdet.explore_steps=5", "hdet.space=log"], "choose one"),
+                         (["trainer.nproc=2", "trainer.sharding_group_size=1", "optim.dense.type=prodigy"],
+                          "sets its own step size")):
+        with pytest.raises(ConfigError, match=named):
+            validate_config(compose_config([*base, *extra]))
+    for bad in ("hdet.range_test.steps=1", "hdet.range_test.low=0", "hdet.range_test.high=0.0001"):
+        with pytest.raises(ConfigError, match="hdet.range_test"):
+            validate_config(compose_config([*base, "trainer.nproc=2", "trainer.sharding_group_size=1", bad]))
+
+
+# ----------------------------------------------------------------------------------------------
+# A real 2-replica run
+
+
+COMMON = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.sharding_group_size=1",
+          "trainer.tensorboard=false"]
+# 12 sweep steps from x0.001 to x1e6: both sweeps reach their explosion on the tiny data.
+RANGE_TEST = ["hdet=enabled", "hdet.range_test.steps=12", "hdet.range_test.low=0.001", "hdet.range_test.high=1000000"]
+
+
+@pytest.mark.slow  # two 2-rank runs (~1.5 minutes on 2 cores); run by `make test-recovery` in CI
+def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_bit(tmp_path, data_cache,
+                                                                                   tiny_dataset):
+    """The sweeps blow up (loss non-finite or cut at the explosion) and leave nothing behind: the committed run
+    equals a plain run from the same step-0 state at the committed max LRs, step for step, bit for bit."""
+    hdet_dir = tmp_path / "range_test"
+    proc = run_train(hdet_dir, *COMMON, *RANGE_TEST, data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = read_json(hdet_dir / "range_test.json")
+    summary = read_json(hdet_dir / "summary.json")
+    assert summary["status"] == "completed" and summary["hdet"]["form"] == "range_test"
+    committed = record["committed"]
+    assert summary["lr"]["controlled_max_lr"] == committed
+    assert record["replica_axis"] == {"0": "embedding", "1": "dense"}
+    assert {a: record["axes"][a]["ranks"] for a in AXES} == {"embedding": [0], "dense": [1]}
+    for axis in AXES:  # each sweep exploded: cut by the rule, or a non-finite loss on its replica
+        a = record["axes"][axis]
+        assert a["cut_at"] is not None and not a["no_suggestion"], (axis, a)
+        assert all(committed[g] == pytest.approx(record["start"][g] * a["multiplier"], rel=1e-5) for g in AXES[axis])
+    assert all(math.isfinite(v) for v in summary["train_loss"].values())
+
+    plain_dir = tmp_path / "plain"
+    proc = run_train(plain_dir, *COMMON, *(f"optim.lr.{g}={v!r}" for g, v in committed.items()),
+                     data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plain = read_json(plain_dir / "summary.json")
+    assert (plain["eval"], plain["train_loss"], plain["steps"]) == (summary["eval"], summary["train_loss"],
+                                                                     summary["steps"])
+    hdet_records = {r["step"]: r for r in read_jsonl(hdet_dir / "metrics.jsonl")}
+    for r in read_jsonl(plain_dir / "metrics.jsonl"):
+        h = hdet_records[r["step"]]
+        assert (r["lr"], r["loss"]) == (h["lr"], h["loss"]), r["step"]
