@@ -34,6 +34,9 @@ the round's end, and to the end of the pass; the table (``explore_round`` in the
 round's score orders the multipliers as the held-out NE at the end does. Record mode: the ``low`` start,
 rounds of 125 steps from 0% and 25%, the embedding, the dense groups and all.
 
+**Range commit** (``--range-commit``: the range test on the replicas' kill test, :mod:`studies.range_commit`):
+the form's sweep and commit alone from the recovery study's starts, 3 seeds; ``range_commit`` in the JSON.
+
 Every run is one line of ``results.jsonl`` (``studies.harness``: overrides, seed, status,
 NE per task, steps, times, and a signal run's sync records; a line's kind, start, seed, checkpoint,
 group and multiplier are read from its name and overrides): the report is rebuilt from it alone
@@ -57,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from studies import harness as SR
+from studies import range_commit
 from studies.harness import REPO, paired_ci95
 
 DENSE = ("transformer", "non_embedding", "no_decay")
@@ -509,7 +513,7 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
                      "again": line["mean_ne"]}
                     for n, line in sorted(results.items()) if n.endswith("/trunk_again") and n[:-len("_again")] in results]
     return {"cases": cases, "scorecard": signal_table, "chosen": chosen_signal(), "trunks_again": trunks_again,
-            "explore_round": explore_round_cases(results, mode)}
+            "explore_round": explore_round_cases(results, mode), "range_commit": range_commit.table(results)}
 
 
 def chosen_signal() -> str:
@@ -578,6 +582,8 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
                                   for k in sorted(result["scorecard"])) + " |")
     if result.get("explore_round", {}).get("scored"):
         lines += render_explore_round(result["explore_round"])
+    if any(s["seeds"] for s in result["range_commit"]["starts"].values()):
+        lines += range_commit.render(result["range_commit"])
     return "\n".join(lines) + "\n"
 
 
@@ -596,6 +602,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--explore-round", action="store_true",
                         help="train explore-then-commit's falsification runs (one round vs the end of the pass) "
                              "instead of the branches and signal runs")
+    parser.add_argument("--range-commit", action="store_true",
+                        help="train the range test on the replicas' kill test (sweep and commit only, from the "
+                             "recovery study's starts: studies/range_commit.py) instead of the branches and signal runs")
     args = parser.parse_args(argv)
     mode = MODES[args.mode]
     if args.seeds:
@@ -613,7 +622,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     status = 0
     if not args.report_only:
         try:
-            for seed in mode.seeds:  # seed-major: an interrupted study has whole seeds for every start
+            if args.range_commit:
+                range_commit.train_all(study.run)
+            for seed in (() if args.range_commit else mode.seeds):  # seed-major: whole seeds for every start
                 for start in (mode.round_starts if args.explore_round else mode.starts):
                     (study.explore_round if args.explore_round else study.start)(start, seed)
         except StudyError as e:
