@@ -1,0 +1,120 @@
+"""``python -m benchmarks.contender_cost``: what the LR-finding contenders cost against plain + rollback, side by side.
+
+The recovery study's runs were made in different sessions, under different loads: their seconds cannot be
+compared. Here the contenders that choose their own rates run one after another, interleaved over repeats
+(each repeat in a rotated order, so that load drifts hit every contender alike), from one start of the
+recovery study, with its preset, layout, contract and seed:
+
+- ``plain_rollback``: the plain run at the start's rates (the reference);
+- ``hdet_range_test``: the range test on the replicas (a 100-step sweep before the pass, in the same job);
+- ``lr_finder``: ``python -m recsys_hdet.lr_find`` (two sweeps of 100 steps, one after the other, each a job
+  of its own), then the plain run at its suggestion.
+
+A contender's cost is the wall seconds of every process it needs (job start-up included: a user pays it too)
+and its optimizer steps; the ratios are to ``plain_rollback``'s of the same repeat, and the figure kept is
+their median over the repeats. Writes ``contender_cost`` into ``benchmarks/results.json`` (``--write``; else
+``outputs/benchmarks/contender_cost.json``), which the recovery study's report reads as each contender's
+wall-time ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Sequence
+
+from studies import harness as SR
+from studies.lr_recovery import PRESET, lr_overrides, recovery_anchor, start_lrs
+
+REPO = SR.REPO
+RANGE_TEST = ["hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001", "hdet.range_test.high=10000"]
+CONTENDERS = ("plain_rollback", "hdet_range_test", "lr_finder")
+
+
+def _common(start: str, seed: int) -> List[str]:
+    e, d = start_lrs(start, recovery_anchor())
+    return [f"+experiment={PRESET}", f"seed={seed}", *SR.CONTRACT.overrides(), *lr_overrides(e, d),
+            "trainer.tensorboard=false"]
+
+
+def _train(work: str, name: str, overrides: Sequence[str], env: Dict[str, str]) -> Dict[str, Any]:
+    run = SR.train_run(os.path.join(work, name), overrides, env)
+    if not run["finished"]:
+        raise RuntimeError(f"{name}: the job failed (exit status {run['exit_status']}); see {run['log']}")
+    summary = json.load(open(os.path.join(work, name, "summary.json")))
+    sweep = ((summary.get("hdet") or {}).get("range_test") or {}).get("steps", 0)
+    return {"seconds": run["process_seconds"], "steps": summary["steps"] + sweep, "commit": run["commit"],
+            "clean": run["clean"]}
+
+
+def contender(name: str, work: str, start: str, seed: int, env: Dict[str, str]) -> Dict[str, Any]:
+    common = _common(start, seed)
+    if name == "plain_rollback":
+        return _train(work, name, common, env)
+    if name == "hdet_range_test":
+        return _train(work, name, [*common, *RANGE_TEST], env)
+    find_dir = os.path.join(work, "lr_finder_sweeps")
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "recsys_hdet.lr_find", *[o for o in common if o != "trainer.tensorboard=false"],
+                           f"hydra.run.dir={find_dir}"], cwd=REPO, env=env, capture_output=True, text=True)
+    finder_seconds = time.time() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"lr_find exited {proc.returncode}: {proc.stderr[-2000:]}")
+    record = json.load(open(os.path.join(find_dir, "lr_find.json")))
+    run = _train(work, "lr_finder", [*common, *(f"optim.lr.{g}={v:.6g}" for g, v in record["lr"].items())], env)
+    sweep_steps = sum(s["steps"] for s in record["sweeps"].values())
+    return {**run, "seconds": run["seconds"] + finder_seconds, "steps": run["steps"] + sweep_steps,
+            "finder_seconds": finder_seconds}
+
+
+def measure(work: str, start: str, seed: int, repeats: int, data_cache: str | None) -> Dict[str, Any]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"RECSYS_HDET_DATA": data_cache} if data_cache else {})}
+    rows: List[Dict[str, Any]] = []
+    for k in range(repeats):
+        order = CONTENDERS[k % len(CONTENDERS):] + CONTENDERS[:k % len(CONTENDERS)]
+        repeat: Dict[str, Any] = {}
+        for name in order:
+            repeat[name] = contender(name, os.path.join(work, f"repeat{k}"), start, seed, env)
+            print(f"repeat {k}: {name} {repeat[name]['seconds']:.0f} s, {repeat[name]['steps']} steps", flush=True)
+        rows.append(repeat)
+    ratio = {c: statistics.median(r[c]["seconds"] / r["plain_rollback"]["seconds"] for r in rows) for c in CONTENDERS}
+    steps = {c: statistics.median(r[c]["steps"] / r["plain_rollback"]["steps"] for r in rows) for c in CONTENDERS}
+    return {"start": start, "seed": seed, "repeats": rows, "ratio": ratio, "steps_ratio": steps,
+            "order": "rotated per repeat", "commit": rows[0]["plain_rollback"]["commit"],
+            "clean": all(r[c]["clean"] for r in rows for c in CONTENDERS), "machine": SR.machine_line(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.contender_cost", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--start", default="all_low", help="a start of the recovery study (default: all_low)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--work", default=os.path.join(REPO, "outputs", "benchmarks", "contender_cost"))
+    ap.add_argument("--data-cache", help="data directory (RECSYS_HDET_DATA)")
+    ap.add_argument("--write", action="store_true", help="record into benchmarks/results.json")
+    args = ap.parse_args(argv)
+    result = measure(args.work, args.start, args.seed, args.repeats, args.data_cache)
+    if args.write:
+        path = os.path.join(REPO, "benchmarks", "results.json")
+        data = json.load(open(path))
+        data["contender_cost"] = result
+    else:
+        path, data = os.path.join(REPO, "outputs", "benchmarks", "contender_cost.json"), result
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    print(json.dumps({"ratio": result["ratio"], "steps_ratio": result["steps_ratio"]}), flush=True)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
