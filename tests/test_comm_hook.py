@@ -81,3 +81,38 @@ def test_the_local_hook_leaves_each_rank_its_own_gradient():
     """trainer.dense_gradients=local: no average between syncs (rank 1's input is twice rank 0's, so
     any mixing would show)."""
     spawn(_local_hook_worker, 2)
+
+
+def _narrowed_worker():
+    from recsys_hdet.distributed import DenseGradientReduction, finite_mean_allreduce_hook, reduce_dense_gradients
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    alone = [dist.new_group([r]) for r in (0, 1)][rank]  # every rank creates every group, in the same order
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(nn.Linear(3, 2))
+    reduction = DenseGradientReduction(finite_mean_allreduce_hook, dist.group.WORLD)
+    model.register_comm_hook(reduction, reduce_dense_gradients)
+    probe = nn.Linear(3, 2)
+    probe.load_state_dict(model.module.state_dict())
+    inputs = [torch.tensor([[1.0, 2.0, 3.0]]) * (r + 1) for r in (0, 1)]
+    own = []
+    for x in inputs:
+        probe.zero_grad()
+        probe(x).sum().backward()
+        own.append([p.grad.clone() for p in probe.parameters()])
+    with reduction.within(alone):  # narrowed to this rank alone: its own gradient
+        model(inputs[rank]).sum().backward()
+        assert reduction.group is alone
+    for p, mine in zip(model.module.parameters(), own[rank]):
+        assert torch.equal(p.grad, mine), (rank, p.grad, mine)
+    assert reduction.group is dist.group.WORLD  # back to the world after the block
+    model.zero_grad()
+    model(inputs[rank]).sum().backward()
+    for p, a, b in zip(model.module.parameters(), *own):
+        assert torch.equal(p.grad, ((a.double() + b.double()) / 2).float())
+    return model
+
+
+def test_the_reduction_narrowed_for_a_block_leaves_each_group_its_own_gradient_then_averages_the_world():
+    spawn(_narrowed_worker, 2)

@@ -148,6 +148,7 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
     committed = record["committed"]
     assert summary["lr"]["controlled_max_lr"] == committed
     assert record["replica_axis"] == {"0": "embedding", "1": "dense"}
+    assert record["dense_gradients_reduced_over"] == 1  # within each replica (one rank each), not the world
     assert {a: record["axes"][a]["ranks"] for a in AXES} == {"embedding": [0], "dense": [1]}
     for axis in AXES:  # each sweep exploded: cut by the rule, or a non-finite loss on its replica
         a = record["axes"][axis]

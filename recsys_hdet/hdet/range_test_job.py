@@ -75,6 +75,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
     batches = iter(stream)
     try:
         with handles.dense_gradients.within(handles.sharding_group):
+            reduced_over = dist.get_world_size(handles.dense_gradients.group)  # recorded: the ranks of a replica
             curves = sweep(plan, layout.sharding_group, batches, train_step, set_multipliers, gather)
     finally:
         batches.close()  # its day reader stops
@@ -88,6 +89,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
     committed = {g: float(f"{max_lrs[g] * axes[axis]['multiplier']:.6g}") for axis, gs in AXES.items() for g in gs}
     record = {"steps": plan.steps, "low": plan.low, "high": plan.high, "start": max_lrs, "committed": committed,
               "axes": axes, "replica_axis": {str(r): plan.axis_of(r) for r in range(layout.replicas)},
+              "dense_gradients_reduced_over": reduced_over,
               "seconds": time.perf_counter() - start}
     if layout.rank == 0:
         write_text_atomic(os.path.join(handles.run_dir, RECORD_FILE), json.dumps(record, indent=1) + "\n")
