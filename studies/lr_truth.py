@@ -513,7 +513,8 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
                      "again": line["mean_ne"]}
                     for n, line in sorted(results.items()) if n.endswith("/trunk_again") and n[:-len("_again")] in results]
     return {"cases": cases, "scorecard": signal_table, "chosen": chosen_signal(), "trunks_again": trunks_again,
-            "explore_round": explore_round_cases(results, mode), "range_commit": range_commit.table(results)}
+            "explore_round": explore_round_cases(results, mode), "range_commit": range_commit.table(results),
+            "finder_commit": range_commit.finder_table(results)}
 
 
 def chosen_signal() -> str:
@@ -584,6 +585,8 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
         lines += render_explore_round(result["explore_round"])
     if any(s["seeds"] for s in result["range_commit"]["starts"].values()):
         lines += range_commit.render(result["range_commit"])
+    if any(s["seeds"] for s in result["finder_commit"]["starts"].values()):
+        lines += range_commit.render_finder(result["finder_commit"])
     return "\n".join(lines) + "\n"
 
 

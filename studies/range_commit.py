@@ -8,8 +8,14 @@ groups) under its fairness contract. Each run's committed max LRs are compared w
 recovery study's anchor): the kill rule (issue 46) stops the form when at any start 2 or more seeds commit
 outside x3.2 of the best cell on either axis.
 
+Beside it, the same question for the LR finder as the product now runs it (``python -m recsys_hdet.lr_find``'s
+default sweep, widened to x0.001-x10000 in 100 steps): its two sweeps alone, one axis after the other, from the
+same starts and seeds (``finder_commit``): whether a bias of the range test's rule shows in both (the sweep's
+speed, decades per step, under fastai's fixed smoothing) or in the replicas' sweeps only.
+
 Run by ``python -m studies.lr_truth --range-commit`` (its lines go to the truth study's results file, the
-table to ``docs/lr_truth.json`` as ``range_commit``); this module holds the runs' overrides and the table.
+tables to ``docs/lr_truth.json`` as ``range_commit`` and ``finder_commit``); this module holds the runs'
+overrides and the tables.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from recsys_hdet.components.range_rule import suggest_multiplier
+from recsys_hdet.config_schema import RangeTestConfig
 from studies.harness import CONTRACT
 from studies.lr_recovery import DENSE, PRESET, STARTS, lr_overrides, recovery_anchor
 
@@ -82,6 +90,20 @@ def table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float
             "verdict": "killed" if killed_at else ("passed" if complete else "pending")}
 
 
+def render_finder(t: Mapping[str, Any]) -> List[str]:
+    lines = ["", "## The LR finder's default sweeps from the same starts (sweeps only)", "",
+             f"`python -m recsys_hdet.lr_find`'s suggestions ({t['sweep']['steps']} steps, x{t['sweep']['low']:g} to "
+             f"x{t['sweep']['high']:g}, one axis after the other) as factors of the best cell; the kill test's band "
+             f"applied for comparison (outside in 2+ seeds at: {', '.join(t['outside_2_of_3_at']) or 'none'}).", "",
+             "| start | seed | embedding x best | dense x best | within x3.2 |", "|---|---|---|---|---|"]
+    shown = lambda f: "-" if f is None else f"{f:.3g}"  # noqa: E731
+    for start, s in t["starts"].items():
+        for r in s["seeds"]:
+            lines.append(f"| {start} | {r['seed']} | {shown(r['of_best']['embedding'])} | {shown(r['of_best']['dense'])} "
+                         f"| {'yes' if r['within'] else 'no'} |")
+    return lines
+
+
 def render(t: Mapping[str, Any]) -> List[str]:
     lines = ["", "## The range test on the replicas: sweep and commit only (the kill test)", "",
              f"Committed max LRs as factors of the best cell (embedding {t['anchor']['embedding']:g}, dense "
@@ -99,9 +121,57 @@ def render(t: Mapping[str, Any]) -> List[str]:
     return lines
 
 
+# The finder's sweeps as the command runs them by default (recsys_hdet.lr_find.sweep_config): per axis, that
+# axis's groups from x low to x high, the other axis held at x low, the loss every step, rollback off.
+FINDER = RangeTestConfig()
+FINDER_AXES = {"embedding": ("embedding",), "dense": DENSE}
+
+
+def finder_name(start: str, seed: int, axis: str) -> str:
+    return f"finder_commit/{start}/seed{seed}/sweep_{axis}"
+
+
+def finder_overrides(start: str, seed: int, axis: str, anchor: Tuple[float, float]) -> List[str]:
+    fe, fd = KILL_STARTS[start]
+    e, d = float(f"{anchor[0] * fe:.6g}"), float(f"{anchor[1] * fd:.6g}")
+    held = (e, d * FINDER.low) if axis == "embedding" else (e * FINDER.low, d)
+    return [f"+experiment={PRESET}", f"seed={seed}", f"data.reserve_rows={CONTRACT.reserve_rows}", *lr_overrides(*held),
+            "optim.schedule.name=range_test", f"optim.schedule.range_test.steps={FINDER.steps}",
+            f"optim.schedule.range_test.low={FINDER.low:g}", f"optim.schedule.range_test.high={FINDER.high:g}",
+            "optim.schedule.range_test.groups=[" + ",".join(FINDER_AXES[axis]) + "]",
+            f"trainer.stop_at_step={FINDER.steps}", "trainer.log_every=1", "trainer.rollback.max_rollbacks=0",
+            "trainer.periodic_checkpoint.every_steps=0", "trainer.checkpoint=false", "trainer.tensorboard=false"]
+
+
+def finder_table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
+    """The finder's suggested max LRs as factors of the best cell, per start and seed (as :func:`table`)."""
+    anchor = anchor or recovery_anchor()
+    starts: Dict[str, Any] = {}
+    for start, (fe, fd) in KILL_STARTS.items():
+        rows = []
+        for seed in SEEDS:
+            lines = {a: results.get(finder_name(start, seed, a)) for a in FINDER_AXES}
+            if not all(lines.values()):
+                continue
+            of_best = {}
+            for axis, line in lines.items():
+                rt = line["range_test"]
+                m = suggest_multiplier(rt["step"], rt["loss"], float(rt["low"]), float(rt["high"]), int(rt["steps"]))
+                of_best[axis] = None if m is None else (fe if axis == "embedding" else fd) * m
+            inside = all(f is not None and 1 / WITHIN <= f <= WITHIN for f in of_best.values())
+            rows.append({"seed": seed, "of_best": of_best, "within": inside,
+                         "seconds": sum(line.get("process_seconds") or 0 for line in lines.values())})
+        starts[start] = {"factors": [fe, fd], "seeds": rows, "outside": sum(not r["within"] for r in rows)}
+    return {"sweep": {"steps": FINDER.steps, "low": FINDER.low, "high": FINDER.high}, "starts": starts,
+            "outside_2_of_3_at": [s for s, v in starts.items() if v["outside"] >= KILL_SEEDS]}
+
+
 def train_all(run: Any, anchor: Optional[Tuple[float, float]] = None, starts: Sequence[str] = tuple(KILL_STARTS)) -> None:
-    """Trains every (start, seed) not yet recorded, seed-major, through ``run(name, overrides)``."""
+    """Trains every (start, seed) not yet recorded, seed-major, through ``run(name, overrides)``: the form's
+    sweep and commit, then the finder's two sweeps."""
     anchor = anchor or recovery_anchor()
     for seed in SEEDS:
         for start in starts:
             run(run_name(start, seed), overrides(start, seed, anchor))
+            for axis in FINDER_AXES:
+                run(finder_name(start, seed, axis), finder_overrides(start, seed, axis, anchor))
