@@ -12,21 +12,49 @@ contender, a run that diverges or ends at the base-rate predictor (NE >= 0.999 o
    neighbourhood is trained too (:func:`neighbourhood_runs`). The plateau (:func:`plateau_analysis`):
    the cells within one *pooled* paired std of the best (per-seed differences from the best, pooled
    over every cell that shares 2+ seeds with it), not within half a decade of a failed cell.
-3. **The starts** (:data:`STARTS`), seeds 0 1 2 each, and the contenders (:data:`VARIANTS`):
+3. **The starts** (:data:`STARTS`, and any passed with ``--start NAME=EMB_FACTOR,DENSE_FACTOR``), seeds 0 1 2
+   each, and the contenders (:data:`VARIANTS`), each planned at a start by :func:`planned`:
    - ``plain_rollback``: the plain run at the start (the reference every contender is paired with),
-   - ``hdet``: the product's default (conf/hdet/enabled.yaml), and the controller issue's pre-registered
-     variants (``hdet_explore``, ``hdet_effect_fixed``, ``hdet_aimd``, ``hdet_rprop``),
+   - ``hdet_range_test``: the range test on the replicas (:data:`HDET_RANGE_TEST`: the replicas sweep each
+     axis for 100 steps from x0.001 to x10000 of the start before the pass, commit fastai's suggestion, and
+     the pass trains plain from step 0 at the committed max LRs); its cost counts the sweep's steps,
    - ``prodigy``: Prodigy as its authors run it (d0 1e-6, the dense LR multiplier 1: the start's
      dense LR does not enter, so runs with the same embedding LR are one run),
    - ``schedulefree``: Schedule-Free AdamW at the start's dense LR, constant, with its own warm-up
      (optim.dense.type=schedulefree_adamw), the embedding on exactly the plain run's schedule,
-   - ``lr_finder``: the LR range test (Smith 2017; fastai's ``lr_find``) before a plain run: two
-     short sweeps from the start's initial model, one per axis (:func:`lr_finder_sweeps`), each
-     suggesting the multiplier at the smoothed loss's minimum / 10 (:func:`suggest_multiplier`);
-     then a plain run at the suggested LRs. Its cost counts the sweeps' steps and seconds.
+   - ``lr_finder``: the LR range test (Smith 2017; fastai's ``lr_find``, the product's
+     ``python -m recsys_hdet.lr_find`` default sweep) before a plain run: two short sweeps from the start's
+     initial model, one per axis, 100 steps from x0.001 to x10000 (:func:`lr_finder_sweeps`), each suggesting
+     the multiplier at the smoothed loss's minimum / 10 (:func:`suggest_multiplier`, read with each sweep's
+     own recorded range); then a plain run at the suggested LRs. Its cost counts the sweeps' steps and
+     seconds. Its runs are ``{start}/lr_finder_wide...``,
+   - planned at every start: the five above. The earlier contenders, read and reported where recorded:
+     ``hdet`` (the product's earlier default, conf/hdet/enabled.yaml) and the controller issue's
+     pre-registered variants (``hdet_explore``, ``hdet_effect_fixed``, ``hdet_aimd``, ``hdet_rprop``):
+     dominated (every one missed every target), so planned only at the starts they were planned at before
+     (``hdet`` at the seven earlier starts, the variants at :data:`CONTROLLER_STARTS`), never at emb_low_30,
+     all_high_3 or a ``--start`` start; ``lr_finder_narrow``: the finder with the earlier default sweep
+     (x0.01 to x100), its runs ``{start}/lr_finder...``, retired: never trained again.
 4. ``lr_recovery.json`` and ``lr_recovery.md``: per start and contender the paired difference against
    ``plain_rollback`` (same seed, only where both completed) with a 95% t-interval, the failures beside
-   it, the gap closed (misset starts), each group's LR area and whether it lies in the plateau's range.
+   it, the gap closed (misset starts), each group's LR area and whether it lies in the plateau's range,
+   and the cost against plain + rollback (``cost``: the steps ratio from the runs, the wall ratio from the
+   side-by-side benchmark ``benchmarks/results.json`` ``contender_cost`` where it has one); the controller
+   issue's targets (``targets[<hdet variant>]``) and the range test's (issue 46, ``targets["hdet_range_test"]``,
+   :func:`range_test_targets`).
+
+**A start from the command line** (``--start odd=0.02,40``: factors of the anchor, any positive finite numbers)
+is trained and reported like the others, with the same contract, seeds and contenders. It persists through
+the results file: the report lists every start of :data:`STARTS` and every start that has a results line of
+a run at the start's own LRs (``{name}/schedulefree``, ``{name}/hdet_range_test``, or ``{name}/plain_rollback``
+off the lattice: :func:`recorded_starts` reads its factors back from the line's max LRs over the anchor);
+a start passed with ``--start`` is included in that invocation whether or not it has lines yet (and trained
+unless ``--report-only``). Until one of those lines exists, a later invocation without ``--start`` does not
+know it. A malformed, non-positive or non-finite factor, or a NAME that an existing start (of
+:data:`STARTS`, recorded, or passed twice) has with other factors, is refused before anything is trained or
+written: one line on stderr, exit status 2.
+
+The targets and the report's rendering live in :mod:`studies.lr_recovery_report` (imported by this module alone).
 
 Runs are ordinary ``python -m recsys_hdet.train +experiment=baseline_low ...`` jobs trained by
 :func:`studies.harness.run_one`: resumable (a run with a line in ``<out>/results.jsonl`` is skipped),
@@ -40,15 +68,21 @@ recorded run and reports whether it reproduces bit for bit. The earlier study
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import re
 import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from studies import harness as SR
-from studies.harness import (AblationConfig, StudyFiles, StudyMismatch, fmt as _f, machine_line, outcome, run_one,
+from studies import lr_recovery_report as report
+from studies.harness import (AblationConfig, StudyFiles, StudyMismatch, machine_line, outcome, run_one,
                              paired, run_schedules, write_reports)
+# The targets live in studies/lr_recovery_report.py with the report; the study reads them from here.
+from studies.lr_recovery_report import (MISSET_STARTS, RANGE_TEST, TARGET_STARTS, range_test_targets,  # noqa: F401
+                                        targets)
 from recsys_hdet import lr_find
 from recsys_hdet.components.metrics_log import read_json, read_jsonl
 from recsys_hdet.constants import TASKS
@@ -60,6 +94,8 @@ PRESET = "baseline_low"  # plain, 2 x 2 layout, benchmark data, cold start
 # The lattice the grid's cells lie on: each axis's LRs are GRID_CENTRE x 10^(k/2) (5 points span 100x).
 GRID_CENTRE = {"embedding": 0.06, "dense": 0.003}
 ANCHOR_FILE = os.path.join(SR.REPO, "docs", "lr_recovery.json")
+# The side-by-side cost benchmark's results (benchmarks/contender_cost.py): each contender's wall ratio.
+BENCHMARK_FILE = os.path.join(SR.REPO, "benchmarks", "results.json")
 
 # (embedding, dense) factors of the anchor (the best cell), and what each start is.
 STARTS: Dict[str, Tuple[float, float]] = {
@@ -70,6 +106,8 @@ STARTS: Dict[str, Tuple[float, float]] = {
     "emb_low_dense_high": (0.1, 10.0),
     "emb_high_dense_low": (10.0, 0.1),
     "emb_low": (0.1, 1.0),
+    "emb_low_30": (1 / 30, 1.0),
+    "all_high_3": (3.0, 3.0),
 }
 START_LABELS = {
     "best": "the best cell: the plateau start",
@@ -77,7 +115,10 @@ START_LABELS = {
     "all_low": "every group 10x low", "all_high": "every group 10x high",
     "emb_low_dense_high": "embedding 10x low, dense 10x high", "emb_high_dense_low": "embedding 10x high, dense 10x low",
     "emb_low": "embedding 10x low, dense at the best cell",
+    "emb_low_30": "embedding 30x low, dense at the best cell", "all_high_3": "every group 3x high",
 }
+# The starts the study had before the range test on the replicas: the controller forms are planned at these only.
+EARLIER_STARTS = ("best", "old_tuned", "all_low", "all_high", "emb_low_dense_high", "emb_high_dense_low", "emb_low")
 
 # The product's default (conf/hdet/enabled.yaml), spelled out so that the study does not move when the
 # defaults do: the anneal-then-probe signal (4 cooldown steps to LR 0 on reserved rows, probed,
@@ -121,12 +162,33 @@ def schedulefree(embedding: float, dense: float) -> List[str]:
     return [*lr_overrides(embedding, dense), "optim.dense.type=schedulefree_adamw"]
 
 
+# The LR range test's sweep, written once: 100 steps from x0.001 to x10000 of the start, per axis. The LR
+# finder's sweeps and the range test on the replicas both use it; it is the product's default
+# (recsys_hdet.config_schema.RangeTestConfig, lr_find's sweep), spelled out so that the study does not move when
+# the default does (tests/test_lr_recovery.py checks that they agree today).
+SWEEP_STEPS, SWEEP_LOW, SWEEP_HIGH = 100, 0.001, 10000.0
+# The retired narrow finder's sweep (lr_find's default before it was widened): its recorded runs are read.
+NARROW_SWEEP = (100, 0.01, 100.0)
+# The range test on the replicas: each replica sweeps one axis (the other held at x low) before the pass, every
+# rank commits the suggestion, and the pass trains plain from the step-0 state (recsys_hdet/hdet/range_test_job.py).
+HDET_RANGE_TEST = ("hdet=enabled", f"hdet.range_test.steps={SWEEP_STEPS}", f"hdet.range_test.low={SWEEP_LOW:g}",
+                   f"hdet.range_test.high={SWEEP_HIGH:g}")
+
 # variant -> the overrides added to the start's LRs, or a function of the start's LRs giving every override;
-# lr_finder's overrides come from its sweeps (:func:`lr_finder_overrides`).
-VARIANTS = {"plain_rollback": (), "hdet": HDET_ANNEAL_EFFECT, "prodigy": prodigy, "schedulefree": schedulefree,
-            "lr_finder": None, "hdet_explore": HDET_EXPLORE,
-            "hdet_effect_fixed": HDET_EFFECT_FIXED, "hdet_aimd": HDET_AIMD, "hdet_rprop": HDET_RPROP}
+# the finders' overrides come from their sweeps (:data:`FINDERS`, :meth:`Runner.lr_finder`).
+VARIANTS = {"plain_rollback": (), "hdet_range_test": HDET_RANGE_TEST, "prodigy": prodigy, "schedulefree": schedulefree,
+            "lr_finder": None, "hdet": HDET_ANNEAL_EFFECT, "hdet_explore": HDET_EXPLORE,
+            "hdet_effect_fixed": HDET_EFFECT_FIXED, "hdet_aimd": HDET_AIMD, "hdet_rprop": HDET_RPROP,
+            "lr_finder_narrow": None}
+# finder contender -> (its runs' name under the start, its sweep (steps, low, high)); the wide finder's runs have
+# names of their own, so that they never meet the narrow finder's recorded lines.
+FINDERS = {"lr_finder": ("lr_finder_wide", (SWEEP_STEPS, SWEEP_LOW, SWEEP_HIGH)),
+           "lr_finder_narrow": ("lr_finder", NARROW_SWEEP)}
+# Read and reported where recorded, never trained again.
+RETIRED_VARIANTS = ("lr_finder_narrow",)
 HDET_VARIANTS = ("hdet", "hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
+# The HDET forms whose launch overrides the report prints (``forms``), read from a finished run.
+FORM_VARIANTS = (*HDET_VARIANTS, "hdet_range_test")
 # The controller issue's variants run only at the best start and the four starts its targets name; at old_tuned
 # and emb_high_dense_low they are "not planned" (a run recorded there is read, and not counted as planned): the
 # pre-registered rule's step 1 (which reads every start) already excludes every variant at the best start.
@@ -137,10 +199,27 @@ CONTROLLER_STARTS = ("best", "all_low", "all_high", "emb_low_dense_high", "emb_l
 NO_LR_AREA = ("schedulefree",)
 LABELS = {"plain_rollback": "plain + rollback", "hdet": "HDET default (anneal-then-probe, effect controller)",
           "prodigy": "Prodigy (dense, d0 1e-6)",
-          "schedulefree": "Schedule-Free AdamW (dense)", "lr_finder": "LR finder (range test) + plain",
+          "schedulefree": "Schedule-Free AdamW (dense)",
+          "lr_finder": "LR finder (two 100-step sweeps, x0.001-x10000) + plain",
+          "lr_finder_narrow": "LR finder, narrow (retired: x0.01-x100) + plain",
+          "hdet_range_test": "HDET range test on the replicas (100-step sweep, x0.001-x10000)",
           "hdet_explore": "HDET explore-then-commit (2 rounds of 125 steps)",
           "hdet_effect_fixed": "HDET effect controller, per-sync fit reset at 30%",
           "hdet_aimd": "HDET AIMD (x1.1 up, x0.5 on harm), per-sync fit", "hdet_rprop": "HDET Rprop step, per-sync fit"}
+
+
+def planned(variant: str, start: str) -> bool:
+    """Whether ``variant`` is trained at ``start``. The controller forms (``hdet`` and the controller issue's
+    variants) are dominated: planned only where they were before (``hdet`` at :data:`EARLIER_STARTS`, the
+    variants at :data:`CONTROLLER_STARTS`), never at a newer start; the retired finder nowhere; every other
+    contender at every start, a ``--start`` start included."""
+    if variant in RETIRED_VARIANTS:
+        return False
+    if variant in CONTROLLER_VARIANTS:
+        return start in CONTROLLER_STARTS
+    if variant == "hdet":
+        return start in EARLIER_STARTS
+    return True
 
 
 def variant_overrides(variant: str, embedding: float, dense: float) -> List[str]:
@@ -164,32 +243,109 @@ def recovery_anchor(path: str = ANCHOR_FILE) -> Tuple[float, float]:
     return float(a["embedding"]), float(a["dense"])
 
 
-def start_lrs(start: str, anchor: Tuple[float, float]) -> Tuple[float, float]:
-    fe, fd = STARTS[start]
+def start_lrs(start: str, anchor: Tuple[float, float],
+              factors: Optional[Tuple[float, float]] = None) -> Tuple[float, float]:
+    """A start's (embedding, dense) LRs: its factors (default :data:`STARTS`'s) times the anchor."""
+    fe, fd = STARTS[start] if factors is None else factors
     # rounded to the 6 significant digits the overrides carry: a start on the lattice is that cell
     return float(f"{anchor[0] * fe:.6g}"), float(f"{anchor[1] * fd:.6g}")
 
 
 # ----------------------------------------------------------------------------------------------
+# Starts from the command line (--start NAME=EMB_FACTOR,DENSE_FACTOR) and from the results file.
+
+START_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SHARED_PREFIXES = ("grid", "prodigy")  # run names shared across starts (run_name_of): not a start's name
+# The contenders whose runs train at the start's own LRs: a start's factors are read back from their lines.
+AT_START_LRS = ("plain_rollback", "schedulefree", "hdet_range_test")
+
+
+def parse_start(text: str) -> Tuple[str, Tuple[float, float]]:
+    """A ``--start`` value, ``NAME=EMB_FACTOR,DENSE_FACTOR``: (name, (embedding factor, dense factor)), factors of
+    the anchor. StudyMismatch, naming the problem, for a malformed value or a factor that is not a positive
+    finite number."""
+    name, eq, factors = text.partition("=")
+    if not eq or not START_NAME.fullmatch(name) or name in SHARED_PREFIXES:
+        raise StudyMismatch(f"--start {text}: expected NAME=EMB_FACTOR,DENSE_FACTOR, NAME of letters, digits, "
+                            f"'_', '.', '-' (not {' or '.join(SHARED_PREFIXES)})")
+    parts = factors.split(",")
+    if len(parts) != 2:
+        raise StudyMismatch(f"--start {text}: expected two factors, EMB_FACTOR,DENSE_FACTOR (got {len(parts)})")
+    out = []
+    for axis, part in zip(("embedding", "dense"), parts):
+        try:
+            x = float(part)
+        except ValueError:
+            raise StudyMismatch(f"--start {text}: the {axis} factor {part!r} is not a number") from None
+        if not math.isfinite(x) or x <= 0:
+            raise StudyMismatch(f"--start {text}: the {axis} factor {part} is not a positive finite number")
+        out.append(x)
+    return name, (out[0], out[1])
+
+
+def same_factors(a: Tuple[float, float], b: Tuple[float, float]) -> bool:
+    """Two starts' factors name one point (to the 6 significant digits a start's LRs carry)."""
+    return all(math.isclose(x, y, rel_tol=1e-5) for x, y in zip(a, b))
+
+
+def extra_starts(texts: Sequence[str], recorded: Dict[str, Tuple[float, float]]) -> Dict[str, Tuple[float, float]]:
+    """The starts the ``--start`` values add to :data:`STARTS`: parsed (:func:`parse_start`), and refused
+    (StudyMismatch) where a NAME is already a start, of :data:`STARTS`, of ``recorded`` (:func:`recorded_starts`)
+    or an earlier value, with other factors. A value repeating a start of :data:`STARTS` adds nothing."""
+    out: Dict[str, Tuple[float, float]] = {}
+    for text in texts:
+        name, factors = parse_start(text)
+        have = out.get(name) or STARTS.get(name) or recorded.get(name)
+        if have is not None and not same_factors(have, factors):
+            raise StudyMismatch(f"--start {text}: the start {name!r} exists with factors {have[0]:.6g},{have[1]:.6g}; "
+                                "choose another NAME")
+        if name not in STARTS:
+            out[name] = have or factors
+    return out
+
+
+def recorded_starts(records: Dict[str, Dict[str, Any]], anchor: Tuple[float, float]) -> Dict[str, Tuple[float, float]]:
+    """The starts outside :data:`STARTS` that have results lines (a start once passed with ``--start``): from each
+    line ``{name}/{contender}/seed{n}`` of a contender trained at the start's own LRs (:data:`AT_START_LRS`), the
+    factors max LR / anchor (embedding; the first dense group), 6 significant digits. StudyMismatch when one
+    name's lines disagree."""
+    found: Dict[str, Tuple[float, float]] = {}
+    for name in sorted(records):
+        parts = name.split("/")
+        if len(parts) != 3 or parts[0] in STARTS or parts[0] in SHARED_PREFIXES or parts[1] not in AT_START_LRS:
+            continue
+        lr = records[name].get("max_lr") or {}
+        if "embedding" not in lr or DENSE[0] not in lr:
+            continue
+        factors = (float(f"{lr['embedding'] / anchor[0]:.6g}"), float(f"{lr[DENSE[0]] / anchor[1]:.6g}"))
+        if parts[0] in found and not same_factors(found[parts[0]], factors):
+            raise StudyMismatch(f"{name}: trained at factors {factors} of the anchor, where the start {parts[0]!r}'s "
+                                f"other lines have {found[parts[0]]}")
+        found.setdefault(parts[0], factors)
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
 # The LR finder: an LR range test per axis, then a plain run.
 
-SWEEP_STEPS, SWEEP_LOW, SWEEP_HIGH = 100, 0.01, 100.0
 SWEEP_AXES = {"embedding": ["embedding"], "dense": list(DENSE)}
 
 
-def lr_finder_sweeps(embedding: float, dense: float) -> Dict[str, List[str]]:
-    """The two range tests' overrides: per axis, that axis's groups sweep from the start's LR x 0.01 to x 100
-    over 100 steps (log-spaced, the loss logged every step); the other axis is held at its start x 0.01, so each
-    sweep measures its own groups. Rollback off and the divergence check at its default: a sweep ends where the
-    loss explodes, as a range test does; no checkpoints, no evaluation."""
-    common = ["optim.schedule.name=range_test", f"optim.schedule.range_test.steps={SWEEP_STEPS}",
-              f"optim.schedule.range_test.low={SWEEP_LOW}", f"optim.schedule.range_test.high={SWEEP_HIGH}",
-              f"trainer.stop_at_step={SWEEP_STEPS}", "trainer.log_every=1", "trainer.rollback.max_rollbacks=0",
+def lr_finder_sweeps(embedding: float, dense: float,
+                     sweep: Tuple[int, float, float] = FINDERS["lr_finder"][1]) -> Dict[str, List[str]]:
+    """The two range tests' overrides: per axis, that axis's groups sweep from the start's LR x low to x high
+    over ``steps`` steps (``sweep``; log-spaced, the loss logged every step); the other axis is held at its
+    start x low, so each sweep measures its own groups. Rollback off and the divergence check at its default: a
+    sweep ends where the loss explodes, as a range test does; no checkpoints, no evaluation."""
+    steps, low, high = sweep
+    common = ["optim.schedule.name=range_test", f"optim.schedule.range_test.steps={steps}",
+              f"optim.schedule.range_test.low={low}", f"optim.schedule.range_test.high={high}",
+              f"trainer.stop_at_step={steps}", "trainer.log_every=1", "trainer.rollback.max_rollbacks=0",
               "trainer.periodic_checkpoint.every_steps=0", "trainer.checkpoint=false", "trainer.tensorboard=false",
               f"data.reserve_rows={SR.CONTRACT.reserve_rows}"]
-    return {"embedding": [*lr_overrides(embedding, dense * SWEEP_LOW), *common,
+    return {"embedding": [*lr_overrides(embedding, dense * low), *common,
                           "optim.schedule.range_test.groups=[embedding]"],
-            "dense": [*lr_overrides(embedding * SWEEP_LOW, dense), *common,
+            "dense": [*lr_overrides(embedding * low, dense), *common,
                       "optim.schedule.range_test.groups=[" + ",".join(DENSE) + "]"]}
 
 
@@ -490,15 +646,18 @@ class Runner:
             self.crashed.append(SR.run_name(name, seed))
         return r
 
-    def lr_finder(self, start: str, seed: int, embedding: float, dense: float,
-                  train: bool) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
-        """The two sweeps, then the plain run at their suggestion; (the run's line, the procedure's record)."""
+    def lr_finder(self, start: str, seed: int, embedding: float, dense: float, train: bool,
+                  variant: str = "lr_finder") -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
+        """The two sweeps of a finder contender (:data:`FINDERS`), then the plain run at their suggestion (each
+        sweep's suggestion read with the range its line records); (the run's line, the procedure's record)."""
+        prefix, sweep_range = FINDERS[variant]
+        name = f"{start}/{prefix}"
         info: Dict[str, Any] = {"sweeps": {}, "multiplier": {}}
-        for axis, overrides in lr_finder_sweeps(embedding, dense).items():
-            sweep = self.run(f"{start}/lr_finder/sweep_{axis}", seed, overrides, train, contract=None)
+        for axis, overrides in lr_finder_sweeps(embedding, dense, sweep_range).items():
+            sweep = self.run(f"{name}/sweep_{axis}", seed, overrides, train, contract=None)
             if sweep is None:
                 return None, info
-            info["sweeps"][axis] = {"run": SR.run_name(f"{start}/lr_finder/sweep_{axis}", seed),
+            info["sweeps"][axis] = {"run": SR.run_name(f"{name}/sweep_{axis}", seed),
                                     "status": sweep["status"], "steps": sweep["steps"],
                                     "wall_seconds": sweep["wall_seconds"]}
             info["multiplier"][axis] = suggest_multiplier(sweep)
@@ -506,16 +665,25 @@ class Runner:
                 return None, info
         lrs = (embedding * info["multiplier"]["embedding"], dense * info["multiplier"]["dense"])
         info["lr"] = {"embedding": float(f"{lrs[0]:.6g}"), "dense": float(f"{lrs[1]:.6g}")}
-        return self.run(f"{start}/lr_finder", seed, lr_overrides(*lrs), train), info
+        return self.run(name, seed, lr_overrides(*lrs), train), info
 
 
-def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: Sequence[str] = tuple(STARTS),
+def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: Optional[Sequence[str]] = None,
           report_only: bool = False, variants: Sequence[str] = tuple(VARIANTS), anchor: Optional[Tuple[float, float]] = None,
-          max_rounds: int = 6, grid: bool = True) -> Dict[str, Any]:
+          max_rounds: int = 6, grid: bool = True, added_starts: Optional[Dict[str, Tuple[float, float]]] = None,
+          benchmark: str = BENCHMARK_FILE) -> Dict[str, Any]:
+    """The study: ``starts`` (default: :data:`STARTS` and the starts recorded in the results file,
+    :func:`recorded_starts`), and ``added_starts`` (name -> factors: the ``--start`` starts, always included)."""
     anchor = anchor or recovery_anchor()
     anchor_key = cell_of(*anchor)
     if anchor_key is None:
         raise StudyMismatch(f"anchor {anchor}: not a point of the study's lattice")
+    factors = {**STARTS, **recorded_starts(out.results, anchor), **(added_starts or {})}
+    starts = list(factors) if starts is None else [*starts, *(s for s in added_starts or {} if s not in starts)]
+    unknown = [s for s in starts if s not in factors]
+    if unknown:
+        raise StudyMismatch(f"--starts {' '.join(unknown)}: not a start (the starts: {', '.join(factors)})")
+    wall = contender_cost(benchmark)
     runner = Runner(out, extra, report_only, variants)
     # Phase 1: the anchor's neighbourhood, then the best cell's, every seed.
     rounds = 0
@@ -535,33 +703,37 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
     results: Dict[str, Any] = {}
     forms: Dict[str, List[str]] = {}
     for start in starts:
-        e, d = start_lrs(start, anchor)
+        e, d = start_lrs(start, anchor, factors[start])
         per_variant: Dict[str, List[Dict[str, Any]]] = {}
         for variant in VARIANTS:
-            planned = not (variant in CONTROLLER_VARIANTS and start not in CONTROLLER_STARTS)
-            train = variant in variants and planned
+            plan = planned(variant, start)
+            train = variant in variants and plan
             runs = []
             for seed in seeds:
                 finder = None
-                if variant == "lr_finder":
-                    r, finder = runner.lr_finder(start, seed, e, d, train)
-                    name = f"{start}/lr_finder"
+                if variant in FINDERS:
+                    r, finder = runner.lr_finder(start, seed, e, d, train, variant)
+                    name = f"{start}/{FINDERS[variant][0]}"
                 else:
                     name = run_name_of(start, variant, e, d)
                     r = runner.run(name, seed, variant_overrides(variant, e, d), train)
                 runs.append({**run_entry(r, seed, SR.run_name(name, seed), variant, finder,
-                                         missing="not planned" if not planned else
+                                         missing="not planned" if not plan else
                                          "not run yet" if report_only or not train else "crashed"),
-                             "planned": planned})
-                if r and variant in HDET_VARIANTS and variant not in forms:
+                             "planned": plan})
+                if r and variant in FORM_VARIANTS and variant not in forms:
                     forms[variant] = hdet_overrides(r)  # the form a variant's runs trained with, read from a run
             per_variant[variant] = runs
         start_lr = {"embedding": e, "dense": d}
         results[start] = summarize_start(per_variant, out.results, cells, an, plateau["lr_range"] if plateau else None,
-                                         start_lr)
+                                         start_lr, wall)
+        results[start]["label"] = START_LABELS.get(start) or (
+            f"embedding x{factors[start][0]:.6g}, dense x{factors[start][1]:.6g} of the best cell (--start)")
+        results[start]["factors"] = list(factors[start])
+        results[start]["from_command_line"] = start not in STARTS
         results[start]["orderings"] = {v: orderings([out.results[r["run"]] for r in per_variant[v] if r["bases"]], start_lr)
                                        for v in HDET_VARIANTS}
-    planned = sum(r["planned"] for s in results.values() for v in s["runs"].values() for r in v)
+    n_planned = sum(r["planned"] for s in results.values() for v in s["runs"].values() for r in v)
     missing = sum(r["status"] in ("not run yet", "crashed") for s in results.values() for v in s["runs"].values() for r in v)
     out_json: Dict[str, Any] = {
         "anchor": {"embedding": anchor[0], "dense": anchor[1], "from": "docs/lr_recovery.json (the earlier study's "
@@ -575,33 +747,41 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: S
         "seeds": list(seeds), "best_cell": cell_json(cells[an["best"]], an) if an else None,
         "plateau": plateau["cells"] if plateau else None, "plateau_rule": plateau["rule"] if plateau else None,
         "starts": results, "forms": forms, "variants": variant_summary(results),
-        "retired": {"hdet_previous": "the earlier defaults (probe signal, regression score): dominated in "
+        "retired": {"lr_finder_narrow": "the LR finder with lr_find's earlier default sweep (100 steps, x0.01 to x100 "
+                                        "of the start: a suggestion could not pass x10); replaced by the widened "
+                                        "sweep (lr_finder, x0.001 to x10000, runs {start}/lr_finder_wide); its "
+                                        "recorded runs ({start}/lr_finder) are read and reported, never trained again",
+                    "hdet_controller_forms": "hdet (the earlier default) and the controller issue's variants: "
+                                             "dominated (every one missed every target); not planned at emb_low_30, "
+                                             "all_high_3 or a --start start; their recorded runs are read and reported",
+                    "hdet_previous": "the earlier defaults (probe signal, regression score): dominated in "
                                      "docs/lr_recovery_f2; not rerun under the contract",
                     "hdet_paper": "the paper's form: dominated in docs/lr_recovery_f2; not rerun under the contract",
                     "plain": "plain without rollback: the contract turns rollback on for every contender",
                     "hdet_credit": "the discounted-credit signal under the effect controller: not among the variants "
                                    "pre-registered in docs/hdet.md, and its signal missed the truth target (4 of 6 "
                                    "cases at the low start, docs/hdet.md); never run under the contract"},
-        "wall_time": wall_time(results),
-        "targets": targets(results),
+        "wall_time": wall_time(results), "contender_cost": wall,
+        "targets": {**targets(results, ("hdet", *CONTROLLER_VARIANTS)), RANGE_TEST: range_test_targets(results, wall)},
         "chosen_rule": chosen_rule(),
+        "range_test_rule": chosen_rule(marker="range-test-rule"),
     }
     if missing:
-        out_json["partial"] = f"{planned - missing} of {planned} runs of the starts finished"
+        out_json["partial"] = f"{n_planned - missing} of {n_planned} runs of the starts finished"
     elif an is None or neighbourhood_runs(cells, seeds, anchor_key):
         out_json["partial"] = "the neighbourhood of the best cell is not complete"
     return out_json
 
 
-def chosen_rule(path: str = os.path.join(SR.REPO, "docs", "hdet.md")) -> str:
-    """The pre-registered rule that picks HDET's default among the variants: docs/hdet.md's text between
-    its ``chosen-rule`` markers, written before the variants' first recovery run."""
+def chosen_rule(path: str = os.path.join(SR.REPO, "docs", "hdet.md"), marker: str = "chosen-rule") -> str:
+    """A pre-registered rule: docs/hdet.md's text between its ``marker`` markers (``chosen-rule``: the controller
+    variants', written before their first recovery run; ``range-test-rule``: the range test on the replicas')."""
     with open(path) as f:
         text = f.read()
-    start, end = text.find("<!-- chosen-rule -->"), text.find("<!-- /chosen-rule -->")
+    start, end = text.find(f"<!-- {marker} -->"), text.find(f"<!-- /{marker} -->")
     if start < 0 or end < start:
-        raise StudyMismatch(f"{path}: no pre-registered rule between <!-- chosen-rule --> markers")
-    return text[start + len("<!-- chosen-rule -->"):end].strip()
+        raise StudyMismatch(f"{path}: no pre-registered rule between <!-- {marker} --> markers")
+    return text[start + len(f"<!-- {marker} -->"):end].strip()
 
 
 def run_entry(r: Optional[Dict[str, Any]], seed: int, name: str, variant: str, finder: Optional[Dict[str, Any]],
@@ -612,7 +792,10 @@ def run_entry(r: Optional[Dict[str, Any]], seed: int, name: str, variant: str, f
                 "bases": None, "run": name, "commit": None, "clean": None, **({"lr_finder": finder} if finder else {})}
     result = outcome(r)
     cost = (r["wall_seconds"] or 0) + sum((sw.get("wall_seconds") or 0) for sw in (finder or {}).get("sweeps", {}).values())
-    steps = r["steps"] + sum(sw["steps"] for sw in (finder or {}).get("sweeps", {}).values())
+    range_test = (r.get("hdet") or {}).get("range_test")  # the range test on the replicas: its sweep is a cost
+    range_test = range_test if isinstance(range_test, dict) else None
+    steps = (r["steps"] + sum(sw["steps"] for sw in (finder or {}).get("sweeps", {}).values())
+             + int((range_test or {}).get("steps") or 0))
     return {"seed": seed, "status": r["status"], "outcome": result,
             "collapsed": result == "failed" and r["status"] == "completed",
             "ne": mean_ne(r), "wall_seconds": r["wall_seconds"], "cost_seconds": cost, "cost_steps": steps,
@@ -620,7 +803,9 @@ def run_entry(r: Optional[Dict[str, Any]], seed: int, name: str, variant: str, f
             "bases": final_bases(r) if variant in HDET_VARIANTS and result == "completed" else None,
             "rollbacks": int((r.get("rollback") or {}).get("count", 0)),
             "run": name, "commit": r.get("commit"), "clean": r.get("clean"),
-            **({"lr_finder": finder} if finder else {})}
+            **({"lr_finder": finder} if finder else {}),
+            **({"range_test": {"steps": range_test.get("steps"), "committed": range_test.get("committed")}}
+               if range_test else {})}
 
 
 def wall_time(results: Dict[str, Any]) -> Dict[str, Any]:
@@ -635,62 +820,41 @@ def wall_time(results: Dict[str, Any]) -> Dict[str, Any]:
     return {"per_variant": per, "hdet_over_plain": ratio}
 
 
-# The controller issue's targets (docs/hdet.md): the starts they read and the anchors a variant must beat there.
-TARGET_STARTS = ("all_low", "all_high", "emb_low_dense_high", "emb_low")
-ANCHORS = ("prodigy", "schedulefree", "lr_finder")
+def contender_cost(path: str = BENCHMARK_FILE) -> Optional[Dict[str, Any]]:
+    """The side-by-side wall ratios of the benchmark (``python -m benchmarks.contender_cost --write``:
+    ``contender_cost`` -> ``ratio`` -> {contender: its wall seconds over plain + rollback's}) and where they come
+    from; None where the file, the key or a ratio is absent (never an error: the report says not measured)."""
+    try:
+        with open(path) as f:
+            cc = json.load(f).get("contender_cost")
+        ratio = {v: float(x) for v, x in cc["ratio"].items()
+                 if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+    if not ratio:
+        return None
+    where = ", ".join(f"{k} {cc[k]}" for k in ("start", "seed", "date") if cc.get(k) is not None)
+    repeats = f", median over {len(cc['repeats'])} repeats" if isinstance(cc.get("repeats"), list) else ""
+    return {"ratio": ratio, "source": f"benchmarks/results.json contender_cost ({where}{repeats})"}
 
 
-def targets(results: Dict[str, Any], variants: Sequence[str] = ("hdet", *CONTROLLER_VARIANTS)) -> Dict[str, Any]:
-    """Per HDET variant, the controller issue's targets, each met or not (None: its runs are not all in):
-    - at each of :data:`TARGET_STARTS`: >= 75% of the gap to the best cell closed (``gap_fraction``, read at
-      emb_low too, which the plateau rule does not call misset) with the paired 95% interval of contender -
-      plain + rollback below 0, LR area in the plateau (both axes) in >= 2 of 3 seeds, 0 failed;
-    - at ``best``: contender - plain <= +0.001 (mean) with an interval that includes 0, both axes' LR area
-      within a factor 2 of the start in >= 2 of 3 seeds;
-    - better than each of :data:`ANCHORS` at each target start: mean over the seeds both completed of
-      contender - anchor < 0.
-    The wall-time target is a benchmark's (side by side in one run), not this study's: its runs' seconds
-    come from different sessions and loads."""
-    def ne_by_seed(s: Dict[str, Any], v: str) -> Dict[int, float]:
-        return {r["seed"]: r["ne"] for r in s["runs"][v] if r["outcome"] == "completed"}
-
-    def every_seed_in(s: Dict[str, Any], v: str) -> bool:  # every planned seed has a result
-        return s["variants"][v]["seeds"] == len(s["runs"][v])
-
-    out: Dict[str, Any] = {}
-    for v in variants:
-        t: Dict[str, Any] = {"starts": {}, "anchors": {}}
-        for start in (s for s in TARGET_STARTS if s in results):
-            e = results[start]["variants"][v]
-            d, frac = e["paired_diff"], e["gap_fraction"]
-            complete = every_seed_in(results[start], v)
-            t["starts"][start] = {
-                "gap_fraction": frac, "ci95": d["ci95"] if d else None, "in_plateau": e["lr_area_in_plateau_both"],
-                "failed": e["failed"],
-                "met": None if not complete else bool(
-                    e["failed"] == 0 and frac is not None and frac >= 0.75 and d and d["ci95"] and d["ci95"][1] < 0
-                    and (e["lr_area_in_plateau_both"] or 0) >= 2)}
-            mine = ne_by_seed(results[start], v)
-            anchors = {}
-            for a in ANCHORS:
-                theirs = ne_by_seed(results[start], a)
-                seeds = sorted(set(mine) & set(theirs))
-                anchors[a] = statistics.fmean(mine[s] - theirs[s] for s in seeds) if seeds else None
-            t["anchors"][start] = {"diff": anchors, "met": None if not complete or None in anchors.values()
-                                   else all(x < 0 for x in anchors.values())}
-        b = results["best"]["variants"][v] if "best" in results else None
-        d = b["paired_diff"] if b else None
-        judged = bool(b) and every_seed_in(results["best"], v) and bool(d) and bool(d["ci95"])
-        t["best"] = {"diff": d, "within_2x": b["lr_area_within_2x_of_start"] if b else None,
-                     "met": None if not judged else bool(
-                         d["mean"] <= 0.001 and d["ci95"][0] <= 0 <= d["ci95"][1] and b["lr_area_within_2x_of_start"] >= 2)}
-        out[v] = t
-    return out
+def cost_entry(runs: List[Dict[str, Any]], plain_runs: List[Dict[str, Any]], variant: str,
+               wall: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A contender's cost against plain + rollback at one start: ``steps_ratio``, its mean cost_steps (sweeps
+    included) over plain + rollback's on the seeds where both completed; ``wall_ratio``, the side-by-side
+    benchmark's (:func:`contender_cost`), None where not measured, with ``wall_source``."""
+    mine = {r["seed"]: r.get("cost_steps") for r in runs if r["outcome"] == "completed"}
+    ref = {r["seed"]: r.get("cost_steps") for r in plain_runs if r["outcome"] == "completed"}
+    seeds = [k for k in sorted(set(mine) & set(ref)) if mine[k] and ref[k]]
+    measured = ((wall or {}).get("ratio") or {}).get(variant)
+    return {"steps_ratio": statistics.fmean(mine[k] for k in seeds) / statistics.fmean(ref[k] for k in seeds)
+            if seeds else None, "steps_seeds": seeds,
+            "wall_ratio": measured, "wall_source": wall["source"] if measured is not None else None}
 
 
 def variant_summary(results: Dict[str, Any]) -> Dict[str, Any]:
-    """Per contender, per start: the keys the acceptance reads (failed, paired_diff with ci95, gap_closed)."""
-    return {v: {start: {k: s["variants"][v][k] for k in ("failed", "paired_diff", "gap_closed", "completed")}
+    """Per contender, per start: the keys the acceptance reads (failed, paired_diff with ci95, gap_closed, cost)."""
+    return {v: {start: {k: s["variants"][v][k] for k in ("failed", "paired_diff", "gap_closed", "completed", "cost")}
                 for start, s in results.items()} for v in VARIANTS}
 
 
@@ -725,7 +889,8 @@ def plateau_json(cells: Dict[Tuple[int, int], Cell], an: Dict[str, Any]) -> Dict
 
 def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[str, Dict[str, Any]],
                     cells: Dict[Tuple[int, int], Cell], an: Optional[Dict[str, Any]],
-                    lr_range: Optional[Dict[str, Optional[List[float]]]], start_lr: Dict[str, float]) -> Dict[str, Any]:
+                    lr_range: Optional[Dict[str, Optional[List[float]]]], start_lr: Dict[str, float],
+                    wall: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """A start against the plateau: misset or not, and per contender its failures, paired differences
     against plain + rollback, gap closed and LR areas.
 
@@ -734,7 +899,8 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
     - paired_diff: plain_rollback: plain - best cell; the others: contender - plain_rollback on the same
       seed, over the seeds where both completed (:func:`studies.harness.paired_over_seeds`);
     - gap_closed (misset starts only): mean(plain - contender) / mean(plain - best) over those seeds;
-    - lr_area_in_plateau: per group, how many completed seeds' LR area lies in the plateau's range."""
+    - lr_area_in_plateau: per group, how many completed seeds' LR area lies in the plateau's range;
+    - cost: against plain + rollback (:func:`cost_entry`; ``wall``: :func:`contender_cost`)."""
     sigma = an["pooled_std"] if an else None
     best = cells[an["best"]] if an else None
     rec = lambda r: records[r["run"]]  # noqa: E731
@@ -779,6 +945,7 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
                                 for axis in ("embedding", "dense")},
             "rollbacks": [r.get("rollbacks") for r in runs if r["outcome"] is not None],
             "cost_seconds": _mean([r.get("cost_seconds") for r in completed]),
+            "cost": cost_entry(runs, per_variant.get("plain_rollback", []), v, wall),
             "commits": sorted({r["commit"] for r in runs if r["outcome"] is not None and r.get("commit")}),
             "clean": all(r["clean"] for r in runs if r["outcome"] is not None)}
     return out
@@ -789,202 +956,13 @@ def hdet_overrides(record: Dict[str, Any]) -> List[str]:
     return [o for o in record["overrides"] if o == "hdet=enabled" or o.startswith("hdet.")]
 
 
-# ----------------------------------------------------------------------------------------------
-# The report.
-
-
-def _ci(p: Optional[Dict[str, Any]], digits: int = 4) -> str:
-    if p is None:
-        return "-"
-    text = f"{p['mean']:+.{digits}f}"
-    return text + (f" [{p['ci95'][0]:+.{digits}f}, {p['ci95'][1]:+.{digits}f}]" if p.get("ci95") else " (1 seed)")
-
-
-def _lr(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
 def render_markdown(result: Dict[str, Any]) -> str:
-    lines = ["# Learning-rate recovery on the benchmark data set, under the fairness contract", ""]
-    if result.get("partial"):
-        lines += [f"**PARTIAL RESULT: {result['partial']}.** Every figure below comes from a finished run; "
-                  "rerun `python -m studies.lr_recovery` to continue the study (finished runs are skipped).", ""]
-    a = result["anchor"]
-    lines += [f"Produced by `{result['command']}` on {result['machine']}. NE is the held-out day's normalized "
-              "entropy, mean over the three tasks. Every run trains the same rows (4,096 rows of each training "
-              "day reserved by every contender: 960 steps), with rollback on (3 rollbacks, each halving every "
-              f"LR); a run that diverged or ended at NE >= {SR.COLLAPSED_NE} on a task (the base-rate predictor) "
-              "**failed** and is never paired ([studies.md](studies.md#the-fairness-contract)). Every run names "
-              "the commit it trained from (clean trees only).", "",
-              f"**Anchor**: embedding {a['embedding']:.4g}, dense {a['dense']:.4g} (the earlier study's best cell, "
-              "read from this file); the starts are factors of it."]
-    b = result.get("best_cell")
-    rule = result.get("plateau_rule")
-    if b:
-        lines += ["", f"**Best cell under the contract**: embedding {b['embedding']:.4g}, dense {b['dense']:.4g}, "
-                      f"mean NE {b['ne']:.4f} over seeds {', '.join(map(str, b['seeds']))}."]
-    if rule and rule["paired_std_pooled"] is not None:
-        rng = rule["lr_range"]
-        lines += ["", f"**Plateau**: the cells whose mean paired difference from the best cell is within one pooled "
-                      f"paired std, {rule['paired_std_pooled']:.4f} (pooled over {len(rule['pooled_from'])} cells that "
-                      "share 2+ seeds with the best), and not within half a decade of a failed cell: "
-                  + "; ".join(f"{c['embedding']:.3g} / {c['dense']:.3g} ({c['ne']:.4f}, {c['paired_diff']:+.4f})"
-                              for c in result["plateau"])
-                  + (f". LR range: embedding {rng['embedding'][0]:.3g} to {rng['embedding'][1]:.3g}, dense "
-                     f"{rng['dense'][0]:.3g} to {rng['dense'][1]:.3g}." if rng["embedding"] else ".")]
-    lines += ["", "Columns: NE, mean ± std over the completed seeds; failed: diverged or collapsed (NE >= "
-              f"{SR.COLLAPSED_NE}) seeds, never paired; paired diff: plain - best cell for plain + rollback, contender "
-              "- plain + rollback on the seeds where both completed (n), mean and 95% t-interval; gap closed (misset "
-              "starts): mean(plain - contender) / mean(plain - best) on those seeds; LR area: the pass's LR relative "
-              "to the preset's schedule (geometric mean over logged steps) in max-LR units, geometric mean over the "
-              "completed seeds (dense: the dense groups' geometric mean); in plateau: completed seeds whose LR area "
-              "lies in the plateau's range; rollbacks per seed; cost: mean wall seconds of a completed run (the LR "
-              "finder's sweeps included).",
-              *(f"{LABELS[v]}: `{' '.join(result['forms'][v])}`." for v in HDET_VARIANTS if result["forms"].get(v)),
-              "Prodigy: d0 1e-6, the dense LR multiplier 1 under the plain schedule (the start's dense LR does not "
-              "enter); Schedule-Free AdamW: the start's dense LR, constant, its own warm-up (as long as the one-cycle's "
-              "rise), the embedding on the plain schedule; LR finder: two 100-step range tests (x0.01 to x100 of the "
-              "start, one per axis), the multiplier at the smoothed minimum / 10, then a plain run.", "",
-              "| start | LRs | misset | contender | NE | failed | paired diff [95% CI] (n) | gap closed | "
-              "LR area emb / dense | in plateau | rollbacks | cost s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, s in result["starts"].items():
-        first = True
-        for v, c in s["variants"].items():
-            if not any(run["planned"] or run["outcome"] for run in s["runs"][v]):
-                continue  # not planned at this start, nothing recorded
-            lr_a, ip = c["lr_area_geomean"], c["lr_area_in_plateau"]
-            head = (f"| {name} | {s['lr']['embedding']:.3g} / {s['lr']['dense']:.3g} | "
-                    f"{'-' if s['misset'] is None else 'yes' if s['misset'] else 'no'} "
-                    f"({_f(s['plain_minus_best_in_std'], 1)} std) |") if first else "| | | |"
-            first = False
-            ne = "-" if c["ne"] is None else f"{c['ne']:.4f}" + (f" ± {c['ne_std']:.4f}" if c["ne_std"] is not None else "")
-            failed = f"{c['failed']}/{c['seeds']}" + (f" ({c['collapsed']} collapsed)" if c["collapsed"] else "")
-            n = f" ({len(c['paired_seeds'])})" if c["paired_diff"] else ""
-            cost = "-" if c["cost_seconds"] is None else f"{c['cost_seconds']:.0f}"
-            lines.append(f"{head} {LABELS[v]} | {ne} | {failed} | {_ci(c['paired_diff'])}{n} | {_f(c['gap_closed'], 2)} | "
-                         f"{_lr(lr_a['embedding'])} / {_lr(lr_a['dense'])} | "
-                         f"{'-' if ip['embedding'] is None else ip['embedding']} / {'-' if ip['dense'] is None else ip['dense']}"
-                         f" of {c['completed']} | {', '.join(map(str, c['rollbacks'])) or '-'} | {cost} |")
-    lines += _targets_table(result)
-    lines += _orderings_table(result)
-    w = result["wall_time"]
-    if w.get("hdet_over_plain"):
-        lines += ["", f"Wall time: one completed HDET run took {w['hdet_over_plain']:.2f}x one completed plain + "
-                      f"rollback run (means over {w['per_variant']['hdet']['runs']} and "
-                      f"{w['per_variant']['plain_rollback']['runs']} runs, 2 cores)."]
-    lines += ["", "Retired contenders (not run under the contract; the earlier rows, where any, in "
-                  "[lr_recovery_f2/lr_recovery.md](lr_recovery_f2/lr_recovery.md)): " + "; ".join(f"`{k}`: {v}" for k, v in result["retired"].items()) + "."]
-    lines += [""] + _grid_table(result) + ["", "![each group's base over the pass](lr_recovery.png)", ""]
-    return "\n".join(lines) + "\n"
-
-
-def _targets_table(result: Dict[str, Any]) -> List[str]:
-    """The controller issue's targets per HDET variant (:func:`targets`): met / missed / pending."""
-    mark = lambda m: "pending" if m is None else "met" if m else "missed"  # noqa: E731
-    rows = result.get("targets") or {}
-    if not rows:
-        return []
-    lines = ["", "### The controller issue's targets", "",
-             "Per start of the targets: gap closed (>= 75%, the interval of contender - plain + rollback below 0, LR "
-             "area in the plateau in 2 of 3 seeds, 0 failed); best: contender - plain <= +0.001 with the interval "
-             "including 0 and both LR areas within x2 of the start in 2 of 3 seeds; anchors: better than Prodigy, "
-             "Schedule-Free and the LR finder (paired mean) at every target start. Pending: not every run is in. "
-             "(The wall-time target is measured side by side by benchmarks/, not here.)", "",
-             "| variant | " + " | ".join(TARGET_STARTS) + " | best | beats the anchors |",
-             "|---|" + "---|" * (len(TARGET_STARTS) + 2)]
-    for v, t in rows.items():
-        cells = []
-        for start in TARGET_STARTS:
-            c = t["starts"].get(start)
-            closed = "-" if c is None or c["gap_fraction"] is None else f"{c['gap_fraction'] * 100:.0f}%"
-            cells.append("-" if c is None else f"{mark(c['met'])} ({closed})")
-        b = t["best"]
-        best_diff = "-" if not b["diff"] else f"{b['diff']['mean']:+.4f}"
-        best = f"{mark(b['met'])} ({best_diff})"
-        anchors = [a["met"] for a in t["anchors"].values()]
-        beats = "pending" if None in anchors or not anchors else f"{sum(anchors)} of {len(anchors)} starts"
-        lines.append(f"| {LABELS[v]} | " + " | ".join(cells) + f" | {best} | {beats} |")
-    return lines
-
-
-def _orderings_table(result: Dict[str, Any]) -> List[str]:
-    rows = [(name, v, o) for name, s in result["starts"].items() for v, o in (s.get("orderings") or {}).items() if o]
-    if not rows:
-        return []
-    lines = ["", "### Decay orderings per group", "",
-             "The controlled max LR over the start's LR at 25 / 50 / 75 / 100% of the pass (geometric mean over the "
-             "completed seeds; dense: the three dense groups' geometric mean); above 1: the controller raised the "
-             "group. Same side: runs whose embedding group ended on the same side of its start as the dense groups; "
-             "stable: every seed ended on the same side, embedding / dense. Whether following the ordering beats the "
-             "static schedule is the contender's paired difference above.", "",
-             "| start | contender | embedding | dense | same side | stable emb / dense |", "|---|---|---|---|---|---|"]
-    for name, v, o in rows:
-        fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)
-        lines.append(f"| {name} | {LABELS[v]} | {fmt(o['ratio_geomean']['embedding'])} | {fmt(o['ratio_geomean']['dense'])} | "
-                     f"{sum(o['same_direction_as_dense'])} of {o['seeds']} | "
-                     f"{'yes' if o['stable']['embedding'] else 'no'} / {'yes' if o['stable']['dense'] else 'no'} |")
-    return lines
-
-
-def _grid_table(result: Dict[str, Any]) -> List[str]:
-    points = POINTS
-    axis = lambda key: [grid_lr(GRID_CENTRE[key], points, k) for k in range(
-        min(grid_index(g[key], GRID_CENTRE[key], points) for g in result["grid"]),
-        max(grid_index(g[key], GRID_CENTRE[key], points) for g in result["grid"]) + 1)] if result["grid"] else []
-    emb, dense = axis("embedding"), axis("dense")
-    by = {(round(g["embedding"], 12), round(g["dense"], 12)): g for g in result["grid"]}
-    plateau = {(round(c["embedding"], 12), round(c["dense"], 12)) for c in result.get("plateau") or []}
-    best = result.get("best_cell")
-    best = best and (round(best["embedding"], 12), round(best["dense"], 12))
-
-    def cell(e: float, d: float) -> str:
-        k = (round(e, 12), round(d, 12))
-        g = by.get(k)
-        if g is None:
-            return "-"  # not run: only the best cell's neighbourhood and the starts' cells are trained
-        text = "failed" if g["status"] == "failed" else _f(g["ne"])
-        if len(g["seeds"]) > 1:
-            text += f" ({len(g['seeds'])} seeds)"
-        return f"**{text}** (best)" if k == best else f"**{text}**" if k in plateau else text
-
-    lines = ["## The cells (mean held-out NE over the tasks and seeds, plain + rollback runs; bold: the plateau)", "",
-             "| embedding \\ dense | " + " | ".join(f"{d:.3g}" for d in dense) + " |", "|---|" + "---|" * len(dense)]
-    for e in emb:
-        lines.append(f"| {e:.3g} | " + " | ".join(cell(e, d) for d in dense) + " |")
-    return lines
+    """docs/lr_recovery.md from a study's result (:func:`studies.lr_recovery_report.render_markdown`)."""
+    return report.render_markdown(result, sys.modules[__name__])
 
 
 def plot(result: Dict[str, Any], records: Dict[str, Dict[str, Any]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    b = result["best_cell"]
-    rng = (result.get("plateau_rule") or {}).get("lr_range") or {}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, key in zip(axes, ("embedding", "dense")):
-        for colour, (name, s) in zip(colours, result["starts"].items()):
-            # Every completed run of the default HDET form, one line per seed; a failed run has no base to end on.
-            done = [r for r in s["runs"]["hdet"] if r["bases"]]
-            for k, run in enumerate(done):
-                trajectory = record_trajectory(records[run["run"]])
-                # dense: the geometric mean of the dense groups' bases, as in the table and the JSON
-                values = [_geomean([v[g] for g in REPORTED[key]]) for _, v in trajectory]
-                label = f"{name} ({len(done)} of {len(s['runs']['hdet'])} seeds completed)" if k == 0 else None
-                ax.plot([step for step, _ in trajectory], values, color=colour, linewidth=1.2, alpha=0.8, label=label)
-        ax.axhline(b[key], color="k", linestyle="--", label="best cell")
-        if rng.get(key):
-            ax.axhspan(rng[key][0], rng[key][1], color="0.85", alpha=0.5, label="plateau's LR range")
-        ax.set_yscale("log")
-        ax.set_xlabel("step")
-        ax.set_title(f"{key}: controlled base in max-LR units" +
-                     (" (geometric mean of the dense groups)" if key == "dense" else ""), fontsize=10)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    report.plot(result, records, path, sys.modules[__name__])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1001,8 +979,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--max-rounds", type=int, default=6,
                     help="how many rounds of the neighbourhood rule may run (default 6)")
     ap.add_argument("--no-grid", action="store_true", help="train only the starts (the neighbourhood is read)")
-    ap.add_argument("--starts", nargs="+", default=list(STARTS), choices=list(STARTS), help="a subset of the starts")
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+    ap.add_argument("--starts", nargs="+", default=None, metavar="START",
+                    help="a subset of the starts (default: every start: " + ", ".join(STARTS) + ", and those "
+                         "recorded from an earlier --start); the --start starts are added to it")
+    ap.add_argument("--start", action="append", default=[], metavar="NAME=EMB_FACTOR,DENSE_FACTOR",
+                    help="a start outside the study's (repeatable): factors of the anchor, any positive finite "
+                         "numbers (e.g. odd=0.02,40); trained and reported with the same contract, seeds and "
+                         "contenders. It stays in the report while the results file has a run of it at its own LRs. "
+                         "A bad factor or a NAME an existing start has with other factors: exit status 2, nothing "
+                         "written")
+    trainable = [v for v in VARIANTS if v not in RETIRED_VARIANTS]
+    ap.add_argument("--variants", nargs="+", default=trainable, choices=trainable,
                     help="train only these contenders of the starts (the others' finished runs are still reported)")
     ap.add_argument("--docs", default="docs", help="where lr_recovery.{md,json,png} go (default docs)")
     ap.add_argument("--report-only", action="store_true",
@@ -1012,16 +999,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
     args = ap.parse_args(argv)
     try:
+        extra_starts(args.start, {})  # the values' form and STARTS' names, before anything is read or written
         train = not args.report_only and args.verify is None
+        if args.verify is None:  # the recorded starts' names too, before StudyFiles.open (which may copy a file)
+            anchor = tuple(args.anchor) if args.anchor else recovery_anchor(os.path.join(os.path.abspath(args.docs),
+                                                                                         "lr_recovery.json"))
+            extra_starts(args.start, recorded_starts(SR.load(os.path.join(os.path.abspath(args.out), SR.RESULTS)),
+                                                     anchor))
         files = StudyFiles.open(args.out, args.work, allow_dirty=args.allow_dirty, train=train)
         if args.verify is not None:
             return SR.print_verification(args.verify, SR.verify(files, args.verify))
+        recorded = recorded_starts(files.results, anchor)
+        added = extra_starts(args.start, recorded)
+        known = {**STARTS, **recorded, **added}
+        unknown = [s for s in args.starts or () if s not in known]
+        if unknown:
+            raise StudyMismatch(f"--starts {' '.join(unknown)}: not a start (the starts: {', '.join(known)})")
         if train:
             os.makedirs(files.out, exist_ok=True)
-        anchor = tuple(args.anchor) if args.anchor else recovery_anchor(os.path.join(os.path.abspath(args.docs),
-                                                                                     "lr_recovery.json"))
         result = study(files, args.seeds, args.overrides, args.starts, args.report_only, args.variants, anchor,
-                       args.max_rounds, not args.no_grid)
+                       args.max_rounds, not args.no_grid, added)
     except (StudyMismatch, SR.ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import REPO, read_json, run_command
-from studies.lr_recovery import CONTROLLER_STARTS, CONTROLLER_VARIANTS, VARIANTS
+from studies.lr_recovery import CONTROLLER_STARTS, CONTROLLER_VARIANTS, EARLIER_STARTS, VARIANTS
 
 
 def _study(out, data_cache, *extra):
@@ -29,8 +29,8 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
         assert set(start["variants"]) == set(VARIANTS) and isinstance(start["misset"], bool)
         hdet = start["variants"]["hdet"]
         assert hdet["seeds"] == 1 and hdet["paired_diff"] is None or hdet["paired_diff"]["ci95"] is None
-        for runs in start["runs"].values():
-            assert all(run["commit"] and run["clean"] is not None for run in runs)
+        for runs in start["runs"].values():  # every planned run trained (the retired narrow finder is not planned)
+            assert all(run["commit"] and run["clean"] is not None for run in runs if run["planned"])
     # The best start's plain run is the anchor cell's grid run: the same run.
     assert r["starts"]["best"]["runs"]["plain_rollback"][0]["run"] == "grid/e2_d2/seed0"
     finder = r["starts"]["best"]["runs"]["lr_finder"][0]["lr_finder"]
@@ -217,12 +217,14 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
     assert all(run["commit"] and run["clean"] is True for run in runs)
     for name, s in committed["starts"].items():  # the controller's variants are planned at its starts only
         for v, runs in s["runs"].items():
-            assert all(run["planned"] == (v not in CONTROLLER_VARIANTS or name in CONTROLLER_STARTS) for run in runs)
+            expected = (v != "lr_finder_narrow" and (v not in CONTROLLER_VARIANTS or name in CONTROLLER_STARTS)
+                        and (v != "hdet" or name in EARLIER_STARTS))
+            assert all(run["planned"] == expected for run in runs), (name, v)
     planned = sum(run["planned"] for s in committed["starts"].values() for v in s["runs"].values() for run in v)
     done = sum(bool(run["planned"] and run["outcome"]) for s in committed["starts"].values() for v in s["runs"].values()
                for run in v)
     assert committed.get("partial", f"{planned} of {planned} runs").startswith(f"{done} of {planned} ")
-    assert set(committed["targets"]) == {"hdet", *CONTROLLER_VARIANTS}
+    assert set(committed["targets"]) == {"hdet", *CONTROLLER_VARIANTS, "hdet_range_test"}
     for s in committed["starts"].values():  # each contender's entry names the commits of its finished runs
         for v, entry in s["variants"].items():
             assert entry["commits"] == sorted({run["commit"] for run in s["runs"][v] if run["outcome"]}) and entry["clean"]
@@ -254,8 +256,8 @@ def test_the_controller_targets_are_met_only_when_every_condition_holds():
         results[start] = {"variants": {"hdet": v},
                           "runs": {"hdet": runs([0.780, 0.781, 0.779]), "prodigy": runs([0.782, 0.783, 0.781]),
                                    "schedulefree": runs([0.781, 0.782, 0.780]),
-                                   # the LR finder beats it at all_low (by 0.0005 on average)
-                                   "lr_finder": runs([0.7795, 0.7805, 0.7785] if start == "all_low" else [0.790] * 3)}}
+                                   # the (narrow) LR finder beats it at all_low (by 0.0005 on average)
+                                   "lr_finder_narrow": runs([0.7795, 0.7805, 0.7785] if start == "all_low" else [0.790] * 3)}}
     t = targets(results, variants=("hdet",))["hdet"]
     assert [t["starts"][s]["met"] for s in TARGET_STARTS] == [True, False, False, False]
     assert t["anchors"]["all_low"]["met"] is False and t["anchors"]["all_low"]["diff"]["lr_finder"] == pytest.approx(0.0005)
@@ -265,3 +267,198 @@ def test_the_controller_targets_are_met_only_when_every_condition_holds():
     assert targets(results, variants=("hdet",))["hdet"]["best"]["met"] is False
     results["all_low"]["variants"]["hdet"] = {**good, "seeds": 2}  # a seed still training: pending, not missed
     assert targets(results, variants=("hdet",))["hdet"]["starts"]["all_low"]["met"] is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Starts from the command line, the range test on the replicas, the widened finder and the cost.
+
+ANCHOR_ARGS = ["--anchor", "60", "0.003"]
+
+
+def _tree(root):
+    """Every file under ``root`` with its bytes: what a refused command must leave as it was."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            with open(path, "rb") as fh:
+                out[os.path.relpath(path, root)] = fh.read()
+    return out, sorted(os.path.relpath(d, root) for d, _, _ in os.walk(root))
+
+
+def _plant(out, *lines):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.jsonl"), "a") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+
+
+def _at_start_line(name, embedding, dense, seed=0):
+    """A results line of a run trained at a start's own LRs (what recorded_starts reads a start's factors from)."""
+    from studies.lr_recovery import DENSE
+
+    return {"name": f"{name}/seed{seed}", "seed": seed, "status": "completed", "mean_ne": 0.78, "overrides": [],
+            "steps": 960, "wall_seconds": 100.0, "rows": {"reserve_rows": 4096},
+            "max_lr": {"embedding": embedding, **{g: dense for g in DENSE}}, "commit": "c" * 40, "clean": True}
+
+
+@pytest.mark.parametrize("values, problem", [
+    (["odd=0,40"], "embedding factor 0 is not a positive finite number"),
+    (["odd=0.02,-1"], "dense factor -1 is not a positive finite number"),
+    (["odd=nan,1"], "embedding factor nan"),
+    (["odd=1,inf"], "dense factor inf"),
+    (["odd=1e999,1"], "embedding factor 1e999"),
+    (["odd=x,1"], "embedding factor 'x' is not a number"),
+    (["odd=1"], "expected two factors"),
+    (["odd=1,2,3"], "expected two factors"),
+    (["odd"], "expected NAME=EMB_FACTOR,DENSE_FACTOR"),
+    (["=1,1"], "expected NAME=EMB_FACTOR,DENSE_FACTOR"),
+    (["a/b=1,1"], "expected NAME=EMB_FACTOR,DENSE_FACTOR"),
+    (["grid=1,1"], "not grid or prodigy"),
+    (["all_low=0.1,0.2"], "the start 'all_low' exists with factors 0.1,0.1"),
+    (["odd=1,2", "odd=2,2"], "the start 'odd' exists with factors 1,2"),
+    (["rec=0.5,1"], "the start 'rec' exists with factors 0.02,40"),  # recorded in the results file
+])
+def test_a_bad_start_is_refused_with_one_line_and_nothing_written(tmp_path, monkeypatch, capsys, values, problem):
+    import studies.lr_recovery as L
+
+    def never(*args, **kwargs):
+        raise AssertionError("a refused --start reached the study")
+
+    monkeypatch.setattr(L, "study", never)
+    monkeypatch.setattr(L, "run_one", never)
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    _plant(str(out), _at_start_line("rec/schedulefree", 1.2, 0.12))
+    before = _tree(tmp_path)
+    argv = ["--out", str(out), "--docs", str(docs), *ANCHOR_ARGS, *(a for v in values for a in ("--start", v))]
+    for extra in ([], ["--report-only"]):  # refused before anything is trained, and before any report
+        assert L.main([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and problem in err[0] and err[0].startswith("error: --start "), err
+        assert _tree(tmp_path) == before
+
+
+def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path, capsys):
+    from studies.lr_recovery import (HDET_VARIANTS, STARTS, extra_starts, main, parse_start, planned,
+                                     recorded_starts)
+
+    assert parse_start("odd=0.02,40") == ("odd", (0.02, 40.0))
+    assert parse_start("x.y-2=1e-3,2.5") == ("x.y-2", (0.001, 2.5))
+    # Repeating a start of STARTS with its factors adds nothing; a recorded start keeps its recorded factors.
+    assert extra_starts(["odd=0.02,40", "best=1,1", "all_high_3=3,3"], {}) == {"odd": (0.02, 40.0)}
+    assert extra_starts(["rec=0.02,40"], {"rec": (0.02, 40.0)}) == {"rec": (0.02, 40.0)}
+    assert STARTS["emb_low_30"] == (1 / 30, 1.0) and STARTS["all_high_3"] == (3.0, 3.0)
+    # A start passed with --start is in that invocation's report, every current contender planned there.
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    argv = ["--out", str(out), "--docs", str(docs), *ANCHOR_ARGS, "--report-only", "--seeds", "0"]
+    assert main([*argv, "--starts", "best", "--start", "odd=0.02,40"]) == 0
+    r = read_json(docs / "lr_recovery.json")
+    assert list(r["starts"]) == ["best", "odd"]
+    odd = r["starts"]["odd"]
+    assert odd["lr"] == {"embedding": 1.2, "dense": 0.12} and odd["factors"] == [0.02, 40.0] and odd["from_command_line"]
+    status = {v: runs[0]["status"] for v, runs in odd["runs"].items()}
+    assert {v for v, st in status.items() if st == "not run yet"} == {
+        "plain_rollback", "hdet_range_test", "prodigy", "schedulefree", "lr_finder"}
+    assert {v for v, st in status.items() if st == "not planned"} == {*HDET_VARIANTS, "lr_finder_narrow"}
+    assert odd["runs"]["lr_finder"][0]["run"] == "odd/lr_finder_wide/seed0"
+    assert odd["runs"]["hdet_range_test"][0]["run"] == "odd/hdet_range_test/seed0"
+    assert odd["runs"]["plain_rollback"][0]["run"] == "odd/plain_rollback/seed0"  # off the lattice
+    assert "odd" in r["targets"]["hdet_range_test"]["vs_lr_finder"]["starts"]
+    # Without --start it is not known until a run at its own LRs has a line; then it persists.
+    assert main(argv) == 0 and "odd" not in read_json(docs / "lr_recovery.json")["starts"]
+    # (a Prodigy line shares its name across starts: not a start of its own)
+    _plant(str(out), _at_start_line("odd/hdet_range_test", 1.2, 0.12), _at_start_line("prodigy/emb1.2", 1.2, 1.0))
+    assert recorded_starts({"odd/hdet_range_test/seed0": _at_start_line("odd/hdet_range_test", 1.2, 0.12)},
+                           (60.0, 0.003)) == {"odd": (0.02, 40.0)}
+    assert main(argv) == 0
+    r = read_json(docs / "lr_recovery.json")
+    assert list(r["starts"])[-1] == "odd" and r["starts"]["odd"]["factors"] == [0.02, 40.0]
+    assert r["starts"]["odd"]["runs"]["hdet_range_test"][0]["outcome"] == "completed"
+    assert main([*argv, "--start", "odd=0.02,40"]) == 0  # the same factors again: fine
+    capsys.readouterr()
+    # Planning: the new contenders everywhere, the dominated controller forms only where they ran before.
+    for start in (*STARTS, "odd"):
+        assert all(planned(v, start) for v in ("plain_rollback", "hdet_range_test", "prodigy", "schedulefree",
+                                               "lr_finder"))
+        assert not planned("lr_finder_narrow", start)
+    for start in ("emb_low_30", "all_high_3", "odd"):
+        assert not any(planned(v, start) for v in HDET_VARIANTS)
+    assert planned("hdet", "emb_high_dense_low") and planned("hdet_explore", "all_low")
+    assert not planned("hdet_explore", "old_tuned")
+
+
+def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_default_range():
+    from recsys_hdet.config_schema import RangeTestConfig
+    from studies.lr_recovery import FINDERS, HDET_RANGE_TEST, LABELS, lr_finder_sweeps, variant_overrides
+
+    assert HDET_RANGE_TEST == ("hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001",
+                               "hdet.range_test.high=10000")
+    assert LABELS["hdet_range_test"] == "HDET range test on the replicas (100-step sweep, x0.001-x10000)"
+    assert variant_overrides("hdet_range_test", 6.0, 0.0003)[-4:] == list(HDET_RANGE_TEST)
+    default = RangeTestConfig()
+    assert FINDERS["lr_finder"][1] == (default.steps, default.low, default.high) == (100, 0.001, 10000.0)
+    wide = lr_finder_sweeps(60.0, 0.003)
+    assert "optim.schedule.range_test.low=0.001" in wide["dense"] and "optim.schedule.range_test.high=10000.0" in wide["dense"]
+    assert "optim.lr.embedding=0.06" in wide["dense"] and "optim.lr.transformer=0.003" in wide["dense"]
+    # The retired narrow finder's recorded sweeps, unchanged.
+    narrow = lr_finder_sweeps(60.0, 0.003, FINDERS["lr_finder_narrow"][1])
+    assert "optim.schedule.range_test.low=0.01" in narrow["embedding"] and "optim.lr.transformer=3e-05" in narrow["embedding"]
+    assert FINDERS["lr_finder_narrow"][0] == "lr_finder" and FINDERS["lr_finder"][0] == "lr_finder_wide"
+
+
+def test_cost_ratios_count_the_sweeps_on_the_seeds_both_completed(tmp_path):
+    from studies.lr_recovery import contender_cost, cost_entry, range_test_targets, run_entry
+
+    def line(name, seed, steps=960, status="completed", **extra):
+        return {"name": name, "seed": seed, "status": status, "steps": steps, "wall_seconds": 100.0, "mean_ne": 0.78,
+                **extra}
+
+    plain = [run_entry(line("p", s, steps=960 if s < 2 else 300, status="completed" if s < 2 else "diverged"), s,
+                       f"p/seed{s}", "plain_rollback", None, "crashed") for s in range(3)]
+    range_test = [run_entry(line("h", s, hdet={"form": "range_test", "range_test": {"steps": 100, "committed": {}}}),
+                            s, f"h/seed{s}", "hdet_range_test", None, "crashed") for s in range(3)]
+    assert [r["cost_steps"] for r in range_test] == [1060] * 3 and range_test[0]["range_test"]["steps"] == 100
+    finder_info = {"sweeps": {"embedding": {"steps": 67, "wall_seconds": 10.0}, "dense": {"steps": 100, "wall_seconds": 20.0}}}
+    finder = [run_entry(line("f", s), s, f"f/seed{s}", "lr_finder", finder_info, "crashed") for s in range(3)]
+    assert finder[0]["cost_steps"] == 960 + 167 and finder[0]["cost_seconds"] == 130.0
+    # An HDET controller run's line has no range test: its steps alone.
+    assert run_entry(line("c", 0, hdet={"config": {}}), 0, "c/seed0", "prodigy", None, "x")["cost_steps"] == 960
+    # Seed 2's plain run diverged: the ratios are over seeds 0 and 1 only.
+    c = cost_entry(range_test, plain, "hdet_range_test", None)
+    assert c == {"steps_ratio": pytest.approx(1060 / 960), "steps_seeds": [0, 1], "wall_ratio": None, "wall_source": None}
+    assert cost_entry(finder, plain, "lr_finder", None)["steps_ratio"] == pytest.approx(1127 / 960)
+    assert cost_entry(plain, plain, "plain_rollback", None)["steps_ratio"] == 1.0
+    assert cost_entry(range_test, [], "hdet_range_test", None)["steps_ratio"] is None
+    # The wall ratio: the side-by-side benchmark's, where it has one; absent or unreadable: not measured.
+    bench = tmp_path / "results.json"
+    assert contender_cost(str(bench)) is None
+    bench.write_text(json.dumps({"throughput": 1}))
+    assert contender_cost(str(bench)) is None
+    bench.write_text(json.dumps({"contender_cost": {"ratio": {"plain_rollback": 1.0, "hdet_range_test": 1.2,
+                                                              "lr_finder": 1.4}, "start": "all_low", "seed": 0,
+                                                    "repeats": [{}, {}], "date": "2026-01-02"}}))
+    wall = contender_cost(str(bench))
+    assert wall["ratio"]["hdet_range_test"] == 1.2 and "all_low" in wall["source"] and "2 repeats" in wall["source"]
+    c = cost_entry(range_test, plain, "hdet_range_test", wall)
+    assert c["wall_ratio"] == 1.2 and c["wall_source"] == wall["source"]
+    assert cost_entry(plain, plain, "prodigy", wall)["wall_ratio"] is None  # not measured side by side
+    # Target (c): the steps ratio 1.104 is within 1.15 (not the 1.05 stretch); a wall ratio of 1.2 misses it.
+
+    def start(v_cost, f_cost, nes=(0.780, 0.781, 0.779), finder_nes=(0.781, 0.782, 0.780)):
+        runs = lambda xs: [{"seed": s, "ne": x, "outcome": "completed"} for s, x in enumerate(xs)]  # noqa: E731
+        entry = lambda cost: {"seeds": 3, "failed": 0, "paired_diff": None, "gap_fraction": None, "cost": cost}  # noqa: E731
+        return {"misset": False, "variants": {"hdet_range_test": entry(v_cost), "lr_finder": entry(f_cost),
+                                              "plain_rollback": entry({"steps_ratio": 1.0, "wall_ratio": None})},
+                "runs": {"hdet_range_test": runs(nes), "lr_finder": runs(finder_nes), "plain_rollback": runs(nes)}}
+
+    f_cost = cost_entry(finder, plain, "lr_finder", None)
+    t = range_test_targets({"old_tuned": start(cost_entry(range_test, plain, "hdet_range_test", None), f_cost)})
+    assert t["cost"]["met"] is True and t["cost"]["stretch_met"] is False
+    assert t["cost"]["steps_ratio_max"] == pytest.approx(1060 / 960)
+    # (d): 0.001 better than the finder on every seed, at fewer steps: met; with the wall ratios, 1.2 < 1.4 too.
+    assert t["vs_lr_finder"]["starts"]["old_tuned"]["met"] is True and t["vs_lr_finder"]["met"] is True
+    t = range_test_targets({"old_tuned": start(c, cost_entry(finder, plain, "lr_finder", wall))}, wall)
+    assert t["cost"]["met"] is False and t["cost"]["wall_ratio"] == 1.2 and t["vs_lr_finder"]["met"] is True
+    # Worse than the finder on every seed (the interval above 0): missed.
+    t = range_test_targets({"old_tuned": start(c, f_cost, finder_nes=(0.775, 0.776, 0.7745))})
+    assert t["vs_lr_finder"]["starts"]["old_tuned"]["no_worse"] is False and t["vs_lr_finder"]["met"] is False
