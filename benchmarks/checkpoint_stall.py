@@ -13,7 +13,6 @@ a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,8 @@ from benchmarks.run import REPO, _check, modes, pipeline_overrides
 
 
 def run_once(mode, async_save: bool, workdir: str):
+    from recsys_hdet.run_dir import RunDir
+
     n = mode["nproc"]
     run_dir = os.path.join(workdir, f"run_{time.time_ns()}")
     cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", *pipeline_overrides(mode, n),
@@ -32,8 +33,7 @@ def run_once(mode, async_save: bool, workdir: str):
            f"trainer.periodic_checkpoint.every_steps={mode.get('checkpoint_every', 100)}",
            f"trainer.periodic_checkpoint.async_save={str(async_save).lower()}"]
     _check(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True), cmd)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        s = json.load(f)
+    s = RunDir(run_dir).summary()
     c = s["periodic_checkpoints"]
     return {"seconds_per_checkpoint": c["seconds"] / max(c["saved"], 1), "saved": c["saved"],
             "examples_per_sec": s["examples_per_sec"], "step_seconds": s["train_seconds"] / s["steps"]}

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Sequence
 
 from studies import harness as SR
 from studies.lr_recovery import PRESET, lr_overrides, recovery_anchor, start_lrs
+from recsys_hdet.run_dir import RunDir
 
 REPO = SR.REPO
 RANGE_TEST = ["hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001", "hdet.range_test.high=10000"]
@@ -46,7 +47,7 @@ def _train(work: str, name: str, overrides: Sequence[str], env: Dict[str, str]) 
     run = SR.train_run(os.path.join(work, name), overrides, env)
     if not run["finished"]:
         raise RuntimeError(f"{name}: the job failed (exit status {run['exit_status']}); see {run['log']}")
-    summary = json.load(open(os.path.join(work, name, "summary.json")))
+    summary = RunDir(os.path.join(work, name)).summary()
     sweep = ((summary.get("hdet") or {}).get("range_test") or {}).get("steps", 0)
     return {"seconds": run["process_seconds"], "steps": summary["steps"] + sweep, "commit": run["commit"],
             "clean": run["clean"]}

@@ -163,6 +163,8 @@ def check_batch() -> str:
 
 
 def train(work: str, name: str, nproc: int, *overrides: str) -> str:
+    from recsys_hdet.run_dir import RunDir
+
     run_dir = os.path.join(work, name)
     env = {**os.environ, "RECSYS_HDET_DATA": os.path.join(work, "data"), "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", "data=tiny",
@@ -170,8 +172,7 @@ def train(work: str, name: str, nproc: int, *overrides: str) -> str:
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr[-1500:] or proc.stdout[-1500:]}")
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
+    summary = RunDir(run_dir).summary()
     ne = {t: m["ne"] for t, m in summary.get("eval", {}).items()}
     if summary["status"] != "completed" or not ne or not all(math.isfinite(v) for v in ne.values()):
         raise RuntimeError(f"status {summary['status']}, held-out NE {ne}")

@@ -18,7 +18,6 @@ value updates; measured by the trainer), and the cost over ``alpha0`` at the sam
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -42,13 +41,14 @@ def configurations(syncs):
 
 
 def run(name, overrides, workdir):
+    from recsys_hdet.run_dir import RunDir
+
     run_dir = os.path.join(workdir, f"{name}_{time.time_ns()}")
     cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", *COMMON, *overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        return json.load(f)
+    return RunDir(run_dir).summary()
 
 
 def main() -> None:

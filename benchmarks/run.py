@@ -97,12 +97,13 @@ def contenders(mode: Dict[str, Any], before: bool = False) -> Dict[str, Callable
 
     def pipeline(extra: List[str], nproc: int = n):
         def run(workdir: str) -> Dict[str, Any]:
+            from recsys_hdet.run_dir import RunDir
+
             run_dir = os.path.join(workdir, f"run_{time.time_ns()}")
             cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}",
                    *pipeline_overrides(mode, nproc), *extra]
             _check(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True), cmd)
-            with open(os.path.join(run_dir, "summary.json")) as f:
-                s = json.load(f)
+            s = RunDir(run_dir).summary()
             return {"examples_per_sec": s["examples_per_sec"], "train_seconds": s["train_seconds"],
                     "steps": s["steps"], "peak_rss_mb": s["peak_rss_mb"],
                     "peak_rss_mb_per_worker": s.get("peak_rss_mb_per_worker"),
@@ -359,7 +360,7 @@ OTHER_BENCHMARKS_KEYS = ("data_scaling",)
 
 def main(argv=None) -> int:
     from benchmarks import peak
-    from recsys_hdet.fileio import write_json_atomic
+    from data_tools.fileio import write_json_atomic
     from recsys_hdet.distributed import usable_cores
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])

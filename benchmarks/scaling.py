@@ -77,6 +77,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from benchmarks.run import REPO, replace_benchmarks_section
+from data_tools.contract import read_meta
+from recsys_hdet.run_dir import RunDir
 
 HEADING = "## Data scaling (benchmarks/scaling.py)"
 LOG_EVERY = 25  # trainer.log_every: metrics.jsonl's intervals (the steady examples/s)
@@ -191,8 +193,7 @@ def convert(raw: Dict[str, Any], out: str) -> Dict[str, float]:
 
 
 def data_facts(root: str) -> Dict[str, Any]:
-    with open(os.path.join(root, "meta.json")) as f:
-        meta = json.load(f)
+    meta = read_meta(root)
     size = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root) for n in names)
     rows = sum(d["rows"] for d in meta["days"].values())
     return {"rows": rows, "days": len(meta["days"]), "distinct_videos": meta["ids"]["video_id"]["distinct_raw_ids"],
@@ -262,12 +263,11 @@ def train(root: str, nproc: int, steps: int, extra: List[str], workdir: str) -> 
            f"trainer.log_every={LOG_EVERY}", "trainer.checkpoint=false", "trainer.periodic_checkpoint.every_steps=0",
            "trainer.tensorboard=false", *config_overrides(root, extra)]
     run_measured(cmd)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        s = json.load(f)
+    run = RunDir(run_dir)
+    s = run.summary()
     if s["steps"] != steps:
         raise SystemExit(f"{' '.join(cmd)}: trained {s['steps']} steps, not {steps} (too few training rows?)")
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        intervals = [json.loads(line)["examples_per_sec"] for line in f]
+    intervals = [r["examples_per_sec"] for r in run.metrics()]
     return {"examples_per_sec": s["examples_per_sec"], "steady_examples_per_sec": statistics.median(intervals[1:]),
             "peak_rss_mb_per_worker": max(s["peak_rss_mb_per_worker"]), "threads_per_worker": s["threads_per_worker"]}
 
@@ -474,7 +474,7 @@ def tables(r: Dict[str, Any]) -> str:
 
 def record(r: Dict[str, Any], body: str) -> None:
     """``data_scaling`` in benchmarks/results.json (the other keys kept) and the BENCHMARKS.md section."""
-    from recsys_hdet.fileio import write_json_atomic
+    from data_tools.fileio import write_json_atomic
 
     path = os.path.join(REPO, "benchmarks", "results.json")
     with open(path) as f:
@@ -530,7 +530,7 @@ def parse_args(argv) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from recsys_hdet.fileio import write_json_atomic
+    from data_tools.fileio import write_json_atomic
 
     args = parse_args(argv)
     command = "python -m benchmarks.scaling" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))

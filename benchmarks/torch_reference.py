@@ -31,6 +31,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from data_tools.contract import label_column, read_meta
+
 
 class ReferenceRanker(nn.Module):
     def __init__(self, sparse: Dict[str, Dict], num_dense: int, num_tasks: int, dim: int = 16, heads: int = 2,
@@ -63,7 +65,7 @@ class ReferenceRanker(nn.Module):
 def _load_day(root: str, meta: Dict, day: str, seed: int):
     single = [n for n, s in meta["sparse"].items() if not s["multi"]]
     multi = [n for n, s in meta["sparse"].items() if s["multi"]]
-    labels = [f"label_{t}" for t in meta["tasks"]]
+    labels = [label_column(t) for t in meta["tasks"]]
     df = pl.read_parquet(os.path.join(root, meta["days"][day]["file"]), columns=single + multi + meta["dense"] + labels)
     df = df[np.random.default_rng([seed, int(day)]).permutation(df.height)]
     lists = [df[n] for n in multi]
@@ -81,8 +83,7 @@ def _worker(rank: int, world: int, port: int, args) -> None:
     warnings.filterwarnings("ignore")  # sparse-gradient and DDP notices, printed once per step otherwise
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    with open(os.path.join(args.data, "meta.json")) as f:
-        meta = json.load(f)
+    meta = read_meta(args.data)
     days = sorted(meta["days"])[args.skip_days:len(meta["days"]) - 1][:args.train_days]
     B, G = args.batch_size, args.batch_size * world
     steps = sum(int(meta["days"][d]["rows"]) // G for d in days)

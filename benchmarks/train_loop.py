@@ -20,7 +20,6 @@ against each other): the final train loss is printed beside them as a check.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -37,13 +36,14 @@ HEADING = "## Training loop: TorchRec train pipelines against the loop before th
 
 
 def run_once(tree: str, mode: Dict[str, Any], workdir: str, extra: List[str]) -> Dict[str, Any]:
+    from recsys_hdet.run_dir import RunDir
+
     run_dir = os.path.join(workdir, f"run_{time.time_ns()}")
     cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}",
            *pipeline_overrides(mode, mode["nproc"]), *extra]
     env = {**os.environ, "RECSYS_HDET_DATA": os.environ.get("RECSYS_HDET_DATA", os.path.join(REPO, ".cache", "data"))}
     _check(subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env=env), cmd)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        s = json.load(f)
+    s = RunDir(run_dir).summary()
     return {"examples_per_sec": s["examples_per_sec"], "steps": s["steps"], "train_loss": s["train_loss"]["avg"]}
 
 

@@ -51,11 +51,12 @@ import time
 import numpy as np
 import polars as pl
 
+from data_tools import contract as C
 from data_tools import schema as S
 from data_tools import vocab as V
-from recsys_hdet.exit_status import ExitStatus
 from data_tools.errors import DataError, data_error
-from recsys_hdet.fileio import file_lock
+from data_tools.exit_status import ExitStatus
+from data_tools.fileio import file_lock, write_text_atomic
 from data_tools.validate import (_load_meta, parse_date_expr, parse_expr, scan_raw_csv,
                                  tag_list_expr, validate_day_file, validate_processed, validate_raw)
 
@@ -129,7 +130,7 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
             overwrite: bool = False, source: dict | None = None, verbose: bool = False,
             max_unmatched_fraction: float = 0.01, max_conflicting_duplicates: int = 0,
             extend_vocab: str | None = None, string_vocabs: dict | None = None,
-            chunk_rows: int = DEFAULT_CHUNK_ROWS, row_group_rows: int = S.ROW_GROUP_ROWS) -> dict:
+            chunk_rows: int = DEFAULT_CHUNK_ROWS, row_group_rows: int = C.ROW_GROUP_ROWS) -> dict:
     """Convert raw CSVs (``log``: a glob, path or list) into the processed directory ``out``.
 
     Returns the written meta dict. Raises DataError (naming file and column) on bad input;
@@ -160,7 +161,7 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
         raise DataError(f"row_group_rows: must be an int >= 1, got {row_group_rows!r}")
     counts = resolve_min_count(min_count)
     base = _base_vocabs(extend_vocab)
-    if string_vocabs is None and extend_vocab is not None and os.path.isfile(os.path.join(extend_vocab, "meta.json")):
+    if string_vocabs is None and extend_vocab is not None and C.has_meta(extend_vocab):
         string_vocabs = _load_meta(extend_vocab).get("source", {}).get("string_vocabs")
     info = validate_raw(log, users, videos)
     files = info["log_files"]
@@ -279,8 +280,6 @@ class _Progress:
         self.days: dict = {} if fresh else saved.get("days") or {}
 
     def _save(self) -> None:
-        from recsys_hdet.fileio import write_text_atomic
-
         write_text_atomic(self.path, json.dumps({"key": self.key, "tables": self.tables, "ids": self.ids,
                                                  "days": self.days}))
 
@@ -320,7 +319,7 @@ def _time_ranges(lpath: str, date: int, chunk_rows: int, bins: int = 1 << 16) ->
 
 
 def _convert_into(tmp, files, users, videos, min_count, base, info, source, string_base=None, *,
-                  chunk_rows: int = DEFAULT_CHUNK_ROWS, row_group_rows: int = S.ROW_GROUP_ROWS,
+                  chunk_rows: int = DEFAULT_CHUNK_ROWS, row_group_rows: int = C.ROW_GROUP_ROWS,
                   progress: _Progress | None = None) -> dict:
     progress = progress or _Progress(tmp, {})
     has_oracle = info["has_oracle"]
@@ -364,13 +363,13 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
     parts = []
     without_rand = []  # log files with no is_rand column: their rows carry no random-exposure information
     for f in files:
-        has_rand = "is_rand" in scan_raw_csv(f).collect_schema().names()
+        has_rand = C.RAND_COLUMN in scan_raw_csv(f).collect_schema().names()
         if not has_rand:
             without_rand.append(os.path.abspath(f))
         parts.append(scan_raw_csv(f).select(
             *[parse_expr(c, pl.Int64, lenient_int=False) for c in S.LOG_REQUIRED],
-            (parse_expr("is_rand", pl.Int64, lenient_int=False) if has_rand else pl.lit(0, pl.Int64))
-            .cast(pl.Int8).alias("is_rand"),
+            (parse_expr(C.RAND_COLUMN, pl.Int64, lenient_int=False) if has_rand else pl.lit(0, pl.Int64))
+            .cast(pl.Int8).alias(C.RAND_COLUMN),
             *[parse_expr(c, pl.Float64).cast(pl.Float32).alias(c) for c in oracle_cols],
         ))
     lpath = os.path.join(tmp, "_log.parquet")
@@ -406,7 +405,7 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
     for t in S.TASKS:
         comps = S.TASK_COMPONENTS[t]
         label_exprs.append((pl.max_horizontal([pl.col(c) for c in comps]) > 0)
-                           .cast(pl.Float32).alias(f"label_{t}"))
+                           .cast(pl.Float32).alias(C.label_column(t)))
     values = [c for c in S.DENSE_VALUES if c != "log_video_age_days"]
     day_rows = dict(pl.scan_parquet(lpath).group_by("date").agg(pl.len()).collect(engine="streaming").iter_rows())
 
@@ -435,9 +434,8 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             .clip(lower_bound=0.0).log1p().cast(pl.Float32).alias("log_video_age_days"),
             *label_exprs,
             *[pl.col(c) for c in oracle_cols],
-            pl.col("is_rand"),
-            pl.col("user_id").alias("user_id_raw"),
-            pl.col("video_id").alias("video_id_raw"),
+            pl.col(C.RAND_COLUMN),
+            *[pl.col(raw).alias(kept) for raw, kept in zip(("user_id", "video_id"), C.RAW_ID_COLUMNS)],
             pl.col("date"),
             pl.col("time_ms"),
             pl.col(LOG_ORDER),
@@ -445,14 +443,14 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             *[pl.col(c).is_null().cast(pl.Float32).alias(S.missing_indicator(c)) for c in S.DENSE_VALUES],
         ).sort(["time_ms", LOG_ORDER]).select(
             list(S.SPARSE_FEATURES) + list(S.DENSE_FEATURES) + list(S.LABEL_COLUMNS)
-            + oracle_cols + ["is_rand"] + list(S.RAW_ID_COLUMNS) + ["date", "time_ms"])
+            + oracle_cols + [C.RAND_COLUMN] + list(C.SOURCE_COLUMNS))
 
     days = dict(progress.days)
     for date in info["dates"]:
         if str(date) in days:  # written before this conversion was interrupted
             continue
         day_date = dt.datetime.strptime(str(date), "%Y%m%d").date()
-        path = os.path.join(tmp, S.day_file(date))
+        path = os.path.join(tmp, C.day_file(date))
         for stale in glob.glob(os.path.join(tmp, "_part-*.parquet")):  # an interrupted day's pieces
             os.remove(stale)
         ranges = _time_ranges(lpath, date, chunk_rows) if day_rows[date] > chunk_rows else [None]
@@ -465,7 +463,7 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             pl.scan_parquet(parts).sink_parquet(path, row_group_size=row_group_rows)
             for part in parts:
                 os.remove(part)
-        rows, rand = pl.scan_parquet(path).select(pl.len(), pl.col("is_rand").cast(pl.Int64).sum()) \
+        rows, rand = pl.scan_parquet(path).select(pl.len(), pl.col(C.RAND_COLUMN).cast(pl.Int64).sum()) \
             .collect(engine="streaming").row(0)
         dense_stats = {}
         for c in S.DENSE_FEATURES:
@@ -473,7 +471,7 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             # file's row groups (polars' float sums follow its partitioning)
             x = pl.read_parquet(path, columns=[c])[c].drop_nulls().cast(pl.Float64).to_numpy()
             dense_stats[c] = {"count": len(x), "sum": float(np.sum(x)), "sumsq": float(np.sum(x * x))}
-        days[str(date)] = {"file": S.day_file(date), "rows": int(rows), "random_exposure_rows": int(rand),
+        days[str(date)] = {"file": C.day_file(date), "rows": int(rows), "random_exposure_rows": int(rand),
                            "dense_stats": dense_stats}
         progress.day_done(str(date), days[str(date)])
     missing_values = {c: sum(d["dense_stats"][S.missing_indicator(c)]["sum"] for d in days.values())
@@ -492,8 +490,8 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             v = len((uvocab | vvocab)[c]) + 1
         sparse[c] = {"vocab": int(v), "multi": c in S.SPARSE_MULTI}
     meta = {
-        "format_version": S.FORMAT_VERSION,
-        "layout": {"version": S.LAYOUT_VERSION, "row_group_rows": row_group_rows},
+        "format_version": C.FORMAT_VERSION,
+        "layout": {"version": C.LAYOUT_VERSION, "row_group_rows": row_group_rows},
         "sparse": sparse,
         "dense": list(S.DENSE_FEATURES),
         "tasks": list(S.TASKS),
@@ -514,8 +512,7 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
             **(source or {}),
         },
     }
-    with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    C.write_meta(tmp, meta)
     return meta
 
 
@@ -564,7 +561,7 @@ def _append_locked(log, users: str, videos: str, root: str, *, source: dict | No
     root = os.path.abspath(os.fspath(root))
     recover_appends(root)
     old = _load_meta(root)
-    meta_path = os.path.join(root, "meta.json")
+    meta_path = C.meta_path(root)
     base = _base_vocabs(root)
     src_old = old.get("source") or {}
     _check_appendable(meta_path, old, base, src_old)
@@ -596,7 +593,7 @@ def _append_locked(log, users: str, videos: str, root: str, *, source: dict | No
         part = _convert_into(stage, files, users, videos, min_count, base,
                              dict(info, has_oracle=old["has_oracle"]), {},
                              string_base=src_old.get("string_vocabs"),
-                             row_group_rows=int((old.get("layout") or {}).get("row_group_rows", S.ROW_GROUP_ROWS)))
+                             row_group_rows=int((old.get("layout") or {}).get("row_group_rows", C.ROW_GROUP_ROWS)))
         ids = {}
         for f in V.ID_FEATURES:
             ids[f] = _merge_vocab(V.vocab_path(stage, f), base[f], old_ids.get(f) or {}, part["ids"][f],
@@ -619,8 +616,7 @@ def _append_locked(log, users: str, videos: str, root: str, *, source: dict | No
         meta.update(sparse=sparse, days=dict(sorted({**old["days"], **part["days"]}.items())), ids=ids, source=src)
         if "has_is_rand" in old:
             meta["has_is_rand"] = bool(old["has_is_rand"]) and part["has_is_rand"]
-        with open(os.path.join(stage, "meta.json"), "w") as fh:
-            json.dump(meta, fh, indent=1)
+        C.write_meta(stage, meta)
         # validate what would be published: the new meta and the new day files against it (the old
         # day files are valid against it too: same columns, ids below the old, smaller table sizes)
         _load_meta(stage)
@@ -722,7 +718,7 @@ def _publish(stage: str, token: str, moves, meta_path: str) -> None:
                 os.link(e["dst"], e["backup"])
             except OSError:
                 shutil.copy2(e["dst"], e["backup"])
-    staged_meta = os.path.join(stage, "meta.json")
+    staged_meta = C.meta_path(stage)
     for path in [e["src"] for e in entries] + [staged_meta]:
         _fsync(path)
     for e in entries:
@@ -754,8 +750,7 @@ def recover_appends(root: str) -> list[str]:
     (committed) is removed, any other is rolled back first. Call with the lock held; returns the
     stage names handled. An unreadable meta.json is left for the caller to report."""
     try:
-        with open(os.path.join(root, "meta.json")) as fh:
-            appended = ((json.load(fh).get("source") or {}).get("appended") or [])
+        appended = ((C.read_meta(root).get("source") or {}).get("appended") or [])
     except (OSError, ValueError, AttributeError):
         return []
     tokens = {r.get("token") for r in appended if isinstance(r, dict)}
@@ -788,11 +783,11 @@ def main(argv=None) -> int:
     used = lambda cols: ", ".join(cols)
     epilog = (f"Columns read (every other column is ignored):\n"
               f"  log:    {used(S.LOG_REQUIRED)} (+ {used(S.ORACLE_COLUMNS)} when present: synthetic data's "
-              f"true probabilities; + is_rand when present: random exposure, 0 when absent)\n"
+              f"true probabilities; + {C.RAND_COLUMN} when present: random exposure, 0 when absent)\n"
               f"  users:  {used(S.USER_REQUIRED)}\n"
               f"  videos: {used(S.VIDEO_REQUIRED)}\n"
               f"KuaiRand columns ignored:\n"
-              f"  log:    {used(c for c in S.LOG_COLUMNS if c not in S.LOG_REQUIRED and c != 'is_rand')}\n"
+              f"  log:    {used(c for c in S.LOG_COLUMNS if c not in S.LOG_REQUIRED and c != C.RAND_COLUMN)}\n"
               f"  users:  {used(c for c in S.USER_COLUMNS if c not in S.USER_REQUIRED)}\n"
               f"  videos: {used(c for c in S.VIDEO_COLUMNS if c not in S.VIDEO_REQUIRED)}\n")
     ap = argparse.ArgumentParser(prog="python -m data_tools.convert", description=__doc__, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -813,9 +808,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, metavar="N",
                     help="rows of a day sorted at once; a longer day is sorted a time range at a time: peak memory "
                          f"follows N and the vocabularies, not the log's rows (default {DEFAULT_CHUNK_ROWS:,})")
-    ap.add_argument("--row-group-rows", type=int, default=S.ROW_GROUP_ROWS, metavar="N",
+    ap.add_argument("--row-group-rows", type=int, default=C.ROW_GROUP_ROWS, metavar="N",
                     help="rows per Parquet row group of a day file: the unit a training rank reads under "
-                         f"data.read=own_row_groups (default {S.ROW_GROUP_ROWS:,})")
+                         f"data.read=own_row_groups (default {C.ROW_GROUP_ROWS:,})")
     ap.add_argument("--max-unmatched", type=float, default=0.01, metavar="FRACTION",
                     help="largest share of log rows whose user or video has no feature row (default 0.01)")
     ap.add_argument("--max-conflicting-duplicates", type=int, default=0, metavar="N",

@@ -17,7 +17,7 @@ import sys
 from data_tools.errors import DataError
 from data_tools.prepare import append_synthetic_days
 from data_tools.synthetic import GeneratorConfig, generate
-from recsys_hdet.exit_status import ExitStatus
+from data_tools.exit_status import ExitStatus
 
 
 def main(argv=None):

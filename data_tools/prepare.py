@@ -30,12 +30,13 @@ import dataclasses
 import datetime as dt
 import glob
 
+from data_tools import contract as C
 from data_tools.convert import _append_locked, convert, resolve_min_count
 from data_tools.errors import DataError, data_error
 from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE,
                                  GeneratorConfig, generate)
 from data_tools.validate import _load_meta, validate_processed
-from recsys_hdet.fileio import file_lock
+from data_tools.fileio import file_lock
 
 
 def _existing(root: str, cfg: GeneratorConfig, voc: dict) -> tuple[bool, str]:
@@ -95,7 +96,7 @@ def append_synthetic_days(root: str, days: int = 1) -> list[str]:
     root = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root):
         raise data_error(root, None, "processed data directory not found (nothing to append to)")
-    meta_path = os.path.join(root, "meta.json")
+    meta_path = C.meta_path(root)
     with file_lock(root + ".lock"):
         meta = _load_meta(root)
         src = meta.get("source") or {}
@@ -180,8 +181,7 @@ def ensure_dataset(root: str, generator: dict | None = None, min_count: dict | N
 def load_oracle(root: str) -> dict | None:
     """The generator's oracle.json for a data set built by ensure_dataset (None if unknown)."""
     try:
-        with open(os.path.join(root, "meta.json")) as f:
-            src = json.load(f).get("source") or {}
+        src = C.read_meta(root).get("source") or {}
         with open(src["oracle_file"]) as f:
             return json.load(f)
     except (OSError, KeyError, ValueError):

@@ -19,14 +19,14 @@ import sys
 
 import polars as pl
 
-from data_tools import schema as S
+from data_tools import contract as C
 from data_tools.errors import DataError, data_error
+from data_tools.exit_status import ExitStatus
+from data_tools.fileio import file_lock, write_json_atomic
 from data_tools.validate import _load_meta, miscut_row_group, row_group_sizes, validate_day_file
-from recsys_hdet.exit_status import ExitStatus
-from recsys_hdet.fileio import file_lock, write_json_atomic
 
 
-def relayout(root: str, row_group_rows: int = S.ROW_GROUP_ROWS, verbose: bool = False) -> dict:
+def relayout(root: str, row_group_rows: int = C.ROW_GROUP_ROWS, verbose: bool = False) -> dict:
     """Rewrite ``root`` in layout 2 (see the module docstring); returns the new meta. A data set
     already in layout 2 with the same ``row_group_rows`` is left as it is."""
     if isinstance(row_group_rows, bool) or not isinstance(row_group_rows, int) or row_group_rows < 1:
@@ -34,7 +34,7 @@ def relayout(root: str, row_group_rows: int = S.ROW_GROUP_ROWS, verbose: bool = 
     root = os.path.abspath(root)
     with file_lock(root + ".lock"):
         meta = _load_meta(root)
-        target = {"version": S.LAYOUT_VERSION, "row_group_rows": row_group_rows}
+        target = {"version": C.LAYOUT_VERSION, "row_group_rows": row_group_rows}
         if meta.get("layout") == target:
             return meta
         for day, spec in meta["days"].items():
@@ -54,7 +54,7 @@ def relayout(root: str, row_group_rows: int = S.ROW_GROUP_ROWS, verbose: bool = 
             if verbose:
                 print(f"{spec['file']}: {df.height} rows in {-(-df.height // row_group_rows)} row groups")
         meta["layout"] = target
-        write_json_atomic(os.path.join(root, "meta.json"), meta)
+        write_json_atomic(C.meta_path(root), meta)  # in place, atomically (indent 2: as relayout always wrote it)
         return meta
 
 
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m data_tools.relayout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", help="the processed data set (a directory with meta.json)")
-    ap.add_argument("--row-group-rows", type=int, default=S.ROW_GROUP_ROWS, metavar="N",
-                    help=f"rows per row group (default {S.ROW_GROUP_ROWS:,})")
+    ap.add_argument("--row-group-rows", type=int, default=C.ROW_GROUP_ROWS, metavar="N",
+                    help=f"rows per row group (default {C.ROW_GROUP_ROWS:,})")
     args = ap.parse_args(argv)
     try:
         meta = relayout(args.root, args.row_group_rows, verbose=True)

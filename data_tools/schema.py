@@ -1,21 +1,15 @@
 """KuaiRand raw schema, the three tasks and the processed feature lists.
 
 Raw dtypes are what the converter parses each column as; see DATA_CONTRACT.md for the
-processed format.
+processed format, whose files, versions and non-feature columns :mod:`data_tools.contract` owns.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-# 2: exact id vocabularies (was: hashed ids), dense values null where missing with indicators and
-# per-day statistics, is_rand kept.
-FORMAT_VERSION = 2
-# meta.json "layout": how day files are cut into row groups. 1 (absent): as polars wrote them (a few
-# large groups); 2: groups of layout.row_group_rows rows (the last one shorter), the unit that
-# data.read=own_row_groups deals to the training ranks. The rows and their order are the same.
-LAYOUT_VERSION = 2
-ROW_GROUP_ROWS = 16_384
+from data_tools.contract import RAND_COLUMN, label_column, oracle_column
+
 START_DATE = 20220408
 
 TASKS = ("contribution", "like", "long_dwell")
@@ -63,7 +57,7 @@ LOG_COLUMNS: dict[str, pl.DataType] = {
     "profile_stay_time": pl.Int64,
     "comment_stay_time": pl.Int64,
     "is_profile_enter": pl.Int64,
-    "is_rand": pl.Int64,
+    RAND_COLUMN: pl.Int64,
     "tab": pl.Int64,
 }
 
@@ -152,8 +146,6 @@ USER_DENSE_SOURCES = (
 )
 VIDEO_DENSE_SOURCES = ("video_duration", "server_width", "server_height")
 
-ORACLE_PREFIX = "oracle_"
-
 # ---- processed features ----------------------------------------------------------------
 # Integer ids encoded through an exact vocabulary (data_tools.vocab: 0 missing, 1 out of vocabulary).
 ID_SPARSE = ("user_id", "video_id", "author_id", "music_id", "tab")
@@ -201,9 +193,5 @@ def missing_indicator(feature: str) -> str:
 # training days' statistics and fills a missing one with the mean) and its missing indicator.
 DENSE_FEATURES = DENSE_VALUES + tuple(missing_indicator(c) for c in DENSE_VALUES)
 
-LABEL_COLUMNS = tuple(f"label_{t}" for t in TASKS)
-ORACLE_COLUMNS = tuple(f"{ORACLE_PREFIX}{t}" for t in TASKS)
-RAW_ID_COLUMNS = ("user_id_raw", "video_id_raw")
-
-def day_file(date: int | str) -> str:
-    return f"day={date}.parquet"
+LABEL_COLUMNS = tuple(label_column(t) for t in TASKS)
+ORACLE_COLUMNS = tuple(oracle_column(t) for t in TASKS)

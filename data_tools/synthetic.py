@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from data_tools.contract import RAND_COLUMN, oracle_column
 from data_tools.errors import DataError
 from data_tools.schema import LOG_COLUMNS, START_DATE, TASKS, USER_COLUMNS, VIDEO_COLUMNS
 
@@ -403,11 +404,9 @@ def generate(config: GeneratorConfig | dict | None = None, out_dir: str = ".", *
             "profile_stay_time": is_profile_enter * rng.integers(1000, 60000, n),
             "comment_stay_time": ((is_comment == 1) | (rng.random(n) < 0.03)) * rng.integers(1000, 90000, n),
             "is_profile_enter": is_profile_enter,
-            "is_rand": is_rand.astype(np.int64),
+            RAND_COLUMN: is_rand.astype(np.int64),
             "tab": tab.astype(np.int64),
-            "oracle_contribution": probs["contribution"],
-            "oracle_like": probs["like"],
-            "oracle_long_dwell": probs["long_dwell"],
+            **{oracle_column(t): probs[t] for t in TASKS},
         })
         if day < from_day:
             del oracle[str(date_int)]

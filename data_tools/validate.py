@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import codecs
 import glob
-import json
 import os
 import sys
 
 import polars as pl
 import pyarrow.parquet as pq
 
-from recsys_hdet.exit_status import ExitStatus
-from data_tools.errors import DataError, data_error
+from data_tools import contract as C
 from data_tools import schema as S
+from data_tools.errors import DataError, data_error
+from data_tools.exit_status import ExitStatus
 
 
 # ---- shared parsing (the converter uses the same expressions) ---------------------------------
@@ -236,7 +236,7 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
         oracle_cols = [c for c in S.ORACLE_COLUMNS if c in cols]
         dtypes = {c: S.LOG_COLUMNS[c] for c in S.LOG_REQUIRED}
         dtypes.update({c: pl.Float64 for c in oracle_cols})
-        rand_cols = ["is_rand"] if "is_rand" in cols else []
+        rand_cols = [C.RAND_COLUMN] if C.RAND_COLUMN in cols else []
         dtypes.update({c: pl.Int64 for c in rand_cols})
         d, hm = pl.col("date__p"), pl.col("hourmin__p")
         y, m, dd = d // 10000, (d // 100) % 100, d % 100
@@ -261,7 +261,7 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
                         S.LOG_ID_COLUMNS + tuple(label_cols) + ("time_ms",) + tuple(rand_cols), tuple(oracle_cols),
                         extra, lenient_int=False)
         if rand_cols and st["__badrand"]:
-            raise data_error(f, "is_rand", f"{st['__badrand']} values not 0 or 1 (first at line "
+            raise data_error(f, C.RAND_COLUMN, f"{st['__badrand']} values not 0 or 1 (first at line "
                                            f"{st['__badrandline']}: {st['__badrandval']!r})")
         if st["__baddate"]:
             raise data_error(f, "date", f"{st['__baddate']} values not calendar dates in YYYYMMDD form "
@@ -289,14 +289,13 @@ def validate_raw(log_files, users_file: str, videos_file: str) -> dict:
 
 # ---- processed --------------------------------------------------------------------------------
 def _load_meta(root: str) -> dict:
-    path = os.path.join(root, "meta.json")
+    path = C.meta_path(root)
     if not os.path.isdir(root):
         raise data_error(root, None, "processed data directory not found")
-    if not os.path.isfile(path):
-        raise data_error(path, None, "meta.json missing")
+    if not C.has_meta(root):
+        raise data_error(path, None, f"{C.META_FILE} missing")
     try:
-        with open(path) as f:
-            meta = json.load(f)
+        meta = C.read_meta(root)
     except (OSError, ValueError) as e:
         raise data_error(path, None, f"not parseable JSON ({e})") from None
     if not isinstance(meta, dict):
@@ -307,14 +306,14 @@ def _load_meta(root: str) -> dict:
             raise data_error(path, key, "required key missing")
         if not isinstance(meta[key], typ):
             raise data_error(path, key, f"must be a JSON {typ.__name__}, got {type(meta[key]).__name__}")
-    if meta["format_version"] != S.FORMAT_VERSION:
+    if meta["format_version"] != C.FORMAT_VERSION:
         raise data_error(path, "format_version",
-                         f"unsupported version {meta['format_version']} (expected {S.FORMAT_VERSION})")
+                         f"unsupported version {meta['format_version']} (expected {C.FORMAT_VERSION})")
     layout = meta.get("layout", {"version": 1})
-    if not (isinstance(layout, dict) and layout.get("version") in (1, S.LAYOUT_VERSION)):
-        raise data_error(path, "layout", f"needs {{'version': 1}} or {{'version': {S.LAYOUT_VERSION}, "
+    if not (isinstance(layout, dict) and layout.get("version") in (1, C.LAYOUT_VERSION)):
+        raise data_error(path, "layout", f"needs {{'version': 1}} or {{'version': {C.LAYOUT_VERSION}, "
                                          f"'row_group_rows': int >= 1}}, got {layout!r}")
-    if layout["version"] == 2 and not (isinstance(layout.get("row_group_rows"), int) and layout["row_group_rows"] >= 1):
+    if layout["version"] == C.LAYOUT_VERSION and not (isinstance(layout.get("row_group_rows"), int) and layout["row_group_rows"] >= 1):
         raise data_error(path, "layout.row_group_rows", f"must be an int >= 1, got {layout.get('row_group_rows')!r}")
     for name, spec in meta["sparse"].items():
         if not (isinstance(spec, dict) and isinstance(spec.get("vocab"), int) and spec["vocab"] >= 1
@@ -351,7 +350,7 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
                       expected_rows: int | None = None) -> int:
     """Check one processed day file against ``meta``; return its row count."""
     if not os.path.isfile(path):
-        raise data_error(path, None, "day file listed in meta.json does not exist")
+        raise data_error(path, None, f"day file listed in {C.META_FILE} does not exist")
     try:
         sch = pl.read_parquet_schema(path)
     except Exception as e:  # noqa: BLE001
@@ -362,26 +361,26 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
     for name in meta["dense"]:
         want[name] = pl.Float32
     for t in meta["tasks"]:
-        want[f"label_{t}"] = pl.Float32
+        want[C.label_column(t)] = pl.Float32
         if meta["has_oracle"]:
-            want[f"oracle_{t}"] = pl.Float32
-    for c in ("user_id_raw", "video_id_raw", "date", "time_ms"):
+            want[C.oracle_column(t)] = pl.Float32
+    for c in C.SOURCE_COLUMNS:
         want[c] = pl.Int64
     if "has_is_rand" in meta:  # format 2 always writes the column (0 where a log file had none)
-        want["is_rand"] = pl.Int8
+        want[C.RAND_COLUMN] = pl.Int8
     for c, dtype in want.items():
         if c not in sch:
             raise data_error(path, c, f"required column missing (file has: {list(sch)})")
         if sch[c] != dtype:
             raise data_error(path, c, f"dtype {sch[c]} (expected {dtype})")
     layout = meta.get("layout") or {"version": 1}
-    if layout.get("version") == S.LAYOUT_VERSION:  # the row groups own_row_groups deals
+    if layout.get("version") == C.LAYOUT_VERSION:  # the row groups own_row_groups deals
         sizes, g = row_group_sizes(path), int(layout["row_group_rows"])
         bad = miscut_row_group(sizes, g)
         if bad is not None:
-            raise data_error(path, None, f"row group {bad} holds {sizes[bad]} rows; meta.json's layout 2 says "
-                                         f"{g} per group (the last may be shorter): rewrite it with "
-                                         f"python -m data_tools.relayout")
+            raise data_error(path, None, f"row group {bad} holds {sizes[bad]} rows; {C.META_FILE}'s layout "
+                                         f"{C.LAYOUT_VERSION} says {g} per group (the last may be shorter): "
+                                         f"rewrite it with python -m data_tools.relayout")
     aggs = [pl.len().alias("__rows")]
     for name, spec in meta["sparse"].items():
         e = pl.col(name).list.explode() if spec["multi"] else pl.col(name)
@@ -390,18 +389,16 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
     for name in meta["dense"]:  # null = missing (the loader fills it); NaN and inf are not values
         aggs.append((~pl.col(name).is_finite()).fill_null(False).sum().alias(f"{name}__bad"))
     if "has_is_rand" in meta:
-        aggs.append((~pl.col("is_rand").is_in([0, 1])).fill_null(True).sum().alias("__badrand"))
+        aggs.append((~pl.col(C.RAND_COLUMN).is_in([0, 1])).fill_null(True).sum().alias("__badrand"))
     for t in meta["tasks"]:
-        c = f"label_{t}"
+        c = C.label_column(t)
         aggs.append((~pl.col(c).is_in([0.0, 1.0])).fill_null(True).sum().alias(f"{c}__bad"))
         if meta["has_oracle"]:
-            c = f"oracle_{t}"
+            c = C.oracle_column(t)
             aggs.append(((pl.col(c) <= 0) | (pl.col(c) >= 1) | pl.col(c).is_nan())
                         .fill_null(True).sum().alias(f"{c}__bad"))
     aggs += [pl.col("date").n_unique().alias("__ndates"), pl.col("date").first().alias("__date"),
-             pl.col("user_id_raw").null_count().alias("__uraw"),
-             pl.col("video_id_raw").null_count().alias("__vraw"),
-             pl.col("time_ms").null_count().alias("__tnull")]
+             *[pl.col(c).null_count().alias(f"{c}__null") for c in (*C.RAW_ID_COLUMNS, "time_ms")]]
     try:
         st = pl.scan_parquet(path).select(aggs).collect(engine="streaming").row(0, named=True)
         # on its own: the streaming engine runs an order-dependent diff over one column in bounded memory,
@@ -413,7 +410,7 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
     if st["__rows"] == 0:
         raise data_error(path, None, "empty day partition (0 rows)")
     if expected_rows is not None and st["__rows"] != expected_rows:
-        raise data_error(path, None, f"{st['__rows']} rows but meta.json says {expected_rows}")
+        raise data_error(path, None, f"{st['__rows']} rows but {C.META_FILE} says {expected_rows}")
     for name, spec in meta["sparse"].items():
         lo, hi, v = st[f"{name}__min"], st[f"{name}__max"], spec["vocab"]
         if st[f"{name}__null"]:
@@ -424,15 +421,16 @@ def validate_day_file(path: str, meta: dict, day: str | None = None,
         if st[f"{name}__bad"]:
             raise data_error(path, name, f"{st[f'{name}__bad']} non-finite values (NaN or inf)")
     if "has_is_rand" in meta and st["__badrand"]:
-        raise data_error(path, "is_rand", f"{st['__badrand']} values not 0 or 1")
+        raise data_error(path, C.RAND_COLUMN, f"{st['__badrand']} values not 0 or 1")
     for t in meta["tasks"]:
-        if st[f"label_{t}__bad"]:
-            raise data_error(path, f"label_{t}", f"{st[f'label_{t}__bad']} values not in {{0, 1}}")
-        if meta["has_oracle"] and st[f"oracle_{t}__bad"]:
-            raise data_error(path, f"oracle_{t}", f"{st[f'oracle_{t}__bad']} values outside (0, 1)")
-    for c, k in (("user_id_raw", "__uraw"), ("video_id_raw", "__vraw"), ("time_ms", "__tnull")):
-        if st[k]:
-            raise data_error(path, c, f"{st[k]} null values")
+        label, oracle = C.label_column(t), C.oracle_column(t)
+        if st[f"{label}__bad"]:
+            raise data_error(path, label, f"{st[f'{label}__bad']} values not in {{0, 1}}")
+        if meta["has_oracle"] and st[f"{oracle}__bad"]:
+            raise data_error(path, oracle, f"{st[f'{oracle}__bad']} values outside (0, 1)")
+    for c in (*C.RAW_ID_COLUMNS, "time_ms"):
+        if st[f"{c}__null"]:
+            raise data_error(path, c, f"{st[f'{c}__null']} null values")
     if st["__unsorted"]:
         raise data_error(path, "time_ms", f"rows not sorted by time_ms ({st['__unsorted']} decreases)")
     if st["__ndates"] != 1 or (day is not None and str(st["__date"]) != str(day)):

@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.metrics_log import read_json
-from recsys_hdet.fileio import write_json_atomic
+from data_tools.fileio import write_json_atomic
+from recsys_hdet.run_dir import RunDir
 
 
 def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Optional[str]) -> Tuple[Dict, Optional[Dict]]:
@@ -31,7 +32,7 @@ def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Option
     candidate = evaluate_run(run_dir, days=[day], nproc=nproc)  # eval.json, report.html
     if current_dir is None:
         return candidate, None
-    published_path = os.path.join(run_dir, "published_eval.json")
+    published_path = RunDir(run_dir).path(RunDir.PUBLISHED_EVAL)
     if os.path.isfile(published_path):
         published = read_json(published_path)
         if "paired" in published:
@@ -44,7 +45,7 @@ def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Option
     probs = score_run(run, nproc=nproc, scratch=run_dir)
     frame = predictions_frame(run, probs)
     published = {"version_dir": current_dir, "days": [day], **evaluate_frame(frame, list(run.cfg.tasks)),
-                 "paired": paired_differences(os.path.join(run_dir, "predictions.parquet"), frame, list(run.cfg.tasks),
+                 "paired": paired_differences(RunDir(run_dir).path(RunDir.PREDICTIONS), frame, list(run.cfg.tasks),
                                               float(cfg.gate.z))}
     write_json_atomic(published_path, published)
     return candidate, published
@@ -56,13 +57,14 @@ def paired_differences(candidate_predictions: str, published, tasks, z: float) -
     published model's predictions frame of the same rows, in the same order)."""
     import polars as pl
 
+    from data_tools.contract import label_column
     from recsys_hdet.evaluation.task_metrics import paired_ne_difference
 
     cand = pl.read_parquet(candidate_predictions)
     if cand.height != published.height or not (cand["time_ms"] == published["time_ms"]).all():
         raise ValueError(f"{candidate_predictions}: not the rows the published model scored ({cand.height} vs "
                          f"{published.height} rows)")
-    return {t: paired_ne_difference(cand[f"label_{t}"].to_numpy(), cand[f"pred_{t}"].to_numpy(),
+    return {t: paired_ne_difference(cand[label_column(t)].to_numpy(), cand[f"pred_{t}"].to_numpy(),
                                     published[f"pred_{t}"].to_numpy(), z) for t in tasks}
 
 

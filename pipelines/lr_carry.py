@@ -9,7 +9,7 @@ from typing import Dict, Optional
 
 from omegaconf import DictConfig
 
-from recsys_hdet.components.metrics_log import read_json
+from recsys_hdet.run_dir import RunDir
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
@@ -18,10 +18,10 @@ def final_hdet_bases(run_dir: str) -> Dict[str, float]:
     """Per LR group, the max LR the controller ended the pass with (summary.json's
     ``lr.controlled_max_lr``, written by the trainer: the run's max LR times the last sync's base
     over the schedule it replaces); empty when HDET was off."""
-    path = os.path.join(run_dir, "summary.json")
-    if not os.path.isfile(path):
+    summary = RunDir(run_dir).summary()
+    if summary is None:
         return {}
-    lr = read_json(path).get("lr") or {}
+    lr = summary.get("lr") or {}
     return {g: float(v) for g, v in (lr.get("controlled_max_lr") or {}).items()}
 
 

@@ -31,7 +31,7 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-from recsys_hdet.fileio import LockHeld, try_exclusive_lock
+from data_tools.fileio import LockHeld, try_exclusive_lock
 
 MANIFEST = "manifest.json"
 

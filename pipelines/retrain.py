@@ -25,7 +25,7 @@ there; a version appears whole or not at all; a publish interrupted between the 
 and ``current``'s is finished by the next run); ``--until DAY`` backfills every missing day up to
 DAY in order; ``--dry-run`` prints the plan and writes nothing (no lock either); ``rollback [--to
 VERSION]`` repoints ``current``; ``status [--json]`` prints the lineage (neither needs ``data_root``).
-Failures go to stderr. Exit statuses (:class:`recsys_hdet.exit_status.ExitStatus`): OK (the newest day
+Failures go to stderr. Exit statuses (:class:`data_tools.exit_status.ExitStatus`): OK (the newest day
 published), NOTHING_TO_DO (``nothing_to_do_exit``, 5 by default: 99 for Airflow's skip, 0 where
 nothing new is success; ``--dry-run`` exits OK when the run would train and with it when not),
 REJECTED, FAILED, BUSY, USAGE (also: the day's settings differ from the published version's,
@@ -60,18 +60,18 @@ from pipelines.gate import evaluate_models, gate
 from pipelines.lr_carry import CONF_DIR, clamp_carried, final_hdet_bases, preset_lrs
 from pipelines.registry import Registry, RegistryBusy, RegistryError
 from pipelines.settings import changed_settings, job_settings, settings_hash
-from recsys_hdet.components.metrics_log import read_json
 from recsys_hdet.api import TrainResult, compose_config
-from recsys_hdet.run_dir import write_job_config
-from recsys_hdet.exit_status import ExitStatus
+from recsys_hdet.run_dir import RunDir, write_job_config
+from data_tools import contract
+from data_tools.exit_status import ExitStatus
 from recsys_hdet.provenance import code_version
 
 # Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
 # version's directory is renamed into place and before ``current`` is repointed.
 FAULT_ENV = "RECSYS_HDET_RETRAIN_FAULT"
 # Files of a finished run copied into its version directory (when present).
-VERSION_FILES = ("checkpoint", "export", ".hydra", "summary.json", "eval.json", "report.html", "hdet.jsonl", "metrics.jsonl",
-                 "published_eval.json", "train.log")
+VERSION_FILES = (RunDir.CHECKPOINT, RunDir.EXPORT, RunDir.HYDRA, RunDir.SUMMARY, RunDir.EVAL, RunDir.REPORT, RunDir.HDET,
+                 RunDir.METRICS, RunDir.PUBLISHED_EVAL, RunDir.TRAIN_LOG)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ VERSION_FILES = ("checkpoint", "export", ".hydra", "summary.json", "eval.json", 
 
 def data_fingerprint(root: str, days: Sequence[str]) -> str:
     """blake2b of the training day files' bytes (the exact data a version was trained on)."""
-    meta = read_json(os.path.join(root, "meta.json"))
+    meta = contract.read_meta(root)
     h = hashlib.blake2b(digest_size=16)
     for d in days:
         h.update(d.encode())
@@ -120,14 +120,14 @@ def _die_with_parent() -> None:  # a killed job takes its training run with it (
 def train(cfg: DictConfig, overrides: List[str], run_dir: str, composed: DictConfig) -> TrainResult:
     """Runs (or resumes) the day's training through :mod:`recsys_hdet.api` in a process of its own (a
     killed job takes it along): the config is composed here, once, and written resolved into the run
-    directory's ``.hydra/config.yaml`` (with ``overrides.yaml``), which the training process reads; the
+    directory's config (``RunDir.CONFIG``, with ``RunDir.OVERRIDES``), which the training process reads; the
     outcome is read from the run's ``summary.json``."""
-    if os.path.isfile(os.path.join(run_dir, "summary.json")):  # trained before the job was interrupted
+    if RunDir(run_dir).finished():  # trained before the job was interrupted
         return TrainResult.load(run_dir, 0)
     config = write_job_config(run_dir, composed, overrides, resolve=True)
     cmd = [sys.executable, "-m", "recsys_hdet.api", config, run_dir]
     timeout = int(cfg.train_timeout_s) or None
-    with open(os.path.join(run_dir, "train.log"), "a") as log:
+    with open(RunDir(run_dir).path(RunDir.TRAIN_LOG), "a") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
@@ -151,7 +151,7 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
         raise RetrainError(f"holdout={OmegaConf.to_container(cfg.holdout)} differs from the published version "
                            f"{current}'s {parent_manifest.get('holdout')}: the gate's rows would include rows that "
                            f"model trained on; keep the holdout of the registry (or start a new registry)")
-    warm = os.path.join(current_dir, "checkpoint") if current_dir and not plan.cold_start else None
+    warm = RunDir(current_dir).path(RunDir.CHECKPOINT) if current_dir and not plan.cold_start else None
     preset = preset_lrs(cfg, cfg.cold_start_experiment if plan.cold_start else cfg.experiment)
     carried = clamp_carried(parent_manifest.get("hdet_bases") or {}, preset, cfg.carry_lr_clamp) \
         if (cfg.carry_lr and warm) else {}
@@ -188,7 +188,7 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
     decision = gate(cfg, summary, candidate, published)
     number = len(registry.list_versions()) + 1
     version = version_name(number)
-    resolved = os.path.join(run_dir, ".hydra", "config.yaml")
+    resolved = RunDir(run_dir).path(RunDir.CONFIG)
     manifest = {
         "status": decision["decision"],
         "parent": current,
@@ -215,7 +215,7 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
     if decision["decision"] == "published" and cfg.export_on_publish:
         from recsys_hdet.serving.artifact import export_run
 
-        export_run(run_dir, os.path.join(run_dir, "export"), overwrite=True)  # registry/current/export: what serves
+        export_run(run_dir, RunDir(run_dir).path(RunDir.EXPORT), overwrite=True)  # registry/current/export: what serves
     files = {name: os.path.join(run_dir, name) for name in VERSION_FILES if os.path.exists(os.path.join(run_dir, name))}
     registry.add_version(version, files, manifest)
     if os.environ.get(FAULT_ENV) == "kill_before_current":  # tests: a job killed mid-publish
@@ -256,8 +256,8 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     log = lambda msg: print(f"[retrain] {msg}", flush=True)
     fail = lambda msg: print(f"[retrain] {msg}", file=sys.stderr, flush=True)
     root = os.path.abspath(str(cfg.data_root))
-    if not os.path.isfile(os.path.join(root, "meta.json")):
-        fail(f"FAILED: data_root={root}: no processed data set there (meta.json missing)")
+    if not contract.has_meta(root):
+        fail(f"FAILED: data_root={root}: no processed data set there ({contract.META_FILE} missing)")
         return ExitStatus.FAILED
     all_days = list(DatasetMeta.load(root).days)
     if until is not None and str(until) not in all_days:
@@ -397,7 +397,7 @@ def adopt(cfg: DictConfig) -> int:
     decision = gate(cfg, run.summary, candidate, None)
     if decision["decision"] != "published":
         return fail("not adopted: " + "; ".join(decision["reasons"]) + "; the registry is unchanged", ExitStatus.REJECTED)
-    overrides_path = os.path.join(run.run_dir, ".hydra", "overrides.yaml")
+    overrides_path = run.files.path(RunDir.OVERRIDES)
     manifest = {
         "status": "published", "parent": None, "day": run.train_days[-1], "train_days": run.train_days,
         "cold_start": True, "adopted_from": run.run_dir, "gate": decision, "hdet_bases": final_hdet_bases(run.run_dir),

@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from pipelines import retrain as R
-from recsys_hdet.exit_status import ExitStatus
+from data_tools.exit_status import ExitStatus
 
 DEMO_OVERRIDES = ("data=retrain_demo", "trainer.sharding_group_size=1", "hdet.probe_rows=1024", "hdet.sync_every=10",
                   "trainer.periodic_checkpoint.every_steps=25")
@@ -35,7 +35,8 @@ DEMO_OVERRIDES = ("data=retrain_demo", "trainer.sharding_group_size=1", "hdet.pr
 
 def shuffle_labels(root: str, day: str, seed: int = 0) -> None:
     """Plants a bad day: permutes the rows' labels (all tasks together) in the day file, atomically."""
-    from recsys_hdet.components.dataset import LABEL_PREFIX, DatasetMeta
+    from data_tools.contract import LABEL_PREFIX
+    from recsys_hdet.components.dataset import DatasetMeta
 
     meta = DatasetMeta.load(root)
     path = meta.day_path(day)
@@ -68,6 +69,7 @@ def step(title: str, cmd: List[str], expected: int) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
+    from data_tools.contract import has_meta
     from data_tools.prepare import append_synthetic_days, ensure_dataset
 
     args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
@@ -78,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     nproc = int(args.get("nproc", 2))
     data, registry = os.path.join(out, "data"), os.path.join(out, "registry")
     spec = OmegaConf.load(os.path.join(R.CONF_DIR, "data", "retrain_demo.yaml"))
-    if not os.path.isfile(os.path.join(data, "meta.json")):
+    if not has_meta(data):
         ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
     job = lambda *extra: retrain_command(registry, data, nproc, extra)
     ok = step("1. first run: cold start on the first 3 days, publish version 1", job(), ExitStatus.OK)

@@ -4,7 +4,7 @@ did: a changed setting between days is refused (exit 2, the keys named) unless `
 Two things are compared with the current version's:
 - the job's settings that shape a model (:data:`SETTING_KEYS`), recorded in its manifest as ``settings``;
 - the day's resolved training config (the preset's content, so an edited preset or a code update that
-  changes a default counts) against the version's ``.hydra/config.yaml``, leaving out the keys the job
+  changes a default counts) against the version's saved config (``RunDir.CONFIG``), leaving out the keys the job
   sets itself (:data:`JOB_KEYS`: the day window, the warm start, the holdout, checked on their own; the
   max LRs too when ``carry_lr`` carries them). Only between
   runs of one experiment: a cold start trained with ``cold_start_experiment`` is compared on the
@@ -19,6 +19,8 @@ import os
 from typing import Any, Dict, List, Mapping
 
 from omegaconf import DictConfig, OmegaConf
+
+from recsys_hdet.run_dir import RunDir
 
 SETTING_KEYS = ("experiment", "cold_start_experiment", "overrides", "carry_lr", "carry_lr_clamp", "seed")
 JOB_KEYS = ("data.until", "data.skip_days", "data.train_days", "data.eval_days", "data.holdout", "data.root",
@@ -52,11 +54,11 @@ def changed_settings(cfg: DictConfig, parent: Mapping[str, Any], parent_dir: str
     if old is not None:  # versions from before settings were recorded have nothing to compare
         new = job_settings(cfg)
         changes += [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in SETTING_KEYS if old.get(k) != new[k]]
-    parent_config = os.path.join(parent_dir, ".hydra", "config.yaml")
-    if parent.get("experiment") != experiment or not os.path.isfile(parent_config):
+    parent_run = RunDir(parent_dir)
+    if parent.get("experiment") != experiment or not os.path.isfile(parent_run.path(RunDir.CONFIG)):
         return changes
     skip = JOB_KEYS + (("optim.lr",) if cfg.carry_lr else ())
-    was = _flat(OmegaConf.to_container(OmegaConf.load(parent_config), resolve=True))
+    was = _flat(OmegaConf.to_container(parent_run.config(), resolve=True))
     now = _flat(OmegaConf.to_container(training, resolve=True))
     for key in sorted(set(was) | set(now)):
         if any(key == s or key.startswith(s + ".") for s in skip):

@@ -14,7 +14,6 @@ workers up to ``trainer.max_restarts`` times; the console is copied into ``train
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -24,9 +23,9 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.config import ConfigError, validate_config
-from recsys_hdet.exit_status import ExitStatus
+from data_tools.exit_status import ExitStatus
 from recsys_hdet.job_inputs import abs_path, prepare_data, stale_warm_start
-from recsys_hdet.run_dir import FINISHED, RunDirInUse, resolve_branch, resolve_resume, run_dir_lock
+from recsys_hdet.run_dir import FINISHED, RunDir, RunDirInUse, resolve_branch, resolve_resume, run_dir_lock
 
 
 @dataclass(frozen=True)
@@ -48,16 +47,19 @@ class TrainResult:
         return int(self.summary["steps"]) if self.summary else None
 
     @property
+    def files(self) -> RunDir:
+        """The run directory's files."""
+        return RunDir(self.run_dir)
+
+    @property
     def metrics(self) -> Dict[str, Dict[str, float]]:
         """The held-out metrics per task (``summary.json``'s ``eval``; empty unless completed)."""
         return dict((self.summary or {}).get("eval") or {})
 
     def lr_trajectories(self) -> Dict[str, List[tuple]]:
         """Each parameter group's LR over the pass, ``[(step, lr), ...]``, from ``metrics.jsonl``."""
-        from recsys_hdet.components.metrics_log import read_jsonl
-
         out: Dict[str, List[tuple]] = {}
-        for record in read_jsonl(os.path.join(self.run_dir, "metrics.jsonl")):
+        for record in self.files.metrics():
             for group, lr in (record.get("lr") or {}).items():
                 out.setdefault(group, []).append((int(record["step"]), float(lr)))
         return out
@@ -65,12 +67,7 @@ class TrainResult:
     @classmethod
     def load(cls, run_dir: str, exit_status: int) -> "TrainResult":
         """The result of a job that trained into ``run_dir`` (in another process): its summary.json."""
-        path = os.path.join(run_dir, "summary.json")
-        summary = None
-        if os.path.isfile(path):
-            with open(path) as f:
-                summary = json.load(f)
-        return cls(os.path.abspath(run_dir), int(exit_status), summary)
+        return cls(os.path.abspath(run_dir), int(exit_status), RunDir(run_dir).summary())
 
 
 def worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
@@ -93,13 +90,13 @@ def worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
 
 
 def _record_config(cfg: DictConfig, run_dir: str, root: str, warm_start: Optional[str]) -> None:
-    """Writes ``run_dir/.hydra/config.yaml`` (what evaluation, export and resume read) with the paths as
+    """Writes the run's saved config (``RunDir.CONFIG``: what evaluation, export and resume read) with the paths as
     the run resolved them, absolute, so that the run can be evaluated or exported from any directory.
     Built from ``cfg``, never read back: under torchrun only rank 0 writes it (cli() keeps the other
     ranks' Hydra from writing ``.hydra/``), and a file another process may be writing is no input."""
-    from recsys_hdet.fileio import write_text_atomic
+    from data_tools.fileio import write_text_atomic
 
-    saved = os.path.join(run_dir, ".hydra", "config.yaml")
+    saved = RunDir(run_dir).path(RunDir.CONFIG)
     os.makedirs(os.path.dirname(saved), exist_ok=True)
     record = OmegaConf.create(OmegaConf.to_container(cfg))
     record.data.root = root
@@ -134,7 +131,7 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
         print(f"error: {e}", file=sys.stderr)
         return TrainResult(os.path.abspath(run_dir), ExitStatus.USAGE, None)
     # the console, workers included, is copied into the run's train.log (torchrun keeps its own logs)
-    console = contextlib.nullcontext() if under_torchrun() else ConsoleLog(os.path.join(run_dir, "train.log"))
+    console = contextlib.nullcontext() if under_torchrun() else ConsoleLog(RunDir(run_dir).path(RunDir.TRAIN_LOG))
     code = 0
     with lock or contextlib.nullcontext(), console:
         print(f"run directory: {run_dir}", flush=True)
@@ -159,7 +156,7 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
 def ensure_warm_start(cfg: DictConfig) -> str | None:
     """The absolute warm-start checkpoint path; trains it first with ``trainer.warm_start_preset``
     when it is missing (once: concurrent jobs wait on a lock), so a preset is self-contained."""
-    from recsys_hdet.fileio import file_lock
+    from data_tools.fileio import file_lock
 
     from recsys_hdet.distributed import launch, under_torchrun
 

@@ -153,7 +153,9 @@ def remove_hydra_leftovers(run_dir: str, log_name: str) -> None:
     for it inside the working directory (outputs/<experiment>/)."""
     import shutil
 
-    shutil.rmtree(os.path.join(run_dir, ".hydra"), ignore_errors=True)
+    from recsys_hdet.run_dir import RunDir
+
+    shutil.rmtree(RunDir(run_dir).path(RunDir.HYDRA), ignore_errors=True)
     log = os.path.join(run_dir, log_name)
     if os.path.isfile(log) and os.path.getsize(log) == 0:
         os.remove(log)
@@ -182,7 +184,7 @@ def check_composition(overrides: List[str]) -> None:
         message = compose_error(e)
         if message:
             print(f"error: {message}", file=sys.stderr)
-            from recsys_hdet.exit_status import ExitStatus
+            from data_tools.exit_status import ExitStatus
 
             sys.exit(ExitStatus.USAGE)
 
@@ -191,7 +193,7 @@ def run_hydra_command(main: Callable[[], None], composed: Callable[[], bool], us
     """Runs a ``@hydra.main`` entry point as a command: ``-h``/``--help`` prints ``usage()``; Hydra's
     own exit 1 before the config was composed (it printed why: an unknown key, a wrong type, a
     missing preset) becomes the usage status, 2. ``composed()``: whether ``main``'s body was entered."""
-    from recsys_hdet.exit_status import ExitStatus
+    from data_tools.exit_status import ExitStatus
 
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(usage())

@@ -6,7 +6,6 @@ or file: the command exits 2 with nothing written.
 
 from __future__ import annotations
 
-import json
 import os
 
 from omegaconf import DictConfig, OmegaConf
@@ -70,10 +69,10 @@ def stale_warm_start(path: str, data_root: str) -> str:
     (recsys_hdet.components.checkpoint.load_model); one line names the grown tables. A feature
     added or removed, a table that shrinks, or other dense features do not."""
     from recsys_hdet.components.dataset import DatasetMeta, model_inputs
+    from recsys_hdet.components.model_checkpoint import read_meta
 
     try:
-        with open(os.path.join(path, "meta.json")) as f:
-            recorded = json.load(f).get("model_inputs")
+        recorded = read_meta(path).get("model_inputs")
     except (OSError, ValueError):
         return ""
     if recorded is None:

@@ -81,7 +81,7 @@ class RetrainConfig:
         at_least("eval_nproc", self.eval_nproc, 1)
         require(is_number(self.train_timeout_s) and self.train_timeout_s >= 0, "train_timeout_s",
                 self.train_timeout_s, "must be >= 0 (0: no limit)")
-        from recsys_hdet.exit_status import ExitStatus
+        from data_tools.exit_status import ExitStatus
 
         taken = sorted(int(e) for e in ExitStatus if e not in (ExitStatus.OK, ExitStatus.NOTHING_TO_DO))
         require(0 <= self.nothing_to_do_exit <= 255 and self.nothing_to_do_exit not in taken, "nothing_to_do_exit",

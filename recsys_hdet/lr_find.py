@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.range_rule import range_edge, suggest_multiplier
 from recsys_hdet.config import CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_hydra_command
-from recsys_hdet.exit_status import ExitStatus
+from data_tools.exit_status import ExitStatus
 
 AXES: Dict[str, Sequence[str]] = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
 # How a sweep may end and still be read: stopped after its steps, or diverged where its loss exploded.
@@ -91,7 +91,7 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
     suggested max LR per group (absent when a sweep failed or gave no suggestion). A sweep that ends
     diverged is an ordinary range test (its loss exploded); any other failure stops the search."""
     from recsys_hdet.api import train
-    from recsys_hdet.components.metrics_log import read_jsonl
+    from recsys_hdet.run_dir import RunDir
 
     check_config(cfg)
     if os.path.exists(os.path.join(run_dir, "lr_find.json")) or any(
@@ -110,7 +110,7 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
         record["sweeps"][axis] = sweep
         if result.exit_status not in SWEEP_ENDS:
             return record
-        curve = range_test_curve(read_jsonl(os.path.join(sweep_dir, "metrics.jsonl")))
+        curve = range_test_curve(RunDir(sweep_dir).metrics())
         sweep["multiplier"] = suggest_multiplier(*curve, low, high, int(rt.steps))
         if sweep["multiplier"] is None:
             return record
@@ -128,7 +128,7 @@ def overrides_line(lr: Dict[str, float]) -> str:
 def main(cfg: DictConfig) -> None:
     from data_tools.errors import DataError
 
-    from recsys_hdet.fileio import write_text_atomic
+    from data_tools.fileio import write_text_atomic
 
     global _config_composed
     _config_composed = True

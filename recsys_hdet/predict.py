@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from recsys_hdet.config import CONF_DIR, run_hydra_command
-from recsys_hdet.exit_status import ExitStatus
+from data_tools.exit_status import ExitStatus
 
 _composed = False
 

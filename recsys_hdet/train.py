@@ -21,7 +21,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from recsys_hdet.config import CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_hydra_command
-from recsys_hdet.exit_status import ExitStatus
+from recsys_hdet.run_dir import RunDir
+from data_tools.exit_status import ExitStatus
 
 # Set once Hydra has composed the config and entered main(): an exit before that is Hydra's own
 # report of a config it cannot compose (unknown preset or group option, malformed override).
@@ -45,7 +46,7 @@ def main(cfg: DictConfig) -> Optional[float]:
         result = train(cfg, run_dir, job_start=job_start)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
-        remove_hydra_leftovers(run_dir, "train.log")
+        remove_hydra_leftovers(run_dir, RunDir.TRAIN_LOG)
         sys.exit(ExitStatus.USAGE)
     ne = [m["ne"] for m in (result.summary or {}).get("eval", {}).values()]
     scored = bool(ne) and all(x is not None and math.isfinite(x) for x in ne)

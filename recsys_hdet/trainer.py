@@ -8,7 +8,6 @@ Exit statuses: 0 completed, 3 diverged (see :attr:`ExitStatus.DIVERGED`).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -24,14 +23,15 @@ from recsys_hdet.components.model_checkpoint import load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, set_temperature
 from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.divergence import interval_failure
-from recsys_hdet.components.dataset import ORACLE_PREFIX, DatasetMeta, DenseNormalization, RowHoldout, model_inputs, split_for
+from data_tools.contract import oracle_column
+from recsys_hdet.components.dataset import DatasetMeta, DenseNormalization, RowHoldout, model_inputs, split_for
 from recsys_hdet.components.dataloader import ParquetBatchStream, TrainedPosition
 from recsys_hdet.components.faults import faults_from_env
 from recsys_hdet.components.profiler import StepProfiler
 from recsys_hdet.components.lr_scheduler import build_schedules
 from recsys_hdet.provenance import code_version
 from recsys_hdet.components.metrics_log import MetricLogger, lr_trajectory, peak_rss_mb, print_summary, truncate_jsonl
-from recsys_hdet.fileio import write_json_atomic
+from data_tools.fileio import write_json_atomic
 from recsys_hdet.evaluation.scoring import predict_batches, score_held_out
 from recsys_hdet.components.train_metrics import TrainMetrics, weighted_task_mean
 from recsys_hdet.components.train_pipeline import TimedBatches, TrainStep
@@ -44,7 +44,8 @@ from recsys_hdet.config import probe_rows
 from recsys_hdet.lr_control import LRControl, build_lr_control
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.models.ranker import PARAM_GROUPS, build_model  # noqa: F401 (build_model: re-exported)
-from recsys_hdet.exit_status import ExitStatus
+from recsys_hdet.run_dir import RunDir
+from data_tools.exit_status import ExitStatus
 
 
 
@@ -76,6 +77,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: str, pgs: ProcessGroups, job_start: float) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
+        self.files = RunDir(run_dir)
         self.pgs = pgs
         self.rank = pgs.layout.rank
         self.world = pgs.layout.world_size
@@ -198,8 +200,7 @@ class Trainer:
             # wrote it into their param_groups).
             optimizer.apply_hparams()
             if self.rank == 0:
-                dropped = sum(truncate_jsonl(os.path.join(self.run_dir, f), loop.step)
-                              for f in ("metrics.jsonl", "hdet.jsonl"))
+                dropped = sum(truncate_jsonl(self.files.path(f), loop.step) for f in (RunDir.METRICS, RunDir.HDET))
                 self.log(f"resumed from {resume_from} at step {loop.step} of {total_steps}"
                          + (f" ({dropped} log records the interrupted attempt wrote after it dropped)" if dropped else ""))
         self.log(
@@ -220,7 +221,7 @@ class Trainer:
         Returns (status, mean train loss per task and avg, train seconds)."""
         cfg, loop, lr_control = self.cfg.trainer, job.loop, job.lr_control
         total_steps, log_every, stop_at = job.total_steps, int(cfg.log_every), cfg.get("stop_at_step")
-        logger = MetricLogger(os.path.join(self.run_dir, "metrics.jsonl"), total_steps, start_step=loop.step) \
+        logger = MetricLogger(self.files.path(RunDir.METRICS), total_steps, start_step=loop.step) \
             if self.rank == 0 else None
         # TensorBoard scalars (rank 0); a resumed run continues its curves from its step.
         tensorboard = build_tensorboard(self.cfg, self.run_dir, self.rank, start_step=loop.step)
@@ -344,7 +345,7 @@ class Trainer:
             summary["rollback"] = job.rollback.summary()
         control = job.lr_control.summary(train_seconds)
         # Each group's configured max LR, its LR at every logged step and the last one (rank 0).
-        trajectory = lr_trajectory(self.run_dir, {g: float(self.cfg.optim.lr[g]) for g in PARAM_GROUPS}) \
+        trajectory = lr_trajectory(self.files.metrics(), {g: float(self.cfg.optim.lr[g]) for g in PARAM_GROUPS}) \
             if self.rank == 0 else {}
         summary["lr"] = {**trajectory, **control.pop("lr", {})}
         summary.update(control)
@@ -363,13 +364,13 @@ class Trainer:
         with job.optimizer.eval_weights():  # Schedule-Free's averaged weights; the live ones otherwise
             stream = ParquetBatchStream(
                 job.meta, job.eval_days, int(self.cfg.trainer.eval_batch_size), self.rank, self.world, int(self.cfg.seed),
-                shuffle_within_day=False, pad_last=True, extras=[ORACLE_PREFIX + t for t in self.tasks] if job.meta.has_oracle
+                shuffle_within_day=False, pad_last=True, extras=[oracle_column(t) for t in self.tasks] if job.meta.has_oracle
                 else [], normalization=self.normalization, holdout=self.holdout, part="holdout")
             with job.train_step.model_detached() as model:
                 eval_metrics, oracle = score_held_out(model.module.logits, stream, self.tasks, self.pgs.device)
             out: Dict[str, Any] = {"eval": eval_metrics, **({"oracle": oracle} if oracle else {})}
             if bool(self.cfg.trainer.checkpoint):
-                save_model(job.model, os.path.join(self.run_dir, "checkpoint"),
+                save_model(job.model, self.files.path(RunDir.CHECKPOINT),
                            {"steps": job.loop.step, "examples": job.loop.step * job.stream.examples_per_step,
                             "experiment": str(self.cfg.experiment_name),
                             "dense_normalization": self.normalization.to_dict(), "model_inputs": model_inputs(job.meta)})
@@ -393,7 +394,7 @@ class Trainer:
         summary["threads_per_worker"] = torch.get_num_threads()
         summary["code"] = code_version()  # the commit it trained at (an export's manifest names it)
         if self.rank == 0:
-            write_json_atomic(os.path.join(self.run_dir, "summary.json"), summary)
+            write_json_atomic(self.files.path(RunDir.SUMMARY), summary)
             log_final(self.cfg, self.run_dir, self.rank, summary)  # held-out metrics and hparams (TensorBoard)
             print_summary(summary)
         # Only now: a job killed before summary.json was written resumes from them.

@@ -38,6 +38,7 @@ from typing import Any, Dict, List
 import numpy as np
 import polars as pl
 
+from data_tools.contract import LABEL_PREFIX, read_meta
 from studies.harness import REPO, append, code_state, load, work_dir
 
 KINDS = ("shuffled_labels", "dropped_feature", "lost_positives")
@@ -66,7 +67,7 @@ def damage(root: str, day: str, kind: str, seed: int = 0) -> None:
     elif kind == "lost_positives":
         rng = np.random.default_rng(seed)
         df = df.with_columns(*[pl.Series(c, np.where(rng.uniform(size=df.height) < 0.7, 0.0, df[c].to_numpy())
-                                         .astype(np.float32)) for c in df.columns if c.startswith("label_")])
+                                         .astype(np.float32)) for c in df.columns if c.startswith(LABEL_PREFIX)])
     else:
         raise ValueError(kind)
     df.write_parquet(path + ".tmp")
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
         spec = OmegaConf.to_container(OmegaConf.load(os.path.join(REPO, "conf", "data", "retrain_demo.yaml")).generator)
         spec["days"] = 3 + args.ordinary + 1
         ensure_dataset(data, spec, {})
-        days = sorted(json.load(open(os.path.join(data, "meta.json")))["days"])
+        days = sorted(read_meta(data)["days"])
         os.makedirs(os.path.dirname(registry), exist_ok=True)
         for day in days[2:3 + args.ordinary]:  # the cold start (first 3 days), then one ordinary day at a time
             name = f"{'cold_start' if day == days[2] else 'ordinary'}/{day}"

@@ -71,7 +71,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from recsys_hdet.components.metrics_log import read_json
 from recsys_hdet.constants import PARAM_GROUPS as GROUPS, TASKS
-from recsys_hdet.fileio import write_json_atomic, write_text_atomic
+from recsys_hdet.run_dir import RunDir
+from data_tools.fileio import write_json_atomic, write_text_atomic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = "results.jsonl"
@@ -435,18 +436,15 @@ def schedules(record: Mapping[str, Any], total_steps: Optional[int] = None) -> D
 def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
     """The results line of the finished run in ``path`` (summary.json, .hydra/, metrics.jsonl,
     hdet.jsonl, ablation_run.json), named ``name`` within its study."""
-    import yaml
     from omegaconf import OmegaConf
 
-    from recsys_hdet.components.metrics_log import read_json, read_jsonl
-
-    summary = read_json(os.path.join(path, "summary.json"))
+    run = RunDir(path)
+    summary = run.summary()
     if summary is None:
         raise FileNotFoundError(f"{path}: no summary.json (the run has not finished)")
-    with open(os.path.join(path, ".hydra", "overrides.yaml")) as f:
-        overrides = [str(o) for o in yaml.safe_load(f) or []]
-    cfg = OmegaConf.load(os.path.join(path, ".hydra", "config.yaml"))
-    run_info = read_json(os.path.join(path, "ablation_run.json")) or {}
+    overrides = run.overrides()
+    cfg = run.config()
+    run_info = read_json(run.path(RunDir.STUDY_RUN)) or {}
     preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("+experiment=")), None)
     total = int(summary.get("total_steps") or summary["steps"])  # older summaries lack total_steps
     schedule = OmegaConf.to_container(cfg.optim.schedule, resolve=True)
@@ -474,11 +472,11 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
     r["schedule"] = schedule
     r["max_lr"] = max_lr
     r["preset_lr"] = base_lr
-    metrics = read_jsonl(os.path.join(path, "metrics.jsonl"))
+    metrics = run.metrics()
     r["lr_area"] = _round_tree(lr_area(metrics, schedule, base_lr, total))
     if cfg.hdet.get("enabled"):
         r["hdet"] = {"config": OmegaConf.to_container(cfg.hdet, resolve=True), **_round_tree(summary.get("hdet") or {})}
-        syncs = [s for s in read_jsonl(os.path.join(path, "hdet.jsonl")) if "event" not in s]
+        syncs = run.syncs()
         if syncs:
             r["syncs"] = compact_syncs(syncs)
     if summary.get("rollback"):
@@ -526,7 +524,7 @@ def train_run(final: str, overrides: Sequence[str], env: Optional[Mapping[str, s
     config = write_job_config(partial, compose_config(list(overrides)), list(overrides))
     cmd = [sys.executable, "-m", "recsys_hdet.api", config, partial]
     start = time.time()
-    with open(os.path.join(partial, "train.log"), "w") as log:
+    with open(RunDir(partial).path(RunDir.TRAIN_LOG), "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
@@ -534,15 +532,15 @@ def train_run(final: str, overrides: Sequence[str], env: Optional[Mapping[str, s
     seconds = time.time() - start
     result = TrainResult.load(partial, code)
     if code in (0, 3) and result.summary is not None:
-        with open(os.path.join(partial, "ablation_run.json"), "w") as f:
+        with open(RunDir(partial).path(RunDir.STUDY_RUN), "w") as f:
             json.dump({"command": cmd, **info, "exit_status": code, "process_seconds": seconds}, f, indent=2)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(partial, final)
         return {"exit_status": code, "process_seconds": seconds, "finished": True,
-                "log": os.path.join(final, "train.log"), "commit": info["commit"], "clean": info["clean"]}
+                "log": RunDir(final).path(RunDir.TRAIN_LOG), "commit": info["commit"], "clean": info["clean"]}
     return {"exit_status": code, "process_seconds": seconds, "finished": False,
-            "log": os.path.join(partial, "train.log"), "commit": info["commit"], "clean": info["clean"]}
+            "log": RunDir(partial).path(RunDir.TRAIN_LOG), "commit": info["commit"], "clean": info["clean"]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -554,7 +552,7 @@ def finished_run_dirs(runs: str) -> List[str]:
     found = []
     for root, dirs, files in os.walk(runs):
         dirs[:] = sorted(d for d in dirs if not d.endswith(".partial") and not d.startswith("."))
-        if "summary.json" in files:
+        if RunDir.SUMMARY in files:
             found.append(root)
             dirs[:] = []
     return sorted(found)
@@ -592,13 +590,13 @@ def run_dir(out: str, config: str, seed: int) -> str:
 
 def run_dir_finished(path: str) -> bool:
     """A run directory holds its ``summary.json`` (completed or diverged: both are results)."""
-    return os.path.isfile(os.path.join(path, "summary.json"))
+    return RunDir(path).finished()
 
 
 def recorded_overrides(path: str) -> Optional[List[str]]:
     """The overrides a finished study run was launched with (its ``ablation_run.json``); None when the
     run has no record."""
-    recorded = os.path.join(path, "ablation_run.json")
+    recorded = RunDir(path).path(RunDir.STUDY_RUN)
     if not os.path.isfile(recorded):
         return None
     info = read_json(recorded)
@@ -730,11 +728,9 @@ def add_study_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run_schedules(path: str, steps: int) -> Dict[str, Any]:
     """A run directory's OneCycle per group (its resolved config) over ``steps`` steps."""
-    from omegaconf import OmegaConf
-
     from recsys_hdet.components.lr_scheduler import build_one_cycle
 
-    cfg = OmegaConf.load(os.path.join(path, ".hydra", "config.yaml"))
+    cfg = RunDir(path).config()
     return {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), steps) for g in GROUPS}
 
 

@@ -86,6 +86,7 @@ from studies.lr_recovery_report import (MISSET_STARTS, RANGE_TEST, TARGET_STARTS
 from recsys_hdet import lr_find
 from recsys_hdet.components.metrics_log import read_json, read_jsonl
 from recsys_hdet.constants import TASKS
+from recsys_hdet.run_dir import RunDir
 
 DENSE = ("transformer", "non_embedding", "no_decay")
 # The two LRs the study reports per start: the embedding group's, and the dense groups' geometric mean.
@@ -396,8 +397,9 @@ def max_lr_trajectory(path: str) -> List[Tuple[int, Dict[str, float]]]:
     over the OneCycle schedule it replaces (at that step), so that it compares with the grid's
     max LRs whatever the schedule's phase (the annealed end is ~1e-5 of the peak). ``path``: a run
     directory (see :func:`record_trajectory` for a results line)."""
-    steps = read_json(os.path.join(path, "summary.json"))["steps"]
-    return _trajectory(read_jsonl(os.path.join(path, "hdet.jsonl")), run_schedules(path, steps), steps)
+    run = RunDir(path)
+    steps = run.summary()["steps"]
+    return _trajectory(read_jsonl(run.path(RunDir.HDET)), run_schedules(path, steps), steps)
 
 
 def record_trajectory(record: Dict[str, Any]) -> List[Tuple[int, Dict[str, float]]]:

@@ -62,6 +62,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from studies import harness as SR
 from studies import range_commit
 from studies.harness import REPO, paired_ci95
+from recsys_hdet.run_dir import RunDir
 
 DENSE = ("transformer", "non_embedding", "no_decay")
 GROUPS = {"embedding": ("embedding",), "dense": DENSE}  # what a branch multiplies
@@ -228,7 +229,7 @@ class Study:
         steps, T = trunk["steps"], self.mode.sync_every
         for fraction in self.mode.fractions:
             at = round(fraction * steps / T) * T  # where the trunk kept it (trainer.py: keep_at)
-            ckpt = os.path.join(self.work, prefix, "trunk", "checkpoint", f"step-{at}")
+            ckpt = os.path.join(RunDir(os.path.join(self.work, prefix, "trunk")).path(RunDir.CHECKPOINT), f"step-{at}")
             pending = [g for g in self.mode.groups for m in (0.5, 2.0) if f"{prefix}/{pct(fraction)}/{g}_x{m:g}" not in self.results]
             pending_signals = [s for s in self.signal_runs if f"{prefix}/{pct(fraction)}/signal_{s}" not in self.results]
             if (pending or pending_signals) and not os.path.isdir(ckpt):
@@ -272,7 +273,7 @@ class Study:
                                  f"{R} steps (the round must be one HDET window)")
             branch: List[str] = []
             if at:
-                ckpt = os.path.join(self.work, prefix, "trunk", "checkpoint", f"step-{at}")
+                ckpt = os.path.join(RunDir(os.path.join(self.work, prefix, "trunk")).path(RunDir.CHECKPOINT), f"step-{at}")
                 if not os.path.isdir(ckpt):
                     self.retrain_trunk(f"{prefix}/trunk", trunk, ckpt)
                 branch = [f"trainer.branch_from={ckpt}"]

@@ -40,7 +40,8 @@ from studies.harness import code_state, paired
 from pipelines.registry import Registry
 from pipelines.retrain_demo import retrain_command
 from recsys_hdet.constants import TASKS
-from recsys_hdet.exit_status import ExitStatus
+from data_tools.contract import has_meta, read_meta
+from data_tools.exit_status import ExitStatus
 
 # arm -> the training overrides of its days (after the demo overrides); the cold start trains plain. Every run
 # reserves the HDET probe's rows (hdet.probe_rows in the demo overrides), so both arms train the same rows.
@@ -58,9 +59,9 @@ def _run(cmd: List[str], log_path: str) -> int:
 
 def _max_lrs(version_dir: str) -> Dict[str, float]:
     """The max LR per group the version's run trained with (its resolved config)."""
-    from omegaconf import OmegaConf
+    from recsys_hdet.run_dir import RunDir
 
-    lr = OmegaConf.load(os.path.join(version_dir, ".hydra", "config.yaml")).optim.lr
+    lr = RunDir(version_dir).config().optim.lr
     return {g: float(lr[g]) for g in lr}
 
 
@@ -202,13 +203,13 @@ def main(argv=None) -> int:
     os.makedirs(out, exist_ok=True)
     spec = OmegaConf.load(os.path.join(R.CONF_DIR, "data", "retrain_demo.yaml"))
     base_days = int(spec.generator.days)
-    if not os.path.isfile(os.path.join(data, "meta.json")):
+    if not has_meta(data):
         ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
     for seed in args.seeds:
         cold = os.path.join(seed_dir(out, seed), "cold")
         if not Registry(cold).current():
-            code = _run(retrain_command(cold, data, args.nproc, ["--until", sorted(json.load(
-                open(os.path.join(data, "meta.json")))["days"])[base_days - 1]], COLD_START) + [f"seed={seed}"], log)
+            code = _run(retrain_command(cold, data, args.nproc, ["--until", sorted(read_meta(data)["days"])[
+                base_days - 1]], COLD_START) + [f"seed={seed}"], log)
             if code != ExitStatus.OK:
                 print(f"the cold start of seed {seed} failed (exit {code}); see {log}")
                 return 1
@@ -216,10 +217,10 @@ def main(argv=None) -> int:
             if not os.path.isdir(os.path.join(seed_dir(out, seed), arm)):
                 shutil.copytree(cold, os.path.join(seed_dir(out, seed), arm), symlinks=True)
     for k in range(args.days):
-        have = len(json.load(open(os.path.join(data, "meta.json")))["days"])
+        have = len(read_meta(data)["days"])
         if have < base_days + k + 1:
             append_synthetic_days(data, 1)
-        day = sorted(json.load(open(os.path.join(data, "meta.json")))["days"])[base_days + k]
+        day = sorted(read_meta(data)["days"])[base_days + k]
         for seed in args.seeds:
             for arm, overrides in ARMS.items():
                 t0 = time.time()

@@ -273,13 +273,13 @@ MUTANTS = (
     Mutant("P19", "an appended day is written in the default row groups, not the data set's", "data_tools/convert.py",
            "string_base=src_old.get(\"string_vocabs\"),\n"
            "                             row_group_rows=int((old.get(\"layout\") or {}).get(\"row_group_rows\", "
-           "S.ROW_GROUP_ROWS)))",
+           "C.ROW_GROUP_ROWS)))",
            "string_base=src_old.get(\"string_vocabs\"))",
            ["tests/test_append_days.py::test_an_appended_day_is_cut_into_the_data_sets_row_groups"]),
     Mutant("P20", "meta.json records the default row-group size, not the one the files were written in",
            "data_tools/convert.py",
-           "\"layout\": {\"version\": S.LAYOUT_VERSION, \"row_group_rows\": row_group_rows},",
-           "\"layout\": {\"version\": S.LAYOUT_VERSION, \"row_group_rows\": S.ROW_GROUP_ROWS},",
+           "\"layout\": {\"version\": C.LAYOUT_VERSION, \"row_group_rows\": row_group_rows},",
+           "\"layout\": {\"version\": C.LAYOUT_VERSION, \"row_group_rows\": C.ROW_GROUP_ROWS},",
            ["tests/test_data_tools.py::test_both_ways_of_writing_a_day_cut_it_into_the_configured_row_groups[whole_day]"]),
     Mutant("P21", "the gate publishes a completed run that was never scored (no metrics checked)", "pipelines/gate.py",
            "        if not reasons:  # a completed run must have been scored: nothing unchecked is published",

@@ -1,5 +1,6 @@
 """The import contracts (pyproject.toml [tool.importlinter], docs/architecture.md) hold on the tree and
-catch a planted violation: a component that imports the HDET package."""
+catch planted violations: a component that imports the HDET package, a data tool that imports the
+library (data_tools is the bottom package), a leaf module that imports another data tool."""
 import os
 import shutil
 import subprocess
@@ -15,16 +16,23 @@ def _lint(cwd):
     return subprocess.run([LINT], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
-def test_the_import_contracts_hold_and_a_planted_components_to_hdet_import_breaks_them(tmp_path):
+def test_the_import_contracts_hold_and_planted_upward_imports_break_them(tmp_path):
     proc = _lint(REPO)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "BROKEN" not in proc.stdout and "Contracts: 7 kept, 0 broken." in proc.stdout
     for name in PACKAGES:
         shutil.copytree(os.path.join(REPO, name), tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(os.path.join(REPO, "pyproject.toml"), tmp_path)
-    with open(tmp_path / "recsys_hdet" / "components" / "replicas.py", "a") as f:
-        f.write("\nfrom recsys_hdet.hdet import engine  # planted\n")
+    for path, line in ((("recsys_hdet", "components", "replicas.py"), "from recsys_hdet.hdet import engine"),
+                       (("data_tools", "vocab.py"), "from recsys_hdet import constants"),
+                       (("data_tools", "fileio.py"), "from data_tools import errors")):
+        with open(tmp_path.joinpath(*path), "a") as f:
+            f.write(f"\n{line}  # planted\n")
     planted = _lint(tmp_path)
     assert planted.returncode == 1
-    assert "components/ never imports hdet/ BROKEN" in planted.stdout
-    assert "recsys_hdet.components.replicas -> recsys_hdet.hdet.engine" in planted.stdout
+    out = " ".join(planted.stdout.split())  # contract names wrap over lines
+    assert "Contracts: 4 kept, 3 broken." in out, planted.stdout[-3000:]
+    assert "components/ never imports hdet/ BROKEN" in out
+    assert "recsys_hdet.components.replicas -> recsys_hdet.hdet.engine" in out
+    assert "never the reverse) BROKEN" in out and "data_tools.vocab -> recsys_hdet.constants" in out
+    assert "import nothing of the project BROKEN" in out and "data_tools.fileio -> data_tools.errors" in out

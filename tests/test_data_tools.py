@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from data_tools import contract as C
 from data_tools import schema as S
 from data_tools.convert import convert
 from data_tools.vocab import vocab_path
@@ -145,7 +146,7 @@ def test_generator_config_validation(field, value):
 # ---- converter ----------------------------------------------------------------------------------------
 def test_convert_matches_contract(processed, raw_dir):
     meta = validate_processed(processed)
-    assert meta["format_version"] == S.FORMAT_VERSION
+    assert meta["format_version"] == C.FORMAT_VERSION
     assert meta["tasks"] == list(S.TASKS)
     assert meta["dense"] == list(S.DENSE_FEATURES)
     assert list(meta["sparse"]) == list(S.SPARSE_FEATURES)

@@ -20,7 +20,7 @@ from pipelines import gate as G
 from pipelines import lr_carry as C
 from pipelines import retrain as R
 from pipelines.registry import Registry
-from recsys_hdet.exit_status import ExitStatus
+from data_tools.exit_status import ExitStatus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAYS = ["20220408", "20220409", "20220410", "20220411"]

@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from recsys_hdet.components.model_checkpoint import STEP_PREFIX
+from recsys_hdet.run_dir import RunDir
 
 
 MANIFEST = "manifest.json"
@@ -280,7 +281,7 @@ def build_checkpoints(trainer: Any, run_dir: str, total_steps: int, rank: int, w
     rounded to a divergence check (a multiple of ``trainer.log_every``), where rollback's copy is taken too."""
     spec, log_every = trainer.periodic_checkpoint, int(trainer.log_every)
     keep_steps = [round(float(f) * total_steps / log_every) * log_every for f in spec.get("keep_at") or []]
-    manager = CheckpointManager(os.path.join(run_dir, "checkpoint"), run_dir, int(spec.every_steps), int(spec.keep_last),
+    manager = CheckpointManager(RunDir(run_dir).path(RunDir.CHECKPOINT), run_dir, int(spec.every_steps), int(spec.keep_last),
                                 rank, world, say=say, async_save=bool(spec.get("async_save", False)),
                                 keep_steps=tuple(s for s in keep_steps if 0 < s < total_steps))
     for name, piece in pieces.items():

@@ -43,9 +43,9 @@ import torch
 from torchrec import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
-from recsys_hdet.components.dataset import (DAY_READS, LABEL_PREFIX, RAND_COLUMN, DatasetMeta, DenseNormalization,
-                                            RankShare, RowHoldout, day_rows, deal_row_groups, kept_mask, part_mask,
-                                            standard_rows)
+from data_tools.contract import RAND_COLUMN, label_column
+from recsys_hdet.components.dataset import (DAY_READS, DatasetMeta, DenseNormalization, RankShare, RowHoldout,
+                                            day_rows, deal_row_groups, kept_mask, part_mask, standard_rows)
 from recsys_hdet.components.openmp import single_openmp_thread
 
 
@@ -91,7 +91,7 @@ class _DayArrays:
                  drop_random: bool = False, normalization: Optional[DenseNormalization] = None,
                  keep: Optional[np.ndarray] = None, positions: Optional[np.ndarray] = None,
                  share: Optional[RankShare] = None) -> None:
-        label_cols = [LABEL_PREFIX + t for t in meta.tasks]
+        label_cols = [label_column(t) for t in meta.tasks]
         columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
         if share is not None:  # a rank's dealt row groups alone; the share's rows are already in stream order
             df, order = _read_share(meta, day, columns, share)

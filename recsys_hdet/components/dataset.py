@@ -2,7 +2,8 @@
 (:class:`DatasetMeta`, ``meta.json``), which days train and which are held out (:func:`split_days`),
 which rows of a day a stream reads (the exposure and the :class:`RowHoldout` policy,
 :func:`day_rows`), and how dense inputs are standardized (:class:`DenseNormalization`). The stream
-that reads the rows is :mod:`recsys_hdet.components.dataloader`.
+that reads the rows is :mod:`recsys_hdet.components.dataloader`; the files, versions and column
+names of the format are :mod:`data_tools.contract`'s.
 
 - Features are the names listed in ``meta.json`` under ``sparse`` and ``dense``; labels are
   ``label_<task>``. Columns such as ``oracle_*`` and raw ids are never model inputs.
@@ -22,7 +23,6 @@ that reads the rows is :mod:`recsys_hdet.components.dataloader`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -31,10 +31,9 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from data_tools import contract
+from data_tools.contract import RAND_COLUMN
 
-LABEL_PREFIX = "label_"
-ORACLE_PREFIX = "oracle_"
-RAND_COLUMN = "is_rand"  # 1: a random-exposure impression (the unbiased sample); never a model input
 # data.train_exposure: "all" trains on every impression, "standard" drops the random-exposure ones.
 TRAIN_EXPOSURES = ("all", "standard")
 # data.read: "whole_day" every rank decodes the whole day file and keeps its rows (any layout);
@@ -56,9 +55,7 @@ class DatasetMeta:
 
     @classmethod
     def load(cls, root: str) -> "DatasetMeta":
-        path = os.path.join(root, "meta.json")
-        with open(path) as f:
-            meta = json.load(f)
+        meta = contract.read_meta(root)
         return cls(
             root=root,
             sparse=meta["sparse"],
@@ -73,7 +70,7 @@ class DatasetMeta:
     def require_row_groups(self) -> None:
         """ValueError naming the data set and the command that rewrites it, unless its day files are cut
         into small row groups (layout 2) that ranks can be dealt."""
-        if int(self.layout.get("version", 1)) < 2:
+        if int(self.layout.get("version", 1)) < contract.LAYOUT_VERSION:
             raise ValueError(
                 f"data.read=own_row_groups deals each day's row groups to the ranks, but the data set at {self.root} "
                 f"has layout version {self.layout.get('version', 1)} (day files in a few large row groups, written "
@@ -160,9 +157,10 @@ class DenseNormalization:
     @classmethod
     def from_checkpoint(cls, directory: str) -> Optional["DenseNormalization"]:
         """The normalization a checkpoint's model was trained with (its meta.json), or None."""
+        from recsys_hdet.components.model_checkpoint import read_meta
+
         try:
-            with open(os.path.join(directory, "meta.json")) as f:
-                d = json.load(f).get("dense_normalization")
+            d = read_meta(directory).get("dense_normalization")
         except (OSError, ValueError):
             return None
         return cls(list(d["features"]), list(d["mean"]), list(d["std"]), list(d["days"])) if d else None

@@ -9,9 +9,9 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, IO, List, Mapping, Optional
+from typing import Any, Dict, IO, List, Mapping, Optional, Sequence
 
-from recsys_hdet.fileio import write_text_atomic
+from data_tools.fileio import write_text_atomic
 
 
 class MetricLogger:
@@ -93,10 +93,11 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def lr_trajectory(run_dir: str, max_lr: Mapping[str, float]) -> Dict[str, Any]:
-    """``summary.json``'s ``lr``: each group's configured max LR, its LR at every logged step (``metrics.jsonl``:
-    complete after a resume too) and the last one: what a later job needs of this run's learning rates."""
-    records = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r.get("lr")]
+def lr_trajectory(metrics: Sequence[Mapping[str, Any]], max_lr: Mapping[str, float]) -> Dict[str, Any]:
+    """``summary.json``'s ``lr``: each group's configured max LR, its LR at every logged step (``metrics``: the
+    run's ``metrics.jsonl`` records, complete after a resume too) and the last one: what a later job needs of
+    this run's learning rates."""
+    records = [r for r in metrics if r.get("lr")]
     groups = list(records[-1]["lr"]) if records else []
     return {"max_lr": dict(max_lr),
             "final": dict(records[-1]["lr"]) if records else {},

@@ -26,6 +26,14 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 STEP_PREFIX = "step-"  # checkpoint/step-<N>: a periodic checkpoint (CheckpointManager)
+META_FILE = "meta.json"  # the checkpoint's own meta (steps, model inputs, normalization); not the data set's
+
+
+def read_meta(directory: str) -> Dict[str, Any]:
+    """The ``meta.json`` :func:`save_model` wrote into the checkpoint ``directory`` (OSError, ValueError:
+    unreadable)."""
+    with open(os.path.join(directory, META_FILE)) as f:
+        return json.load(f)
 
 
 def save_model(model: nn.Module, directory: str, meta: Mapping[str, Any]) -> None:
@@ -36,7 +44,7 @@ def save_model(model: nn.Module, directory: str, meta: Mapping[str, Any]) -> Non
     dcp.save({"model": model.state_dict()}, checkpoint_id=tmp)
     dist.barrier()
     if dist.get_rank() == 0:
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
+        with open(os.path.join(tmp, META_FILE), "w") as f:
             json.dump(dict(meta), f, indent=2)
         if os.path.exists(directory):
             # Periodic checkpoints of the run (checkpoint/step-<N>) move along: they are removed
@@ -176,5 +184,4 @@ def load_model(model: nn.Module, directory: str, say=None) -> Dict[str, Any]:
             "the new rows keep their fresh initialization")
         dcp.load(state, checkpoint_id=directory, planner=_GrowingLoadPlanner(grown))
     model.load_state_dict(state["model"])
-    with open(os.path.join(directory, "meta.json")) as f:
-        return json.load(f)
+    return read_meta(directory)

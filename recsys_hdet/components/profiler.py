@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
+
+from recsys_hdet.run_dir import RunDir
 
 
 class StepProfiler:
@@ -21,7 +22,7 @@ class StepProfiler:
     def from_config(cls, spec, run_dir: str) -> Optional["StepProfiler"]:
         if not spec or int(spec.get("steps", 0)) <= 0:
             return None
-        return cls(int(spec.get("skip", 20)), int(spec["steps"]), os.path.join(run_dir, "profile.txt"))
+        return cls(int(spec.get("skip", 20)), int(spec["steps"]), RunDir(run_dir).path(RunDir.PROFILE))
 
     def before_step(self, step: int) -> None:
         if step == self.skip:

@@ -57,7 +57,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from omegaconf import DictConfig
 
-SUBDIR = "tensorboard"
+from recsys_hdet.run_dir import RunDir
 
 
 def _number(value: Any) -> Optional[float]:
@@ -168,7 +168,7 @@ def log_final(cfg: DictConfig, run_dir: str, rank: int, summary: Mapping[str, An
     step = int(summary["steps"])
     ne = {t: m.get("ne") for t, m in evaluation.items()}
     mean = sum(ne.values()) / len(ne) if all(_number(v) is not None for v in ne.values()) else None
-    with SummaryWriter(log_dir=os.path.join(run_dir, SUBDIR)) as writer:
+    with SummaryWriter(log_dir=RunDir(run_dir).path(RunDir.TENSORBOARD)) as writer:
         for task, m in evaluation.items():
             for metric in HELD_OUT_METRICS:
                 if _number(m.get(metric)) is not None:
@@ -186,7 +186,7 @@ def build_tensorboard(cfg: DictConfig, run_dir: str, rank: int, start_step: int 
     from (0: a fresh run); what an earlier attempt wrote after it is purged."""
     if rank != 0 or not bool(cfg.trainer.get("tensorboard", True)):
         return NullTensorBoard()
-    return TensorBoardWriter(os.path.join(run_dir, SUBDIR), int(start_step))
+    return TensorBoardWriter(RunDir(run_dir).path(RunDir.TENSORBOARD), int(start_step))
 
 
-__all__ = ["SUBDIR", "NullTensorBoard", "TensorBoardWriter", "build_tensorboard", "log_final", "run_hparams"]
+__all__ = ["NullTensorBoard", "TensorBoardWriter", "build_tensorboard", "log_final", "run_hparams"]

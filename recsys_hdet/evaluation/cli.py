@@ -16,31 +16,28 @@ Exit status 2 for a directory or setting that cannot be evaluated, with a messag
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import List, Optional, Sequence
 
 from omegaconf import DictConfig
-from recsys_hdet.exit_status import ExitStatus
+from data_tools.exit_status import ExitStatus
 
 
 
 def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Optional[str] = None,
                  batch_size: int = 4096, nproc: int = 1, rescore: bool = True) -> dict:
     """Evaluates one run directory; returns eval.json's content."""
-    from recsys_hdet.fileio import write_json_atomic
+    from data_tools.fileio import write_json_atomic
     from recsys_hdet.evaluation import evaluate_frame, load_run, predictions_frame, score_run
     from recsys_hdet.evaluation.report import render_run, write_report
     from recsys_hdet.evaluation.run_artifacts import RunArtifacts
+    from recsys_hdet.run_dir import RunDir
 
     run = load_run(run_dir, days, data_root)
-    eval_path = os.path.join(run.run_dir, "eval.json")
-    pred_path = os.path.join(run.run_dir, "predictions.parquet")
-    report_path = os.path.join(run.run_dir, "report.html")
+    eval_path, pred_path, report_path = (run.files.path(n) for n in (RunDir.EVAL, RunDir.PREDICTIONS, RunDir.REPORT))
     if not rescore and os.path.isfile(eval_path) and os.path.isfile(pred_path):
-        with open(eval_path) as f:
-            previous = json.load(f)
+        previous = run.files.evaluation()
         if previous.get("days") == run.eval_days:
             print(f"{run.run_dir}: eval.json already scored days {run.eval_days}; reused (rescore=true to redo)")
             if not os.path.isfile(report_path):
@@ -51,8 +48,9 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
     df = predictions_frame(run, probs)
     import datetime as dt
 
-    with open(os.path.join(run.checkpoint, "meta.json")) as f:
-        steps = json.load(f).get("steps")
+    from recsys_hdet.components.model_checkpoint import read_meta
+
+    steps = read_meta(run.checkpoint).get("steps")
     result = {"run_dir": run.run_dir, "days": run.eval_days, "experiment": run.summary.get("experiment"),
               "checkpoint": run.checkpoint, "checkpoint_steps": steps, "commit": run.summary.get("code"),
               "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -17,7 +17,9 @@ from typing import Any, Dict, List, Optional, Sequence
 from recsys_hdet.evaluation.report_figures import (fig_base_lrs, fig_hparams, fig_reliability, fig_replica_losses,
                                                    fig_train_loss)
 from recsys_hdet.evaluation.run_artifacts import RunArtifacts
-from recsys_hdet.fileio import write_text_atomic
+from recsys_hdet.run_dir import RunDir
+from data_tools.contract import label_column
+from data_tools.fileio import write_text_atomic
 
 SEGMENT_TITLES = {"user_activity": "user activity level", "item_popularity": "item popularity bucket", "tab": "tab"}
 
@@ -151,7 +153,7 @@ def paired_table(runs: Sequence[RunArtifacts]) -> str:
     from recsys_hdet.evaluation.task_metrics import paired_ne_difference
 
     def frame(r: RunArtifacts) -> Optional[pl.DataFrame]:
-        path = os.path.join(r.run_dir, "predictions.parquet")
+        path = r.files.path(RunDir.PREDICTIONS)
         return pl.read_parquet(path) if os.path.isfile(path) else None
 
     base, base_frame = runs[0], frame(runs[0])
@@ -167,7 +169,7 @@ def paired_table(runs: Sequence[RunArtifacts]) -> str:
             if not same:
                 cells.append("–")
                 continue
-            d = paired_ne_difference(base_frame[f"label_{t}"].to_numpy(), other[f"pred_{t}"].to_numpy(),
+            d = paired_ne_difference(base_frame[label_column(t)].to_numpy(), other[f"pred_{t}"].to_numpy(),
                                      base_frame[f"pred_{t}"].to_numpy())
             cells.append(f"{d['diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]")
         rows.append(f"<tr><td>{html.escape(r.label)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")

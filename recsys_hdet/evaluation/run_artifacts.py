@@ -1,21 +1,23 @@
 """A run's artifacts as the reports read them (``summary.json``, ``eval.json``, ``metrics.jsonl``,
-``hdet.jsonl``): a report is rebuilt from them without rescoring."""
+``hdet.jsonl``, read through :class:`~recsys_hdet.run_dir.RunDir`), under a label: a report is rebuilt
+from them without rescoring."""
 
 from __future__ import annotations
 
 import os
 from typing import List, Optional
 
-from recsys_hdet.components.metrics_log import read_json, read_jsonl, sync_records
+from recsys_hdet.run_dir import RunDir
 
 
 class RunArtifacts:
     def __init__(self, run_dir: str, label: Optional[str] = None) -> None:
         self.run_dir = run_dir
-        self.summary = read_json(os.path.join(run_dir, "summary.json")) or {}
-        self.evaluation = read_json(os.path.join(run_dir, "eval.json")) or {}
-        self.metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-        self.hdet = sync_records(os.path.join(run_dir, "hdet.jsonl"))
+        self.files = RunDir(run_dir)
+        self.summary = self.files.summary() or {}
+        self.evaluation = self.files.evaluation() or {}
+        self.metrics = self.files.metrics()
+        self.hdet = self.files.syncs()
         self.label = label or self.summary.get("experiment") or os.path.basename(run_dir.rstrip("/"))
 
     @property

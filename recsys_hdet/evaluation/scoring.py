@@ -22,8 +22,8 @@ import torch
 from omegaconf import OmegaConf
 
 from recsys_hdet.components.dataset import DatasetMeta, RowHoldout
-from recsys_hdet.components.metrics_log import sync_records
 from recsys_hdet.evaluation.segments import RunInfo
+from recsys_hdet.run_dir import RunDir
 
 
 @torch.no_grad()
@@ -87,7 +87,7 @@ def score_held_out(logits: Callable[[torch.Tensor, Any], torch.Tensor], stream: 
 def final_temperature(run_dir: str, default: float) -> float:
     """The attention temperature the run ended with: HDET's last base when it explored it (the
     value lives in the module, not in the checkpoint), else the configured one."""
-    records = sync_records(os.path.join(run_dir, "hdet.jsonl"))
+    records = RunDir(run_dir).syncs()
     last = records[-1] if records else None
     if last and "temperature" in last.get("hparams", {}):
         return float(last["hparams"]["temperature"]["next_base"])

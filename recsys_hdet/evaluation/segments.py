@@ -21,11 +21,12 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import polars as pl
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from recsys_hdet.components.dataset import LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, DatasetMeta, RowHoldout, split_for
-from recsys_hdet.components.metrics_log import read_json
+from data_tools.contract import LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, has_meta, meta_path
+from recsys_hdet.components.dataset import DatasetMeta, RowHoldout, split_for
 from recsys_hdet.evaluation.task_metrics import grouped_auc, oracle_metrics, reliability_curve, task_metrics
+from recsys_hdet.run_dir import RunDir
 
 PRED_PREFIX = "pred_"
 # Segments: name -> column of predictions.parquet.
@@ -49,6 +50,8 @@ class EvaluationError(ValueError):
 
 @dataclass
 class RunInfo:
+    """A finished run as evaluation needs it: its config and summary (read through :class:`RunDir`), its data
+    set and the days it trained on and holds out."""
     run_dir: str
     cfg: DictConfig
     summary: Dict[str, Any]
@@ -57,8 +60,12 @@ class RunInfo:
     eval_days: List[str]
 
     @property
+    def files(self) -> RunDir:
+        return RunDir(self.run_dir)
+
+    @property
     def checkpoint(self) -> str:
-        return os.path.join(self.run_dir, "checkpoint")
+        return self.files.path(RunDir.CHECKPOINT)
 
 
 def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Optional[str] = None) -> RunInfo:
@@ -66,23 +73,25 @@ def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Opti
     run_dir = os.path.abspath(run_dir)
     if not os.path.isdir(run_dir):
         raise EvaluationError(f"run_dir={run_dir}: no such directory")
-    cfg_path = os.path.join(run_dir, ".hydra", "config.yaml")
+    files = RunDir(run_dir)
+    cfg_path = files.path(RunDir.CONFIG)
     if not os.path.isfile(cfg_path):
         raise EvaluationError(f"{cfg_path}: missing; not a recsys_hdet run directory")
-    cfg = OmegaConf.load(cfg_path)
-    summary_path = os.path.join(run_dir, "summary.json")
-    if not os.path.isfile(summary_path):
+    cfg = files.config()
+    summary_path = files.path(RunDir.SUMMARY)
+    summary = files.summary()
+    if summary is None:
         raise EvaluationError(f"{summary_path}: missing; the run did not finish")
-    summary = read_json(summary_path)
     if summary.get("status") != "completed":
         raise EvaluationError(f"{summary_path}: status {summary.get('status')!r}; only completed runs have a "
                               "checkpoint to evaluate")
-    if not os.path.isfile(os.path.join(run_dir, "checkpoint", ".metadata")):
-        raise EvaluationError(f"{os.path.join(run_dir, 'checkpoint')}: no checkpoint (.metadata missing); "
+    checkpoint = files.path(RunDir.CHECKPOINT)
+    if not os.path.isfile(os.path.join(checkpoint, ".metadata")):
+        raise EvaluationError(f"{checkpoint}: no checkpoint (.metadata missing); "
                               "was the run trained with trainer.checkpoint=false?")
     root = os.path.abspath(str(data_root or cfg.data.root))
-    if not os.path.isfile(os.path.join(root, "meta.json")):
-        raise EvaluationError(f"{os.path.join(root, 'meta.json')}: the run's data set is not there "
+    if not has_meta(root):
+        raise EvaluationError(f"{meta_path(root)}: the run's data set is not there "
                               "(pass data_root=DIR)")
     meta = DatasetMeta.load(root)
     try:

@@ -30,7 +30,6 @@ bindings, and, for the probe, a function that scores batches.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -48,6 +47,7 @@ from recsys_hdet.hdet.scheduler import HDETOneCycleLR
 from recsys_hdet.hdet.signals import (SIGNALS, AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe,
                                      ReplicaSignal)
 from recsys_hdet.hdet.warm_init import perturb_
+from recsys_hdet.run_dir import RunDir
 
 
 
@@ -156,7 +156,7 @@ class HDETControl:
         """Rank 0 writes hdet.jsonl (appending after a resume: the interrupted attempt's records
         past the checkpoint were dropped by the trainer) and HDET's TensorBoard scalars."""
         if self.rank == 0:
-            self._log = open(os.path.join(self.run_dir, "hdet.jsonl"), "a" if start_step else "w")
+            self._log = open(RunDir(self.run_dir).path(RunDir.HDET), "a" if start_step else "w")
             self._tensorboard = tensorboard
 
     def _write_sync(self, record: Dict[str, Any]) -> None:

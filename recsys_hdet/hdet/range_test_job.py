@@ -25,7 +25,6 @@ config check: ``python -m recsys_hdet.lr_find`` sweeps the axes one after the ot
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Dict, Mapping, Tuple
 
@@ -35,13 +34,13 @@ import torch.distributed as dist
 from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.train_state import ModelState, RNGState
 from recsys_hdet.constants import PARAM_GROUPS
-from recsys_hdet.fileio import write_text_atomic
+from data_tools.fileio import write_text_atomic
 from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
 from recsys_hdet.hdet.signals import snapshot
+from recsys_hdet.run_dir import RunDir
 
 # The two axes the replicas sweep apart: the embedding tables, and the dense groups together (their ratios kept).
 AXES = {"embedding": ("embedding",), "dense": tuple(g for g in PARAM_GROUPS if g != "embedding")}
-RECORD_FILE = "range_test.json"
 
 
 def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float], Dict[str, Any]]:
@@ -92,7 +91,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
               "dense_gradients_reduced_over": reduced_over,
               "seconds": time.perf_counter() - start}
     if layout.rank == 0:
-        write_text_atomic(os.path.join(handles.run_dir, RECORD_FILE), json.dumps(record, indent=1) + "\n")
+        write_text_atomic(RunDir(handles.run_dir).path(RunDir.RANGE_TEST), json.dumps(record, indent=1) + "\n")
     for axis, a in axes.items():
         edge = f"; within a step of the range's {a['range_edge']} end" if a["range_edge"] else ""
         why = " (no finite loss: its configured rates kept)" if a["no_suggestion"] else ""

@@ -23,11 +23,14 @@ from typing import Any, Dict, Optional
 import polars as pl
 import torch
 
+# vocab/<feature>.parquet as in a processed data set: predict converts raw logs with the model
+# directory as the data set whose vocabularies it extends
+from data_tools.vocab import VOCAB_DIR, vocab_path
+
 FORMAT = "recsys-hdet-serving"
 FORMAT_VERSION = 1
 PROGRAM_FILE = "model.pt2"
 MANIFEST_FILE = "manifest.json"
-VOCAB_DIR = "vocab"
 
 
 class ArtifactError(ValueError):
@@ -40,6 +43,7 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
 
     from recsys_hdet.components.dataset import DenseNormalization
     from recsys_hdet.components.hparam_bindings import set_temperature
+    from recsys_hdet.components.model_checkpoint import read_meta
     from recsys_hdet.evaluation import EvaluationError, load_run
     from recsys_hdet.evaluation.scoring import final_temperature
     from recsys_hdet.models.ranker import build_model
@@ -53,8 +57,7 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
         run = load_run(run_dir, None, data_root)
     except EvaluationError as e:
         raise ArtifactError(str(e)) from None
-    with open(os.path.join(run.checkpoint, "meta.json")) as f:
-        ckpt_meta = json.load(f)
+    ckpt_meta = read_meta(run.checkpoint)
     normalization = DenseNormalization.from_checkpoint(run.checkpoint)
     if normalization is None:
         raise ArtifactError(f"{run.checkpoint}/meta.json: no dense_normalization (a checkpoint from before the "
@@ -81,10 +84,9 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
         os.makedirs(os.path.join(tmp, VOCAB_DIR))
         vocabularies = {}
         for name in meta.sparse:
-            src = os.path.join(meta.root, VOCAB_DIR, f"{name}.parquet")
+            src = vocab_path(meta.root, name)
             if os.path.isfile(src):
-                pl.read_parquet(src).filter(pl.col("row") < tables[name]).write_parquet(
-                    os.path.join(tmp, VOCAB_DIR, f"{name}.parquet"))
+                pl.read_parquet(src).filter(pl.col("row") < tables[name]).write_parquet(vocab_path(tmp, name))
                 vocabularies[name] = f"{VOCAB_DIR}/{name}.parquet"
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "program": PROGRAM_FILE,

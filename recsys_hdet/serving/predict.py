@@ -28,10 +28,11 @@ import numpy as np
 import polars as pl
 import torch
 
+from data_tools import contract
+from data_tools.vocab import OOV_ROW  # string categoricals have no out-of-vocabulary row (0: missing)
 from recsys_hdet.serving.artifact import read_manifest
 
-OOV_ROW = 1  # data_tools.vocab's out-of-vocabulary row; string categoricals have none (0: missing)
-KEEP = ("user_id_raw", "video_id_raw", "date", "time_ms")
+KEEP = contract.SOURCE_COLUMNS  # each row's source ids and time, copied into the scores
 
 
 class PredictError(ValueError):
@@ -107,13 +108,10 @@ def _convert_raw(manifest: Dict[str, Any], model_dir: str, log: str, users: str,
 
 def day_file(root: str, day: Optional[str]) -> str:
     """A processed data set's day file (``day`` None: its last day)."""
-    import json
-
     try:
-        with open(os.path.join(root, "meta.json")) as f:
-            days = json.load(f)["days"]
+        days = contract.read_meta(root)["days"]
     except (OSError, ValueError, KeyError) as e:
-        raise PredictError(f"input={root}: a directory, but not a processed data set ({os.path.join(root, 'meta.json')}: "
+        raise PredictError(f"input={root}: a directory, but not a processed data set ({contract.meta_path(root)}: "
                            f"{type(e).__name__}: {e})") from None
     day = str(day) if day is not None else max(days)
     if day not in days:
@@ -142,7 +140,7 @@ def predict(model_dir: str, input: str, out: str, users: Optional[str] = None, v
         else:
             if users is None or videos is None:
                 raise PredictError(f"input={input}: a raw log needs users=USER_FEATURES.csv and "
-                                   "videos=VIDEO_FEATURES.csv (or give a processed day=YYYYMMDD.parquet)")
+                                   f"videos=VIDEO_FEATURES.csv (or give a processed {contract.day_file('YYYYMMDD')})")
             df = _convert_raw(manifest, model_dir, input, users, videos, scratch)
         check_processed(df, input, manifest)
         df, unknown = to_model_rows(df, manifest)
@@ -152,7 +150,7 @@ def predict(model_dir: str, input: str, out: str, users: Optional[str] = None, v
             for start in range(0, df.height, batch_size):
                 parts.append(program(*model_inputs(df.slice(start, batch_size), manifest)).numpy())
         probs = np.concatenate(parts) if parts else np.zeros((0, len(manifest["tasks"])), np.float32)
-        keep = [c for c in KEEP if c in df.columns] + [c for c in df.columns if c.startswith("label_")]
+        keep = [c for c in KEEP if c in df.columns] + [c for c in df.columns if c.startswith(contract.LABEL_PREFIX)]
         scores = df.select(keep).with_columns(
             [pl.Series(f"pred_{t}", probs[:, i]) for i, t in enumerate(manifest["tasks"])])
         tmp = os.path.join(scratch, "scores.parquet")

@@ -1,5 +1,6 @@
 """The exit statuses every command of the project uses (training, evaluation, data tools, the
-retraining job), so that one table (docs/operations.md) serves cron, systemd and Airflow.
+retraining job), so that one table (docs/operations.md) serves cron, systemd and Airflow. A leaf
+module of ``data_tools``, the bottom package, so that every command can import it.
 
 =====  ==============  ==========================================================================
 code   name            meaning

@@ -7,7 +7,8 @@
   append at a time); raises :class:`LockHeld` naming the holder.
 
 Limits: a local (or POSIX) filesystem; rename and flock are what these rely on. The module imports
-only the standard library, so every package of the project can use it without an import circle.
+only the standard library and sits in ``data_tools``, the bottom package, so every package of the
+project can use it without an import circle (a leaf: pyproject.toml's import contracts).
 """
 
 from __future__ import annotations
