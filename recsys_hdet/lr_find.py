@@ -37,10 +37,10 @@ import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.range_rule import range_edge, suggest_multiplier
+from recsys_hdet.constants import LR_AXES
 from recsys_hdet.config import CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_hydra_command
 from data_tools.exit_status import ExitStatus
 
-AXES: Dict[str, Sequence[str]] = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
 # How a sweep may end and still be read: stopped after its steps, or diverged where its loss exploded.
 SWEEP_ENDS = (ExitStatus.OK, ExitStatus.DIVERGED)
 _config_composed = False
@@ -59,11 +59,11 @@ def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
     no rollback, and a fresh run directory (``trainer.resume=never``)."""
     rt = cfg.optim.schedule.range_test
     sweep = OmegaConf.create(OmegaConf.to_container(cfg))
-    for other, groups in AXES.items():
+    for other, groups in LR_AXES.items():
         if other != axis:
             for g in groups:
                 sweep.optim.lr[g] = float(cfg.optim.lr[g]) * float(rt.low)
-    for key, value in {"optim.schedule.name": "range_test", "optim.schedule.range_test.groups": list(AXES[axis]),
+    for key, value in {"optim.schedule.name": "range_test", "optim.schedule.range_test.groups": list(LR_AXES[axis]),
                        "trainer.stop_at_step": int(rt.steps), "trainer.log_every": 1,
                        "trainer.rollback.max_rollbacks": 0, "trainer.periodic_checkpoint.every_steps": 0,
                        "trainer.resume": "never",
@@ -95,14 +95,14 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
 
     check_config(cfg)
     if os.path.exists(os.path.join(run_dir, "lr_find.json")) or any(
-            os.path.exists(os.path.join(run_dir, f"sweep_{axis}")) for axis in AXES):
+            os.path.exists(os.path.join(run_dir, f"sweep_{axis}")) for axis in LR_AXES):
         raise ConfigError(f"hydra.run.dir={run_dir}: already holds an LR range test (lr_find.json or sweep_*); "
                           "use another directory")
     rt = cfg.optim.schedule.range_test
     low, high = float(rt.low), float(rt.high)
     record: Dict[str, Any] = {"range_test": {"steps": int(rt.steps), "low": low, "high": high},
-                              "start": {g: float(cfg.optim.lr[g]) for gs in AXES.values() for g in gs}, "sweeps": {}}
-    for axis in AXES:
+                              "start": {g: float(cfg.optim.lr[g]) for gs in LR_AXES.values() for g in gs}, "sweeps": {}}
+    for axis in LR_AXES:
         sweep_dir = os.path.join(run_dir, f"sweep_{axis}")
         result = train(sweep_config(cfg, axis), sweep_dir)
         sweep: Dict[str, Any] = {"run_dir": sweep_dir, "exit_status": result.exit_status, "status": result.status,
@@ -116,7 +116,7 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
             return record
         sweep["range_edge"] = range_edge(sweep["multiplier"], low, high, int(rt.steps))
     record["lr"] = {g: float(f"{record['start'][g] * record['sweeps'][axis]['multiplier']:.6g}")
-                    for axis, gs in AXES.items() for g in gs}
+                    for axis, gs in LR_AXES.items() for g in gs}
     return record
 
 

@@ -85,12 +85,11 @@ from studies.lr_recovery_report import (MISSET_STARTS, RANGE_TEST, TARGET_STARTS
                                         targets)
 from recsys_hdet import lr_find
 from recsys_hdet.components.metrics_log import read_json, read_jsonl
-from recsys_hdet.constants import TASKS
+from recsys_hdet.constants import DENSE_GROUPS, LR_AXES, TASKS
 from recsys_hdet.run_dir import RunDir
 
-DENSE = ("transformer", "non_embedding", "no_decay")
 # The two LRs the study reports per start: the embedding group's, and the dense groups' geometric mean.
-REPORTED = {"embedding": ("embedding",), "dense": DENSE}
+REPORTED = LR_AXES
 PRESET = "baseline_low"  # plain, 2 x 2 layout, benchmark data, cold start
 # The lattice the grid's cells lie on: each axis's LRs are GRID_CENTRE x 10^(k/2) (5 points span 100x).
 GRID_CENTRE = {"embedding": 0.06, "dense": 0.003}
@@ -229,7 +228,7 @@ def variant_overrides(variant: str, embedding: float, dense: float) -> List[str]
 
 
 def lr_overrides(embedding: float, dense: float) -> List[str]:
-    return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE)]
+    return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE_GROUPS)]
 
 
 def recovery_anchor(path: str = ANCHOR_FILE) -> Tuple[float, float]:
@@ -316,9 +315,9 @@ def recorded_starts(records: Dict[str, Dict[str, Any]], anchor: Tuple[float, flo
         if len(parts) != 3 or parts[0] in STARTS or parts[0] in SHARED_PREFIXES or parts[1] not in AT_START_LRS:
             continue
         lr = records[name].get("max_lr") or {}
-        if "embedding" not in lr or DENSE[0] not in lr:
+        if "embedding" not in lr or DENSE_GROUPS[0] not in lr:
             continue
-        factors = (float(f"{lr['embedding'] / anchor[0]:.6g}"), float(f"{lr[DENSE[0]] / anchor[1]:.6g}"))
+        factors = (float(f"{lr['embedding'] / anchor[0]:.6g}"), float(f"{lr[DENSE_GROUPS[0]] / anchor[1]:.6g}"))
         if parts[0] in found and not same_factors(found[parts[0]], factors):
             raise StudyMismatch(f"{name}: trained at factors {factors} of the anchor, where the start {parts[0]!r}'s "
                                 f"other lines have {found[parts[0]]}")
@@ -329,7 +328,6 @@ def recorded_starts(records: Dict[str, Dict[str, Any]], anchor: Tuple[float, flo
 # ----------------------------------------------------------------------------------------------
 # The LR finder: an LR range test per axis, then a plain run.
 
-SWEEP_AXES = {"embedding": ["embedding"], "dense": list(DENSE)}
 
 
 def lr_finder_sweeps(embedding: float, dense: float,
@@ -347,7 +345,7 @@ def lr_finder_sweeps(embedding: float, dense: float,
     return {"embedding": [*lr_overrides(embedding, dense * low), *common,
                           "optim.schedule.range_test.groups=[embedding]"],
             "dense": [*lr_overrides(embedding * low, dense), *common,
-                      "optim.schedule.range_test.groups=[" + ",".join(DENSE) + "]"]}
+                      "optim.schedule.range_test.groups=[" + ",".join(DENSE_GROUPS) + "]"]}
 
 
 def suggest_multiplier(record: Dict[str, Any]) -> Optional[float]:
@@ -413,7 +411,7 @@ def _trajectory(records, schedules, steps: int) -> List[Tuple[int, Dict[str, flo
         if r.get("hparams") and "event" not in r:
             at = min(r["step"], steps - 1)
             out.append((r["step"], {g: schedules[g].max_lr * r["hparams"][f"lr/{g}"]["next_base"] / schedules[g](at)[0]
-                                    for g in ("embedding", *DENSE)}))
+                                    for g in ("embedding", *DENSE_GROUPS)}))
     return out
 
 
@@ -449,7 +447,7 @@ def final_bases(record: Dict[str, Any]) -> Dict[str, float]:
     geometric mean over the last quarter of the syncs."""
     trajectory = record_trajectory(record)
     tail = trajectory[len(trajectory) - max(1, len(trajectory) // 4):]
-    return {g: _geomean([v[g] for _, v in tail]) for g in ("embedding", *DENSE)}
+    return {g: _geomean([v[g] for _, v in tail]) for g in ("embedding", *DENSE_GROUPS)}
 
 
 def _geomean(xs) -> float:
@@ -525,7 +523,7 @@ def plain_cells(records: Dict[str, Dict[str, Any]]) -> Dict[Tuple[int, int], Cel
         result = outcome(r)
         if r.get("hdet") or result is None or not name.startswith("grid/"):
             continue
-        dense = [r["max_lr"][g] for g in DENSE]
+        dense = [r["max_lr"][g] for g in DENSE_GROUPS]
         key = cell_of(r["max_lr"]["embedding"], dense[0])
         if key is None or max(dense) > min(dense) * (1 + 1e-6):
             continue
@@ -617,7 +615,7 @@ def effective_lrs(record: Dict[str, Any]) -> Optional[Dict[str, float]]:
     """A run's LR area (:func:`studies.harness.lr_area`) in max-LR units: the preset's max LR
     times the area, per reported group (dense: the three dense groups' geometric mean)."""
     area, preset = record.get("lr_area"), record.get("preset_lr")
-    if not area or not preset or any(g not in area for g in ("embedding", *DENSE)):
+    if not area or not preset or any(g not in area for g in ("embedding", *DENSE_GROUPS)):
         return None
     return {key: _geomean([area[g] * preset[g] for g in groups]) for key, groups in REPORTED.items()}
 

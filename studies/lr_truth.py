@@ -62,10 +62,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from studies import harness as SR
 from studies import range_commit
 from studies.harness import REPO, paired_ci95
+from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
 from recsys_hdet.run_dir import RunDir
 
-DENSE = ("transformer", "non_embedding", "no_decay")
-GROUPS = {"embedding": ("embedding",), "dense": DENSE}  # what a branch multiplies
+GROUPS = LR_AXES  # what a branch multiplies
 ROUND_MULTIPLIERS = (1.0, 10 ** 0.5, 10.0)  # explore_round: x1, x3.16, x10 of the start, one group (or all)
 MULTIPLIERS = (0.5, 1.0, 2.0)
 FRACTIONS = (0.25, 0.5, 0.75)
@@ -138,7 +138,7 @@ MODES = {
 
 
 def lr_overrides(embedding: float, dense: float) -> List[str]:
-    return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE)]
+    return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE_GROUPS)]
 
 
 def pct(fraction: float) -> str:
@@ -441,7 +441,7 @@ def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, shardi
     # effect: the mean move per sync over the windows, in trust regions (moves raise the LR when positive)
     value = {n: (v[-1] if score == "regression" else statistics.fmean(v))
              for n, v in per_sync.items()}
-    return {"embedding": value["lr/embedding"], "dense": statistics.fmean(value[f"lr/{g}"] for g in DENSE)}
+    return {"embedding": value["lr/embedding"], "dense": statistics.fmean(value[f"lr/{g}"] for g in DENSE_GROUPS)}
 
 
 def full_windows(line: Dict[str, Any], sync_every: int) -> List[Dict[str, Any]]:

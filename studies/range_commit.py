@@ -26,7 +26,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from recsys_hdet.components.range_rule import suggest_multiplier
 from recsys_hdet.config_schema import RangeTestConfig
 from studies.harness import CONTRACT
-from studies.lr_recovery import DENSE, PRESET, STARTS, lr_overrides, recovery_anchor
+from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
+from studies.lr_recovery import PRESET, STARTS, lr_overrides, recovery_anchor
 
 # (embedding, dense) factors of the anchor: the best cell, the four misset starts, and the two the issue adds.
 KILL_STARTS: Dict[str, Tuple[float, float]] = {
@@ -72,7 +73,7 @@ def table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float
             rt = committed(results.get(run_name(start, seed)) or {})
             if rt is None:
                 continue
-            dense = math.exp(sum(math.log(rt["committed"][g]) for g in DENSE) / len(DENSE))
+            dense = math.exp(sum(math.log(rt["committed"][g]) for g in DENSE_GROUPS) / len(DENSE_GROUPS))
             factors = {"embedding": rt["committed"]["embedding"] / anchor[0], "dense": dense / anchor[1]}
             inside = all(1 / WITHIN <= f <= WITHIN for f in factors.values())
             rows.append({"seed": seed, "of_best": factors, "within": inside,
@@ -124,7 +125,7 @@ def render(t: Mapping[str, Any]) -> List[str]:
 # The finder's sweeps as the command runs them by default (recsys_hdet.lr_find.sweep_config): per axis, that
 # axis's groups from x low to x high, the other axis held at x low, the loss every step, rollback off.
 FINDER = RangeTestConfig()
-FINDER_AXES = {"embedding": ("embedding",), "dense": DENSE}
+FINDER_AXES = LR_AXES
 
 
 def finder_name(start: str, seed: int, axis: str) -> str:

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import read_json, read_jsonl, run_train
+from recsys_hdet.constants import LR_AXES
 from recsys_hdet.components.range_rule import suggest_multiplier, sweep_multiplier
 from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, exploded_at, sweep
 
-AXES = {"embedding": ("embedding",), "dense": ("transformer", "non_embedding", "no_decay")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ class PlantedQuadratics:
 def planted_suggestions(max_lrs, edges, together=False, steps=100):
     """The committed max LR per axis from a two-replica sweep on the planted quadratics; ``together``: both axes
     rise on every replica (one joint sweep, as a single range test of every group would)."""
-    plan = ReplicaSweepPlan(AXES, steps, 0.001, 10000.0)
+    plan = ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0)
     curves = []
     for replica in (0, 1):
         objective = PlantedQuadratics(edges)
@@ -61,7 +61,7 @@ def planted_suggestions(max_lrs, edges, together=False, steps=100):
 
         curves.append(sweep(plan, replica, iter(range(steps)), train_step, set_multipliers, lambda c: c[None])[0])
     axes = commit(plan, torch.stack(curves), [0, 1])
-    return {axis: max_lrs[AXES[axis][0]] * axes[axis]["multiplier"] for axis in AXES}, axes
+    return {axis: max_lrs[LR_AXES[axis][0]] * axes[axis]["multiplier"] for axis in LR_AXES}, axes
 
 
 @pytest.mark.parametrize("misset", [100.0, 0.01])
@@ -71,22 +71,22 @@ def test_each_axis_finds_its_planted_edge_with_the_other_axis_misset_100x(misset
     suggestion lies within a factor 2 of a tenth of its edge. Swept together, the explosion of the axis whose
     edge comes first (in multiples of its max LR) cuts both curves, and the other axis's suggestion is far off."""
     edges = {"embedding": 30.0, "transformer": 0.02, "non_embedding": 0.02, "no_decay": 0.02}
-    max_lrs = {"embedding": 3.0, **{g: 0.002 * misset for g in AXES["dense"]}}
+    max_lrs = {"embedding": 3.0, **{g: 0.002 * misset for g in LR_AXES["dense"]}}
     found, axes = planted_suggestions(max_lrs, edges)
     for axis, rate in found.items():
-        target = edges[AXES[axis][0]] / 10
+        target = edges[LR_AXES[axis][0]] / 10
         assert target / 2 <= rate <= target * 2, (axis, rate, target, axes[axis]["multiplier"])
         assert axes[axis]["cut_at"] is not None  # each sweep reached its explosion and was cut there
     together, _ = planted_suggestions(max_lrs, edges, together=True)
-    off = [axis for axis, rate in together.items() if not edges[AXES[axis][0]] / 20 <= rate <= edges[AXES[axis][0]] / 5]
+    off = [axis for axis, rate in together.items() if not edges[LR_AXES[axis][0]] / 20 <= rate <= edges[LR_AXES[axis][0]] / 5]
     assert off == (["embedding"] if misset > 1 else ["dense"]), together  # the axis whose edge lies further up
 
 
 def test_the_plan_sweeps_one_axis_per_replica_and_holds_the_other_low_and_pools_replicas():
-    plan = ReplicaSweepPlan(AXES, 5, 0.01, 100.0)
+    plan = ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0)
     assert [plan.axis_of(r) for r in range(4)] == ["embedding", "dense", "embedding", "dense"]
-    assert plan.multipliers(0, 4) == {"embedding": pytest.approx(100.0), **{g: 0.01 for g in AXES["dense"]}}
-    assert plan.multipliers(1, 2) == {"embedding": 0.01, **{g: pytest.approx(1.0) for g in AXES["dense"]}}
+    assert plan.multipliers(0, 4) == {"embedding": pytest.approx(100.0), **{g: 0.01 for g in LR_AXES["dense"]}}
+    assert plan.multipliers(1, 2) == {"embedding": 0.01, **{g: pytest.approx(1.0) for g in LR_AXES["dense"]}}
     # 4 replicas of 1 rank: ranks 0 and 2 sweep the embedding, 1 and 3 the dense groups; each axis's curve is
     # its ranks' mean; a rank whose loss turned non-finite cuts its axis's curve there
     curves = torch.tensor([[2.0, 1.0, 0.5, 9.0, 9.0], [2.0, 1.5, 1.0, 0.8, 0.7],
@@ -149,11 +149,11 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
     assert summary["lr"]["controlled_max_lr"] == committed
     assert record["replica_axis"] == {"0": "embedding", "1": "dense"}
     assert record["dense_gradients_reduced_over"] == 1  # within each replica (one rank each), not the world
-    assert {a: record["axes"][a]["ranks"] for a in AXES} == {"embedding": [0], "dense": [1]}
-    for axis in AXES:  # each sweep exploded: cut by the rule, or a non-finite loss on its replica
+    assert {a: record["axes"][a]["ranks"] for a in LR_AXES} == {"embedding": [0], "dense": [1]}
+    for axis in LR_AXES:  # each sweep exploded: cut by the rule, or a non-finite loss on its replica
         a = record["axes"][axis]
         assert a["cut_at"] is not None and not a["no_suggestion"], (axis, a)
-        assert all(committed[g] == pytest.approx(record["start"][g] * a["multiplier"], rel=1e-5) for g in AXES[axis])
+        assert all(committed[g] == pytest.approx(record["start"][g] * a["multiplier"], rel=1e-5) for g in LR_AXES[axis])
     assert all(math.isfinite(v) for v in summary["train_loss"].values())
 
     plain_dir = tmp_path / "plain"

@@ -47,11 +47,11 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
 
 def _line(i, j, seed, ne, points=5):
     """A plain grid run's results line at grid cell (i, j); ``ne`` None: diverged."""
-    from studies.lr_recovery import DENSE, GRID_CENTRE, grid_lr
+    from studies.lr_recovery import DENSE_GROUPS, GRID_CENTRE, grid_lr
 
     e, d = grid_lr(GRID_CENTRE["embedding"], points, i), grid_lr(GRID_CENTRE["dense"], points, j)
     return {"name": f"grid/e{i}_d{j}/seed{seed}", "seed": seed, "status": "diverged" if ne is None else "completed",
-            "mean_ne": ne, "max_lr": {"embedding": e, **{g: d for g in DENSE}}}
+            "mean_ne": ne, "max_lr": {"embedding": e, **{g: d for g in DENSE_GROUPS}}}
 
 
 def _records(cells):
@@ -295,11 +295,11 @@ def _plant(out, *lines):
 
 def _at_start_line(name, embedding, dense, seed=0):
     """A results line of a run trained at a start's own LRs (what recorded_starts reads a start's factors from)."""
-    from studies.lr_recovery import DENSE
+    from studies.lr_recovery import DENSE_GROUPS
 
     return {"name": f"{name}/seed{seed}", "seed": seed, "status": "completed", "mean_ne": 0.78, "overrides": [],
             "steps": 960, "wall_seconds": 100.0, "rows": {"reserve_rows": 4096},
-            "max_lr": {"embedding": embedding, **{g: dense for g in DENSE}}, "commit": "c" * 40, "clean": True}
+            "max_lr": {"embedding": embedding, **{g: dense for g in DENSE_GROUPS}}, "commit": "c" * 40, "clean": True}
 
 
 @pytest.mark.parametrize("values, problem", [

@@ -35,7 +35,7 @@ def test_paired_interval_uses_the_t_quantile():
 def _sync(step, rank_losses, dense_u, emb_u, base=0.01):
     """A 2 x 2 hdet.jsonl sync record: ranks 0-1 in sharding group 0 (embedding replica 0), 2-3 in group 1."""
     grow = lambda us: [base * (1 + L.ALPHA) ** u for u in us]  # noqa: E731
-    names = ["lr/embedding", *(f"lr/{g}" for g in L.DENSE)]
+    names = ["lr/embedding", *(f"lr/{g}" for g in L.DENSE_GROUPS)]
     hparams = {n: {"base": base, "values": grow(emb_u if n == "lr/embedding" else dense_u), "next_base": base,
                    "velocity": 0.0} for n in names}
     return {"step": step, "losses": rank_losses, "train_losses": rank_losses, "hparams": hparams, "excluded": []}

@@ -33,21 +33,19 @@ import torch.distributed as dist
 
 from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.train_state import ModelState, RNGState
-from recsys_hdet.constants import PARAM_GROUPS
+from recsys_hdet.constants import LR_AXES
 from data_tools.fileio import write_text_atomic
 from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
 from recsys_hdet.hdet.signals import snapshot
 from recsys_hdet.run_dir import RunDir
 
-# The two axes the replicas sweep apart: the embedding tables, and the dense groups together (their ratios kept).
-AXES = {"embedding": ("embedding",), "dense": tuple(g for g in PARAM_GROUPS if g != "embedding")}
 
 
 def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float], Dict[str, Any]]:
     """Runs the sweep on this rank's replica and returns (the committed max LR per group, the record that
     rank 0 also writes to ``range_test.json`` in the run directory)."""
     rt, layout, optimizer, stream = cfg.hdet.range_test, handles.layout, handles.optimizer, handles.stream
-    plan = ReplicaSweepPlan(AXES, int(rt.steps), float(rt.low), float(rt.high))
+    plan = ReplicaSweepPlan(LR_AXES, int(rt.steps), float(rt.low), float(rt.high))
     max_lrs = {g: float(cfg.optim.lr[g]) for g in optimizer.groups}
     replica_of_rank = [r // layout.sharding_group_size for r in range(layout.world_size)]
     weights = handles.task_weights.double()
@@ -85,7 +83,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
             pg["lr"] = lr
         optimizer.apply_hparams()
     axes = commit(plan, curves, replica_of_rank)
-    committed = {g: float(f"{max_lrs[g] * axes[axis]['multiplier']:.6g}") for axis, gs in AXES.items() for g in gs}
+    committed = {g: float(f"{max_lrs[g] * axes[axis]['multiplier']:.6g}") for axis, gs in LR_AXES.items() for g in gs}
     record = {"steps": plan.steps, "low": plan.low, "high": plan.high, "start": max_lrs, "committed": committed,
               "axes": axes, "replica_axis": {str(r): plan.axis_of(r) for r in range(layout.replicas)},
               "dense_gradients_reduced_over": reduced_over,
