@@ -55,7 +55,7 @@ def _gemm_peak(threads: int) -> Dict[str, Any]:
 
 def _model_arithmetic(data: str, batch: int, threads: int) -> Dict[str, Any]:
     import torch
-    from hydra import compose, initialize_config_dir
+    from recsys_hdet.config import compose
     from torch.utils.flop_counter import FlopCounterMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -65,8 +65,7 @@ def _model_arithmetic(data: str, batch: int, threads: int) -> Dict[str, Any]:
     from recsys_hdet.job_inputs import prepare_data
 
     torch.set_num_threads(threads)
-    with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"data={data}"])
+    cfg = compose("config", [f"data={data}"])
     root = prepare_data(cfg)
     meta = DatasetMeta.load(root if isinstance(root, str) else cfg.data.root)
     train_days, _ = split_for(meta, cfg.data)

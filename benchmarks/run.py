@@ -67,10 +67,9 @@ def data_root(data: str) -> str:
 
 def ensure_data(mode: Dict[str, Any]) -> None:
     """Make sure the data set exists before timing anything (generated on first use, like training)."""
-    subprocess.run([sys.executable, "-c", "import hydra,os\nfrom hydra import compose, initialize_config_dir\n"
+    subprocess.run([sys.executable, "-c", "from recsys_hdet.config import compose\n"
                     "from recsys_hdet.job_inputs import prepare_data\n"
-                    f"with initialize_config_dir(config_dir=os.path.join({REPO!r}, 'conf'), version_base='1.3'):\n"
-                    f"    prepare_data(compose('config', overrides=['data={mode['data']}']))"],
+                    f"prepare_data(compose('config', ['data={mode['data']}']))"],
                    cwd=REPO, check=True)
 
 

@@ -208,12 +208,9 @@ def config_overrides(root: str, extra: List[str]) -> List[str]:
 
 
 def compose_config(overrides: List[str]):
-    from hydra import compose, initialize_config_dir
+    from recsys_hdet.config import compose
 
-    from recsys_hdet.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=overrides)
+    return compose("config", overrides)
 
 
 def loader_child(root: str, rank: str, world_size: str, extra: str, read: str) -> None:

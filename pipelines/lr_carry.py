@@ -4,14 +4,13 @@ bases the published model's HDET controller ended with, clamped around the prese
 
 from __future__ import annotations
 
-import os
 from typing import Dict, Optional
 
 from omegaconf import DictConfig
 
+from recsys_hdet.config import compose
 from recsys_hdet.run_dir import RunDir
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
 def final_hdet_bases(run_dir: str) -> Dict[str, float]:
@@ -28,11 +27,7 @@ def final_hdet_bases(run_dir: str) -> Dict[str, float]:
 def preset_lrs(cfg: DictConfig, experiment: str) -> Dict[str, float]:
     """Each group's max LR as the day's preset sets it (with the job's ``overrides``): what a carried
     LR is clamped to and shown against."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        train_cfg = hydra_compose(config_name="config",
-                                  overrides=[f"+experiment={experiment}", *[str(o) for o in cfg.overrides]])
+    train_cfg = compose("config", [f"+experiment={experiment}", *[str(o) for o in cfg.overrides]])
     return {g: float(v) for g, v in train_cfg.optim.lr.items()}
 
 

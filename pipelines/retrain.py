@@ -57,7 +57,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipelines.day_plan import (DayPlan, RetrainError, check_registry, finish_interrupted_publish, interrupted_publish,
                                 plan_days, trained_days, version_name)
 from pipelines.gate import evaluate_models, gate
-from pipelines.lr_carry import CONF_DIR, clamp_carried, final_hdet_bases, preset_lrs
+from pipelines.lr_carry import clamp_carried, final_hdet_bases, preset_lrs
 from pipelines.registry import Registry, RegistryBusy, RegistryError
 from pipelines.settings import changed_settings, job_settings, settings_hash
 from recsys_hdet.api import TrainResult, compose_config
@@ -453,12 +453,10 @@ USAGE = ("usage: python -m pipelines.retrain [--until DAY] [--dry-run] [--force]
 def compose(overrides: Sequence[str], needs_data: bool = True) -> DictConfig:
     """The job's config; ``needs_data``: ``data_root`` is required (``status`` and ``rollback``
     read the registry only)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-
+    from recsys_hdet.config import compose as compose_config
     from recsys_hdet.config_schema import check
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = hydra_compose(config_name="retrain", overrides=list(overrides))
+    cfg = compose_config("retrain", overrides)
     if OmegaConf.is_missing(cfg, "registry"):
         raise ValueError("config registry: missing (pass registry=DIR)")
     if needs_data and cfg.data_root is None:

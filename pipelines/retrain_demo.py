@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from pipelines import retrain as R
+from recsys_hdet.config import CONF_DIR
 from data_tools.exit_status import ExitStatus
 
 DEMO_OVERRIDES = ("data=retrain_demo", "trainer.sharding_group_size=1", "hdet.probe_rows=1024", "hdet.sync_every=10",
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = os.path.abspath(args["out"])
     nproc = int(args.get("nproc", 2))
     data, registry = os.path.join(out, "data"), os.path.join(out, "registry")
-    spec = OmegaConf.load(os.path.join(R.CONF_DIR, "data", "retrain_demo.yaml"))
+    spec = OmegaConf.load(os.path.join(CONF_DIR, "data", "retrain_demo.yaml"))
     if not has_meta(data):
         ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
     job = lambda *extra: retrain_command(registry, data, nproc, extra)

@@ -203,16 +203,10 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
 
 
 def compose_config(overrides: List[str]) -> DictConfig:
-    """``conf/config.yaml`` composed with ``overrides`` (inside a Hydra command, or outside one)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    """The training config: ``conf/config.yaml`` composed with ``overrides`` (:func:`recsys_hdet.config.compose`)."""
+    from recsys_hdet.config import compose
 
-    from recsys_hdet.config import CONF_DIR
-
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="config", overrides=overrides)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    return compose("config", overrides)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

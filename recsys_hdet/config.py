@@ -15,7 +15,7 @@ import difflib
 import os
 import sys
 import typing
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -170,16 +170,26 @@ def remove_hydra_leftovers(run_dir: str, log_name: str) -> None:
             break
 
 
+def compose(config_name: str = "config", overrides: Sequence[str] = ()) -> DictConfig:
+    """``conf/<config_name>.yaml`` composed with ``overrides``, inside a Hydra command (its initialized Hydra) or
+    outside one: the one place the project composes a config."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
 def check_composition(overrides: List[str]) -> None:
     """Composes the config once before Hydra's own run, so that an unknown key, a wrong type or a
     bad choice is reported in one line naming the key and what is allowed (exit 2). Hydra reports
     every other composition error itself (flags such as --help or -m are left to it)."""
-    from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
 
     try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            compose(config_name="config", overrides=overrides)
+        compose("config", overrides)
     except ConfigCompositionException as e:
         message = compose_error(e)
         if message:

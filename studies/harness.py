@@ -345,10 +345,9 @@ _PRESET_LRS: Dict[str, Dict[str, float]] = {}
 def preset_lrs(preset: str) -> Dict[str, float]:
     """The max LR per group of ``+experiment=<preset>`` as conf/ composes it, no other override."""
     if preset not in _PRESET_LRS:
-        from hydra import compose, initialize_config_dir
+        from recsys_hdet.config import compose
 
-        with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base=None):
-            cfg = compose(config_name="config", overrides=[f"+experiment={preset}"])
+        cfg = compose("config", [f"+experiment={preset}"])
         _PRESET_LRS[preset] = {g: float(cfg.optim.lr[g]) for g in GROUPS}
     return dict(_PRESET_LRS[preset])
 

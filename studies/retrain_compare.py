@@ -39,6 +39,7 @@ from pipelines import retrain as R
 from studies.harness import code_state, paired
 from pipelines.registry import Registry
 from pipelines.retrain_demo import retrain_command
+from recsys_hdet.config import CONF_DIR
 from recsys_hdet.constants import TASKS
 from data_tools.contract import has_meta, read_meta
 from data_tools.exit_status import ExitStatus
@@ -201,7 +202,7 @@ def main(argv=None) -> int:
     data = os.path.join(out, "data")
     log = os.path.join(out, "compare.log")
     os.makedirs(out, exist_ok=True)
-    spec = OmegaConf.load(os.path.join(R.CONF_DIR, "data", "retrain_demo.yaml"))
+    spec = OmegaConf.load(os.path.join(CONF_DIR, "data", "retrain_demo.yaml"))
     base_days = int(spec.generator.days)
     if not has_meta(data):
         ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
