@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from recsys_hdet.components.range_rule import sweep_multiplier
+from recsys_hdet.components.range_rule import check_sweep, sweep_multiplier
 
 
 def _annealing_cos(start: float, end: float, pct: float) -> float:
@@ -121,10 +121,7 @@ class RangeTest:
     high: float
 
     def __post_init__(self) -> None:
-        if self.steps < 2:
-            raise ValueError(f"optim.schedule.range_test.steps={self.steps}: must be >= 2")
-        if not 0 < self.low < self.high:
-            raise ValueError(f"optim.schedule.range_test: low={self.low}, high={self.high}: need 0 < low < high")
+        check_sweep("optim.schedule.range_test", self.steps, self.low, self.high)
 
     @property
     def min_lr(self) -> float:

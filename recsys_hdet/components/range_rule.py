@@ -16,6 +16,14 @@ SMOOTHING = 0.98
 SUGGESTION_DIVISOR = 10
 
 
+def check_sweep(key: str, steps: int, low: float, high: float) -> None:
+    """A sweep's length and range as a range test needs them (ValueError naming ``key``, the config's group)."""
+    if steps < 2:
+        raise ValueError(f"{key}.steps={steps}: must be >= 2")
+    if not 0 < low < high:
+        raise ValueError(f"{key}: low={low}, high={high}: need 0 < low < high")
+
+
 def sweep_multiplier(step: int, low: float, high: float, sweep_steps: int) -> float:
     """The LR multiplier a sweep trains step ``step`` (0-based) at: ``low`` to ``high`` geometrically over
     ``sweep_steps`` steps, held at ``high`` after."""

@@ -32,7 +32,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import torch
 
-from recsys_hdet.components.range_rule import SMOOTHING, range_edge, suggest_multiplier, sweep_multiplier
+from recsys_hdet.components.range_rule import (SMOOTHING, check_sweep, range_edge, suggest_multiplier,
+                                               sweep_multiplier)
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,7 @@ class ReplicaSweepPlan:
     high: float
 
     def __post_init__(self) -> None:
-        if self.steps < 2:
-            raise ValueError(f"hdet.range_test.steps={self.steps}: must be >= 2")
-        if not 0 < self.low < self.high:
-            raise ValueError(f"hdet.range_test: low={self.low}, high={self.high}: need 0 < low < high")
+        check_sweep("hdet.range_test", self.steps, self.low, self.high)
 
     def axis_of(self, replica: int) -> str:
         names = list(self.axes)
