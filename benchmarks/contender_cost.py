@@ -28,23 +28,25 @@ import sys
 import time
 from typing import Any, Dict, List, Sequence
 
-from studies import harness as SR
-from studies.lr_recovery import PRESET, lr_overrides, recovery_anchor, start_lrs
 from recsys_hdet.run_dir import RunDir
+from studies.contract import CONTRACT
+from studies.provenance import REPO
+from studies.reporting import machine_line
+from studies.runs import train_run
+from studies.starts import PRESET, lr_overrides, recovery_anchor, start_lrs
 
-REPO = SR.REPO
 RANGE_TEST = ["hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001", "hdet.range_test.high=10000"]
 CONTENDERS = ("plain_rollback", "hdet_range_test", "lr_finder")
 
 
 def _common(start: str, seed: int) -> List[str]:
     e, d = start_lrs(start, recovery_anchor())
-    return [f"+experiment={PRESET}", f"seed={seed}", *SR.CONTRACT.overrides(), *lr_overrides(e, d),
+    return [f"+experiment={PRESET}", f"seed={seed}", *CONTRACT.overrides(), *lr_overrides(e, d),
             "trainer.tensorboard=false"]
 
 
 def _train(work: str, name: str, overrides: Sequence[str], env: Dict[str, str]) -> Dict[str, Any]:
-    run = SR.train_run(os.path.join(work, name), overrides, env)
+    run = train_run(os.path.join(work, name), overrides, env)
     if not run["finished"]:
         raise RuntimeError(f"{name}: the job failed (exit status {run['exit_status']}); see {run['log']}")
     summary = RunDir(os.path.join(work, name)).summary()
@@ -87,7 +89,7 @@ def measure(work: str, start: str, seed: int, repeats: int, data_cache: str | No
     steps = {c: statistics.median(r[c]["steps"] / r["plain_rollback"]["steps"] for r in rows) for c in CONTENDERS}
     return {"start": start, "seed": seed, "repeats": rows, "ratio": ratio, "steps_ratio": steps,
             "order": "rotated per repeat", "commit": rows[0]["plain_rollback"]["commit"],
-            "clean": all(r[c]["clean"] for r in rows for c in CONTENDERS), "machine": SR.machine_line(),
+            "clean": all(r[c]["clean"] for r in rows for c in CONTENDERS), "machine": machine_line(),
             "date": time.strftime("%Y-%m-%d")}
 
 

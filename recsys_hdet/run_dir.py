@@ -47,7 +47,7 @@ class RunDir:
     # What the retraining job adds (pipelines/retrain.py: a registry version holds them)
     EXPORT = "export"                  # the serving artifact
     PUBLISHED_EVAL = "published_eval.json"  # the published model scored on the candidate's held-out rows
-    # What a study's harness adds (studies/harness.train_run)
+    # What a study run adds (studies/runs.train_run)
     STUDY_RUN = "ablation_run.json"    # the command, overrides, exit status, seconds, commit
 
     def __init__(self, root: str) -> None:

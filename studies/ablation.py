@@ -8,7 +8,7 @@ over one seed's runs (``recsys_hdet.evaluate runs=[...]``).
 
 Resumable: a run trains into ``<work>/runs/<config>/seed<k>.partial`` and is renamed to
 ``seed<k>`` once its ``summary.json`` exists (completed or diverged: both are results); its line
-then goes to ``<out>/results.jsonl`` (:mod:`studies.harness`), from which the tables are
+then goes to ``<out>/results.jsonl`` (:mod:`studies.results`), from which the tables are
 built (``--report-only``: from that file alone). A rerun skips runs with a line and starts crashed
 ones (a leftover ``.partial``) from scratch. A crashed run does not stop the study; the pipeline
 exits 1 at the end, naming it. The working directory is ``<out>`` itself, except for a study under
@@ -30,8 +30,14 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from studies import harness as SR
-from studies.harness import GROUPS, TASKS, AblationConfig, StudyFiles, StudyMismatch, machine_line, run_one, write_reports
+from recsys_hdet.constants import PARAM_GROUPS as GROUPS, TASKS
+from studies import lr_area
+from studies.contract import StudyMismatch, outcome, paired_over_seeds
+from studies.record import sync_records
+from studies.reporting import machine_line, write_reports
+from studies.results import ResultsError, StudyFiles, is_finished, run_name
+from studies.runs import (AblationConfig, add_study_arguments, print_verification, run_dir, run_dir_finished, run_one,
+                          verify)
 
 
 CONFIGS: Sequence[AblationConfig] = (
@@ -86,21 +92,21 @@ def collect(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> Dict[st
     for cfg in CONFIGS:
         runs = []
         for seed in seeds:
-            name = SR.run_name(cfg.name, seed)
-            if not SR.is_finished(results, name):
+            name = run_name(cfg.name, seed)
+            if not is_finished(results, name):
                 continue
             r = results[name]
             runs.append({
                 "seed": seed,
                 "run": name,
                 "status": r["status"],
-                "outcome": SR.outcome(r),  # a run that ends at the base rate has failed, whatever its status
+                "outcome": outcome(r),  # a run that ends at the base rate has failed, whatever its status
                 "steps": r["steps"],
                 "train_loss": r["train_loss"]["avg"],
                 "eval_ne": {t: r.get("eval", {}).get(t, {}).get("ne") for t in TASKS},
                 "wall_seconds": r["wall_seconds"],
                 "process_seconds": r.get("process_seconds"),
-                "base_vs_schedule": base_vs_schedule(SR.sync_records(r), SR.schedules(r, r["steps"]))
+                "base_vs_schedule": base_vs_schedule(sync_records(r), lr_area.schedules(r, r["steps"]))
                 if r["status"] == "completed" else {},
             })
         completed = [r for r in runs if r["outcome"] == "completed"]
@@ -137,14 +143,14 @@ CONTRASTS = (
 
 def contrasts(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> List[Dict[str, Any]]:
     """Each of :data:`CONTRASTS` as contender - reference over the seeds where both completed, with its 95%
-    interval and the failures beside (:func:`studies.harness.paired_over_seeds`, which refuses different rows)."""
+    interval and the failures beside (:func:`studies.contract.paired_over_seeds`, which refuses different rows)."""
     out = []
     for contender, reference, what in CONTRASTS:
-        runs = {name: {s: results[SR.run_name(name, s)] for s in seeds if SR.is_finished(results, SR.run_name(name, s))}
+        runs = {name: {s: results[run_name(name, s)] for s in seeds if is_finished(results, run_name(name, s))}
                 for name in (contender, reference)}
         if runs[contender] and runs[reference]:
             out.append({"contender": contender, "reference": reference, "what": what,
-                        **SR.paired_over_seeds(runs[contender], runs[reference])})
+                        **paired_over_seeds(runs[contender], runs[reference])})
     return out
 
 
@@ -155,7 +161,7 @@ def hdet_form(results: Dict[str, Dict[str, Any]], seeds: Sequence[int]) -> Optio
     """The controller the HDET configurations ran with, read from the first finished ``hdet_full``
     run's resolved config as its line records it (not from today's conf/, which may have moved since)."""
     for seed in seeds:
-        r = results.get(SR.run_name("hdet_full", seed))
+        r = results.get(run_name("hdet_full", seed))
         if r and r.get("hdet"):
             h = r["hdet"]["config"]
             return {k: h.get(k) for k in HDET_FORM_KEYS}
@@ -266,11 +272,11 @@ def comparison_report(study: StudyFiles, seed: int) -> Optional[str]:
     ``<out>/comparison/report.html``. It needs the run directories: where they are not in the working
     directory (a report rebuilt from the results file alone), an earlier report is kept as it is."""
     report_dir = os.path.join(study.out, "comparison")
-    completed = [c.name for c in CONFIGS if SR.outcome(study.results.get(SR.run_name(c.name, seed))) == "completed"]
-    dirs = [SR.run_dir(study.work, c, seed) for c in completed]
+    completed = [c.name for c in CONFIGS if outcome(study.results.get(run_name(c.name, seed))) == "completed"]
+    dirs = [run_dir(study.work, c, seed) for c in completed]
     if not completed:
         return None
-    if not all(SR.run_dir_finished(d) for d in dirs):
+    if not all(run_dir_finished(d) for d in dirs):
         kept = os.path.join(report_dir, "report.html")
         if os.path.isfile(kept):
             print(f"comparison report: the run directories are not in {study.work}; {kept} kept as it is", flush=True)
@@ -301,7 +307,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-report", action="store_true", help="skip the comparison report")
     ap.add_argument("--previous", default=None, help="an earlier ablation.md whose table the report keeps beside "
                     "its own (e.g. after the defaults changed)")
-    SR.add_study_arguments(ap)
+    add_study_arguments(ap)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides passed to every run, e.g. data=tiny (put them "
                     "before --seeds/--configs, whose lists would take them)")
     args = ap.parse_args(argv)
@@ -316,8 +322,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         study = StudyFiles.open(args.out, args.work, allow_dirty=args.allow_dirty,
                                 train=not args.report_only and args.verify is None)
         if args.verify is not None:
-            return SR.print_verification(args.verify, SR.verify(study, args.verify))
-    except (SR.ResultsError, StudyMismatch) as e:
+            return print_verification(args.verify, verify(study, args.verify))
+    except (ResultsError, StudyMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.makedirs(study.out, exist_ok=True)

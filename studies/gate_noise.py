@@ -39,7 +39,8 @@ import numpy as np
 import polars as pl
 
 from data_tools.contract import LABEL_PREFIX, read_meta
-from studies.harness import REPO, append, code_state, load, work_dir
+from studies.provenance import REPO, code_state
+from studies.results import append, load, work_dir
 
 KINDS = ("shuffled_labels", "dropped_feature", "lost_positives")
 RECORD_GATE = ["gate.ne_tolerance=1e9", "gate.max_ne=1e9", "gate.calibration=[1e-9,1e9]"]

@@ -1,7 +1,7 @@
 """``python -m studies.lr_recovery``: can one HDET run find each group's learning rate?
 
 A study with a known answer, on the benchmark data set, cold start (no warm-start checkpoint),
-every run under the fairness contract (:class:`studies.harness.Contract`, docs/studies.md): the
+every run under the fairness contract (:class:`studies.contract.Contract`, docs/studies.md): the
 same rows trained (4,096 rows of each day reserved by every contender), rollback on for every
 contender, a run that diverges or ends at the base-rate predictor (NE >= 0.999 on a task) failed.
 
@@ -57,7 +57,7 @@ written: one line on stderr, exit status 2.
 The targets and the report's rendering live in :mod:`studies.lr_recovery_report` (imported by this module alone).
 
 Runs are ordinary ``python -m recsys_hdet.train +experiment=baseline_low ...`` jobs trained by
-:func:`studies.harness.run_one`: resumable (a run with a line in ``<out>/results.jsonl`` is skipped),
+:func:`studies.runs.run_one`: resumable (a run with a line in ``<out>/results.jsonl`` is skipped),
 each line stamped with the commit it trained from; the study refuses to record into a committed
 results file from a dirty tree (``--allow-dirty`` records elsewhere); ``--verify RUN`` retrains one
 recorded run and reports whether it reproduces bit for bit. The earlier study
@@ -76,39 +76,31 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from studies import harness as SR
 from studies import lr_recovery_report as report
-from studies.harness import (AblationConfig, StudyFiles, StudyMismatch, machine_line, outcome, run_one,
-                             paired, run_schedules, write_reports)
 # The targets live in studies/lr_recovery_report.py with the report; the study reads them from here.
 from studies.lr_recovery_report import (MISSET_STARTS, RANGE_TEST, TARGET_STARTS, range_test_targets,  # noqa: F401
                                         targets)
 from recsys_hdet import lr_find
-from recsys_hdet.components.metrics_log import read_json, read_jsonl
-from recsys_hdet.constants import DENSE_GROUPS, LR_AXES, TASKS
-from recsys_hdet.run_dir import RunDir
+from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
+from studies.contract import COLLAPSED_NE, CONTRACT, StudyMismatch, outcome, paired_over_seeds
+from studies.hdet_forms import HDET_ANNEAL_EFFECT
+from studies.provenance import REPO
+from studies.record import mean_ne
+from studies.reporting import machine_line, write_reports
+from studies.results import RESULTS, ResultsError, StudyFiles, load, run_name
+from studies.runs import AblationConfig, add_study_arguments, print_verification, run_one, verify
+from studies.starts import PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
+from studies.stats import paired
+from studies.trajectory import final_bases, geomean, record_trajectory
 
 # The two LRs the study reports per start: the embedding group's, and the dense groups' geometric mean.
 REPORTED = LR_AXES
-PRESET = "baseline_low"  # plain, 2 x 2 layout, benchmark data, cold start
 # The lattice the grid's cells lie on: each axis's LRs are GRID_CENTRE x 10^(k/2) (5 points span 100x).
 GRID_CENTRE = {"embedding": 0.06, "dense": 0.003}
-ANCHOR_FILE = os.path.join(SR.REPO, "docs", "lr_recovery.json")
 # The side-by-side cost benchmark's results (benchmarks/contender_cost.py): each contender's wall ratio.
-BENCHMARK_FILE = os.path.join(SR.REPO, "benchmarks", "results.json")
+BENCHMARK_FILE = os.path.join(REPO, "benchmarks", "results.json")
 
-# (embedding, dense) factors of the anchor (the best cell), and what each start is.
-STARTS: Dict[str, Tuple[float, float]] = {
-    "best": (1.0, 1.0),
-    "old_tuned": (0.1, 10 ** 0.5),
-    "all_low": (0.1, 0.1),
-    "all_high": (10.0, 10.0),
-    "emb_low_dense_high": (0.1, 10.0),
-    "emb_high_dense_low": (10.0, 0.1),
-    "emb_low": (0.1, 1.0),
-    "emb_low_30": (1 / 30, 1.0),
-    "all_high_3": (3.0, 3.0),
-}
+# What each start of :data:`studies.starts.STARTS` is.
 START_LABELS = {
     "best": "the best cell: the plateau start",
     "old_tuned": "embedding 10x low, dense 3x high: the earlier study's 'tuned' start",
@@ -120,12 +112,6 @@ START_LABELS = {
 # The starts the study had before the range test on the replicas: the controller forms are planned at these only.
 EARLIER_STARTS = ("best", "old_tuned", "all_low", "all_high", "emb_low_dense_high", "emb_high_dense_low", "emb_low")
 
-# The product's default (conf/hdet/enabled.yaml), spelled out so that the study does not move when the
-# defaults do: the anneal-then-probe signal (4 cooldown steps to LR 0 on reserved rows, probed,
-# restored) under the effect-size controller (docs/hdet.md).
-HDET_ANNEAL_EFFECT = ("hdet=enabled", "hdet.space=log", "hdet.score=effect", "hdet.signal=anneal_probe",
-                      "hdet.anneal_probe.steps=4", "hdet.effect_scale=0.005", "hdet.min_t=2.0", "hdet.alpha=0.25",
-                      "hdet.controller_start=0", "hdet.beta=0.9")
 # The controller issue's variants (docs/hdet.md, "Choosing the default": pre-registered before their first
 # recovery run), each the default's signal and spread with one change: explore-then-commit (two rounds of 125
 # steps in the one-cycle's 293-step warm-up, a decade then half of one between the extreme replicas, then
@@ -144,10 +130,6 @@ HDET_EFFECT_FIXED = _changed(HDET_ANNEAL_EFFECT, *FIXED_FIT)
 HDET_AIMD = _changed(HDET_ANNEAL_EFFECT, "hdet.score=aimd", "hdet.aimd_up=1.1", "hdet.aimd_down=0.5", *FIXED_FIT)
 HDET_RPROP = _changed(HDET_ANNEAL_EFFECT, "hdet.score=rprop", "hdet.rprop_up=1.2", "hdet.rprop_down=0.5",
                       "hdet.rprop_max_step=1.0", *FIXED_FIT)
-# The earlier defaults (probe signal, regression score) and the paper's form: dominated in the earlier
-# study (docs/lr_recovery_f2), retired; kept for the forms the paired sets name.
-HDET_NEW = ("hdet=enabled", "hdet.space=log", "hdet.score=regression", "hdet.signal=probe", "hdet.alpha=0.25",
-            "hdet.controller_start=0", "hdet.beta=0.9", "hdet.travel_decades=3.0")
 
 
 def prodigy(embedding: float, dense: float) -> List[str]:
@@ -225,30 +207,6 @@ def planned(variant: str, start: str) -> bool:
 def variant_overrides(variant: str, embedding: float, dense: float) -> List[str]:
     v = VARIANTS[variant]
     return v(embedding, dense) if callable(v) else [*lr_overrides(embedding, dense), *v]
-
-
-def lr_overrides(embedding: float, dense: float) -> List[str]:
-    return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE_GROUPS)]
-
-
-def recovery_anchor(path: str = ANCHOR_FILE) -> Tuple[float, float]:
-    """The point every start is a factor of: ``anchor`` of the recovery study's JSON (written by every
-    run of this study, so it stays put), else the earlier study's ``best_cell``."""
-    d = read_json(path)
-    if d is None:
-        raise StudyMismatch(f"{path}: missing: the recovery study's anchor (best cell) is read from it")
-    a = d.get("anchor") or d.get("best_cell")
-    if not a:
-        raise StudyMismatch(f"{path}: no anchor and no best_cell")
-    return float(a["embedding"]), float(a["dense"])
-
-
-def start_lrs(start: str, anchor: Tuple[float, float],
-              factors: Optional[Tuple[float, float]] = None) -> Tuple[float, float]:
-    """A start's (embedding, dense) LRs: its factors (default :data:`STARTS`'s) times the anchor."""
-    fe, fd = STARTS[start] if factors is None else factors
-    # rounded to the 6 significant digits the overrides carry: a start on the lattice is that cell
-    return float(f"{anchor[0] * fe:.6g}"), float(f"{anchor[1] * fd:.6g}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,7 +299,7 @@ def lr_finder_sweeps(embedding: float, dense: float,
               f"optim.schedule.range_test.low={low}", f"optim.schedule.range_test.high={high}",
               f"trainer.stop_at_step={steps}", "trainer.log_every=1", "trainer.rollback.max_rollbacks=0",
               "trainer.periodic_checkpoint.every_steps=0", "trainer.checkpoint=false", "trainer.tensorboard=false",
-              f"data.reserve_rows={SR.CONTRACT.reserve_rows}"]
+              f"data.reserve_rows={CONTRACT.reserve_rows}"]
     return {"embedding": [*lr_overrides(embedding, dense * low), *common,
                           "optim.schedule.range_test.groups=[embedding]"],
             "dense": [*lr_overrides(embedding * low, dense), *common,
@@ -377,42 +335,8 @@ def _run(study: StudyFiles, name: str, seed: int, overrides: Sequence[str], extr
     return r
 
 
-def mean_ne(run: Dict[str, Any]) -> Optional[float]:
-    """Mean held-out NE over the tasks of a results line (or of a summary.json); None unless completed."""
-    if run.get("status") != "completed":
-        return None
-    if "mean_ne" in run:
-        return run["mean_ne"]
-    return statistics.fmean(run["eval"][t]["ne"] for t in TASKS)
-
-
 def grid_name(i: int, j: int) -> str:
     return f"grid/e{i}_d{j}"
-
-
-def max_lr_trajectory(path: str) -> List[Tuple[int, Dict[str, float]]]:
-    """Per sync, each LR group's controlled base in max-LR units: the run's max LR times the base
-    over the OneCycle schedule it replaces (at that step), so that it compares with the grid's
-    max LRs whatever the schedule's phase (the annealed end is ~1e-5 of the peak). ``path``: a run
-    directory (see :func:`record_trajectory` for a results line)."""
-    run = RunDir(path)
-    steps = run.summary()["steps"]
-    return _trajectory(read_jsonl(run.path(RunDir.HDET)), run_schedules(path, steps), steps)
-
-
-def record_trajectory(record: Dict[str, Any]) -> List[Tuple[int, Dict[str, float]]]:
-    """:func:`max_lr_trajectory` of a results line (its syncs' bases, 6 significant digits)."""
-    return _trajectory(SR.sync_records(record), SR.schedules(record, record["steps"]), record["steps"])
-
-
-def _trajectory(records, schedules, steps: int) -> List[Tuple[int, Dict[str, float]]]:
-    out = []
-    for r in records:
-        if r.get("hparams") and "event" not in r:
-            at = min(r["step"], steps - 1)
-            out.append((r["step"], {g: schedules[g].max_lr * r["hparams"][f"lr/{g}"]["next_base"] / schedules[g](at)[0]
-                                    for g in ("embedding", *DENSE_GROUPS)}))
-    return out
 
 
 ORDERING_AT = (0.25, 0.5, 0.75, 1.0)
@@ -431,27 +355,15 @@ def orderings(records: List[Dict[str, Any]], start_lr: Dict[str, float]) -> Opti
     for record in records:
         trajectory = record_trajectory(record)
         at = [trajectory[max(0, math.ceil(f * len(trajectory)) - 1)][1] for f in ORDERING_AT]
-        per_run.append({axis: [_geomean([v[g] for g in REPORTED[axis]]) / start_lr[axis] for v in at]
+        per_run.append({axis: [geomean([v[g] for g in REPORTED[axis]]) / start_lr[axis] for v in at]
                         for axis in REPORTED})
     side = lambda x: (x > 1) - (x < 1)
     return {"at": list(ORDERING_AT), "seeds": len(per_run),
-            "ratio_geomean": {axis: [_geomean([r[axis][k] for r in per_run]) for k in range(len(ORDERING_AT))]
+            "ratio_geomean": {axis: [geomean([r[axis][k] for r in per_run]) for k in range(len(ORDERING_AT))]
                               for axis in REPORTED},
             "per_run": per_run,
             "same_direction_as_dense": [side(r["embedding"][-1]) == side(r["dense"][-1]) for r in per_run],
             "stable": {axis: len({side(r[axis][-1]) for r in per_run}) == 1 for axis in REPORTED}}
-
-
-def final_bases(record: Dict[str, Any]) -> Dict[str, float]:
-    """Each LR group's controlled base in max-LR units (:func:`record_trajectory`) of a results line,
-    geometric mean over the last quarter of the syncs."""
-    trajectory = record_trajectory(record)
-    tail = trajectory[len(trajectory) - max(1, len(trajectory) // 4):]
-    return {g: _geomean([v[g] for _, v in tail]) for g in ("embedding", *DENSE_GROUPS)}
-
-
-def _geomean(xs) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
 
 
 def _mean(xs: List[Optional[float]]) -> Optional[float]:
@@ -612,12 +524,12 @@ def neighbourhood_runs(cells: Dict[Tuple[int, int], Cell], seeds: Sequence[int],
 
 
 def effective_lrs(record: Dict[str, Any]) -> Optional[Dict[str, float]]:
-    """A run's LR area (:func:`studies.harness.lr_area`) in max-LR units: the preset's max LR
+    """A run's LR area (:func:`studies.lr_area.lr_area`) in max-LR units: the preset's max LR
     times the area, per reported group (dense: the three dense groups' geometric mean)."""
     area, preset = record.get("lr_area"), record.get("preset_lr")
     if not area or not preset or any(g not in area for g in ("embedding", *DENSE_GROUPS)):
         return None
-    return {key: _geomean([area[g] * preset[g] for g in groups]) for key, groups in REPORTED.items()}
+    return {key: geomean([area[g] * preset[g] for g in groups]) for key, groups in REPORTED.items()}
 
 
 def run_name_of(start: str, variant: str, embedding: float, dense: float) -> str:
@@ -643,7 +555,7 @@ class Runner:
         read_only = self.report_only or not train
         r = _run(self.files, name, seed, overrides, self.extra, read_only, contract)
         if r is None and not read_only:
-            self.crashed.append(SR.run_name(name, seed))
+            self.crashed.append(run_name(name, seed))
         return r
 
     def lr_finder(self, start: str, seed: int, embedding: float, dense: float, train: bool,
@@ -657,7 +569,7 @@ class Runner:
             sweep = self.run(f"{name}/sweep_{axis}", seed, overrides, train, contract=None)
             if sweep is None:
                 return None, info
-            info["sweeps"][axis] = {"run": SR.run_name(f"{name}/sweep_{axis}", seed),
+            info["sweeps"][axis] = {"run": run_name(f"{name}/sweep_{axis}", seed),
                                     "status": sweep["status"], "steps": sweep["steps"],
                                     "wall_seconds": sweep["wall_seconds"]}
             info["multiplier"][axis] = suggest_multiplier(sweep)
@@ -717,7 +629,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
                 else:
                     name = run_name_of(start, variant, e, d)
                     r = runner.run(name, seed, variant_overrides(variant, e, d), train)
-                runs.append({**run_entry(r, seed, SR.run_name(name, seed), variant, finder,
+                runs.append({**run_entry(r, seed, run_name(name, seed), variant, finder,
                                          missing="not planned" if not plan else
                                          "not run yet" if report_only or not train else "crashed"),
                              "planned": plan})
@@ -739,7 +651,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
         "anchor": {"embedding": anchor[0], "dense": anchor[1], "from": "docs/lr_recovery.json (the earlier study's "
                    "best cell; the starts are factors of it)"},
         "contract": {"overrides": out.contract.overrides() if out.contract else None,
-                     "failed": f"diverged, or held-out NE >= {SR.COLLAPSED_NE} on some task",
+                     "failed": f"diverged, or held-out NE >= {COLLAPSED_NE} on some task",
                      "paired": "contender - plain_rollback on the seeds where both completed; failures beside"},
         "grid": [cell_json(c, an) for _, c in sorted(cells.items())], "neighbourhood_pending": [
             {"embedding": cell_lrs(i, j)[0], "dense": cell_lrs(i, j)[1], "seed": s}
@@ -773,7 +685,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
     return out_json
 
 
-def chosen_rule(path: str = os.path.join(SR.REPO, "docs", "hdet.md"), marker: str = "chosen-rule") -> str:
+def chosen_rule(path: str = os.path.join(REPO, "docs", "hdet.md"), marker: str = "chosen-rule") -> str:
     """A pre-registered rule: docs/hdet.md's text between its ``marker`` markers (``chosen-rule``: the controller
     variants', written before their first recovery run; ``range-test-rule``: the range test on the replicas')."""
     with open(path) as f:
@@ -897,7 +809,7 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
     - misset: a plain run failed, or the plain runs are worse than the best cell by 3 pooled paired std or
       more (paired on the seeds both completed);
     - paired_diff: plain_rollback: plain - best cell; the others: contender - plain_rollback on the same
-      seed, over the seeds where both completed (:func:`studies.harness.paired_over_seeds`);
+      seed, over the seeds where both completed (:func:`studies.contract.paired_over_seeds`);
     - gap_closed (misset starts only): mean(plain - contender) / mean(plain - best) over those seeds;
     - lr_area_in_plateau: per group, how many completed seeds' LR area lies in the plateau's range;
     - cost: against plain + rollback (:func:`cost_entry`; ``wall``: :func:`contender_cost`)."""
@@ -919,7 +831,7 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
         if v == "plain_rollback":
             diff, seeds, closed, fraction = gap, sorted(plain_ok), None, None
         else:
-            p = SR.paired_over_seeds(done, plain)
+            p = paired_over_seeds(done, plain)
             diff, seeds = p["diff"], p["seeds"]
             den = statistics.fmean(plain[s]["mean_ne"] - best_ne(s) for s in seeds) if seeds and best else None
             fraction = statistics.fmean(plain[s]["mean_ne"] - done[s]["mean_ne"] for s in seeds) / den if den else None
@@ -941,7 +853,7 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
             "seeds": len(done), "completed": len(completed),
             "ne": _mean([r["ne"] for r in completed]), "ne_std": _std([r["ne"] for r in completed]),
             "lr_area": areas,
-            "lr_area_geomean": {axis: _geomean([a[axis] for a in areas]) if areas else None
+            "lr_area_geomean": {axis: geomean([a[axis] for a in areas]) if areas else None
                                 for axis in ("embedding", "dense")},
             "rollbacks": [r.get("rollbacks") for r in runs if r["outcome"] is not None],
             "cost_seconds": _mean([r.get("cost_seconds") for r in completed]),
@@ -995,7 +907,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: write the reports from the results file alone (marked partial until "
                          "every run has its line)")
-    SR.add_study_arguments(ap)
+    add_study_arguments(ap)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
     args = ap.parse_args(argv)
     try:
@@ -1004,11 +916,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.verify is None:  # the recorded starts' names too, before StudyFiles.open (which may copy a file)
             anchor = tuple(args.anchor) if args.anchor else recovery_anchor(os.path.join(os.path.abspath(args.docs),
                                                                                          "lr_recovery.json"))
-            extra_starts(args.start, recorded_starts(SR.load(os.path.join(os.path.abspath(args.out), SR.RESULTS)),
+            extra_starts(args.start, recorded_starts(load(os.path.join(os.path.abspath(args.out), RESULTS)),
                                                      anchor))
         files = StudyFiles.open(args.out, args.work, allow_dirty=args.allow_dirty, train=train)
         if args.verify is not None:
-            return SR.print_verification(args.verify, SR.verify(files, args.verify))
+            return print_verification(args.verify, verify(files, args.verify))
         recorded = recorded_starts(files.results, anchor)
         added = extra_starts(args.start, recorded)
         known = {**STARTS, **recorded, **added}
@@ -1019,7 +931,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             os.makedirs(files.out, exist_ok=True)
         result = study(files, args.seeds, args.overrides, args.starts, args.report_only, args.variants, anchor,
                        args.max_rounds, not args.no_grid, added)
-    except (StudyMismatch, SR.ResultsError) as e:
+    except (StudyMismatch, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result["command"] = "python -m studies.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)

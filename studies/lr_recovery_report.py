@@ -15,8 +15,10 @@ import statistics
 from types import ModuleType
 from typing import Any, Dict, List, Optional, Sequence
 
-from studies import harness as SR
-from studies.harness import fmt as _f, paired
+from studies.contract import COLLAPSED_NE
+from studies.reporting import fmt as _f
+from studies.stats import paired
+from studies.trajectory import geomean, record_trajectory
 
 # ----------------------------------------------------------------------------------------------
 # Targets.
@@ -187,7 +189,7 @@ def render_markdown(result: Dict[str, Any], S: ModuleType) -> str:
     lines += [f"Produced by `{result['command']}` on {result['machine']}. NE is the held-out day's normalized "
               "entropy, mean over the three tasks. Every run trains the same rows (4,096 rows of each training "
               "day reserved by every contender: 960 steps), with rollback on (3 rollbacks, each halving every "
-              f"LR); a run that diverged or ended at NE >= {SR.COLLAPSED_NE} on a task (the base-rate predictor) "
+              f"LR); a run that diverged or ended at NE >= {COLLAPSED_NE} on a task (the base-rate predictor) "
               "**failed** and is never paired ([studies.md](studies.md#the-fairness-contract)). Every run names "
               "the commit it trained from (clean trees only).", "",
               f"**Anchor**: embedding {a['embedding']:.4g}, dense {a['dense']:.4g} (the earlier study's best cell, "
@@ -211,7 +213,7 @@ def render_markdown(result: Dict[str, Any], S: ModuleType) -> str:
                   + (f". LR range: embedding {rng['embedding'][0]:.3g} to {rng['embedding'][1]:.3g}, dense "
                      f"{rng['dense'][0]:.3g} to {rng['dense'][1]:.3g}." if rng["embedding"] else ".")]
     lines += ["", "Columns: NE, mean ± std over the completed seeds; failed: diverged or collapsed (NE >= "
-              f"{SR.COLLAPSED_NE}) seeds, never paired; paired diff: plain - best cell for plain + rollback, contender "
+              f"{COLLAPSED_NE}) seeds, never paired; paired diff: plain - best cell for plain + rollback, contender "
               "- plain + rollback on the seeds where both completed (n), mean and 95% t-interval; gap closed (misset "
               "starts): mean(plain - contender) / mean(plain - best) on those seeds; LR area: the pass's LR relative "
               "to the preset's schedule (geometric mean over logged steps) in max-LR units, geometric mean over the "
@@ -400,9 +402,9 @@ def plot(result: Dict[str, Any], records: Dict[str, Dict[str, Any]], path: str, 
             # Every completed run of the default HDET form, one line per seed; a failed run has no base to end on.
             done = [r for r in s["runs"]["hdet"] if r["bases"]]
             for k, run in enumerate(done):
-                trajectory = S.record_trajectory(records[run["run"]])
+                trajectory = record_trajectory(records[run["run"]])
                 # dense: the geometric mean of the dense groups' bases, as in the table and the JSON
-                values = [S._geomean([v[g] for g in S.REPORTED[key]]) for _, v in trajectory]
+                values = [geomean([v[g] for g in S.REPORTED[key]]) for _, v in trajectory]
                 label = f"{name} ({len(done)} of {len(s['runs']['hdet'])} seeds completed)" if k == 0 else None
                 ax.plot([step for step, _ in trajectory], values, color=colour, linewidth=1.2, alpha=0.8, label=label)
         ax.axhline(b[key], color="k", linestyle="--", label="best cell")

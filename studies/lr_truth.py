@@ -37,7 +37,7 @@ rounds of 125 steps from 0% and 25%, the embedding, the dense groups and all.
 **Range commit** (``--range-commit``: the range test on the replicas' kill test, :mod:`studies.range_commit`):
 the form's sweep and commit alone from the recovery study's starts, 3 seeds; ``range_commit`` in the JSON.
 
-Every run is one line of ``results.jsonl`` (``studies.harness``: overrides, seed, status,
+Every run is one line of ``results.jsonl`` (:mod:`studies.record`: overrides, seed, status,
 NE per task, steps, times, and a signal run's sync records; a line's kind, start, seed, checkpoint,
 group and multiplier are read from its name and overrides): the report is rebuilt from it alone
 (``--report-only``), and a run with a line is never trained again (resume). Run directories live under ``--work`` (git-ignored
@@ -59,11 +59,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from studies import harness as SR
-from studies import range_commit
-from studies.harness import REPO, paired_ci95
 from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
 from recsys_hdet.run_dir import RunDir
+from studies import range_commit
+from studies.provenance import REPO
+from studies.record import sync_records
+from studies.results import append, is_finished, load
+from studies.runs import StudyError, train_record
+from studies.starts import lr_overrides
+from studies.stats import paired_ci95
 
 GROUPS = LR_AXES  # what a branch multiplies
 ROUND_MULTIPLIERS = (1.0, 10 ** 0.5, 10.0)  # explore_round: x1, x3.16, x10 of the start, one group (or all)
@@ -96,10 +100,6 @@ SIGNAL_RUNS = {
     "anneal_probe_local": ("hdet.signal=anneal_probe", "trainer.dense_gradients=local"),
 }
 LOSSES = ("probe", "train", *(s for s in SIGNAL_RUNS if s != "probe"))
-
-
-class StudyError(RuntimeError):
-    """A study that cannot go on (named: which start, which run, why)."""
 
 
 @dataclass
@@ -137,26 +137,8 @@ MODES = {
 }
 
 
-def lr_overrides(embedding: float, dense: float) -> List[str]:
-    return [f"optim.lr.embedding={embedding:.6g}", *(f"optim.lr.{g}={dense:.6g}" for g in DENSE_GROUPS)]
-
-
 def pct(fraction: float) -> str:
     return f"c{round(fraction * 100)}"
-
-
-# ----------------------------------------------------------------------------------------------
-# Running one training job (its line: studies.harness).
-
-def train(work: str, name: str, overrides: Sequence[str], data_cache: Optional[str] = None) -> Dict[str, Any]:
-    """Trains run ``name`` into ``work/name`` and returns its results line; StudyError when the job
-    failed without a summary."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"RECSYS_HDET_DATA": data_cache} if data_cache else {})}
-    final = os.path.join(work, name)
-    run = SR.train_run(final, overrides, env)
-    if not run["finished"]:
-        raise StudyError(f"{name}: the job failed (exit status {run['exit_status']}) without a summary; see {run['log']}")
-    return SR.record_from_run_dir(final, name)
 
 
 def checkpoint_step(record: Dict[str, Any]) -> int:
@@ -181,10 +163,10 @@ class Study:
 
     def run(self, name: str, overrides: Sequence[str]) -> Dict[str, Any]:
         """The run's results line: from the file when it finished earlier, else trained now."""
-        if SR.is_finished(self.results, name):
+        if is_finished(self.results, name):
             return self.results[name]
-        record = train(self.work, name, overrides, self.data_cache)
-        SR.append(self.results_path, record)
+        record = train_record(self.work, name, overrides, self.data_cache)
+        append(self.results_path, record)
         self.results[name] = record
         print(f"{name}: {record['status']}, mean NE {record['mean_ne']}, {record['process_seconds']:.0f} s", flush=True)
         return record
@@ -201,11 +183,11 @@ class Study:
         if again_name in self.results and os.path.isdir(checkpoint):
             return
         print(f"{name}: training the recorded trunk again for its kept checkpoints", flush=True)
-        again = train(self.work, name, recorded["overrides"], self.data_cache)
+        again = train_record(self.work, name, recorded["overrides"], self.data_cache)
         if again["status"] != recorded["status"] or not os.path.isdir(checkpoint):
             raise StudyError(f"{name}: trained again, it ends {again['status']} (recorded: {recorded['status']}) "
                              f"or kept no checkpoint at {checkpoint}: the truth's trunk cannot be reproduced here")
-        SR.append(self.results_path, {**again, "name": again_name})
+        append(self.results_path, {**again, "name": again_name})
         self.results[again_name] = {**again, "name": again_name}
         print(f"{again_name}: mean NE {again['mean_ne']} (recorded {recorded['mean_ne']})", flush=True)
 
@@ -298,7 +280,7 @@ def round_score(line: Optional[Dict[str, Any]], at: int, round_steps: int) -> Op
     the round diverged first: the worst; None when the run is missing)."""
     if line is None:
         return None
-    syncs = [x for x in SR.sync_records(line) if x["step"] == at + round_steps]
+    syncs = [x for x in sync_records(line) if x["step"] == at + round_steps]
     finite = [v for v in (syncs[0]["losses"] if syncs else []) if v is not None and math.isfinite(v)]
     return statistics.fmean(finite) if finite else math.inf
 
@@ -448,7 +430,7 @@ def full_windows(line: Dict[str, Any], sync_every: int) -> List[Dict[str, Any]]:
     """A signal run's syncs (hdet.jsonl's form) that close a whole window of T steps after its
     checkpoint (a run that reaches the pass's end first has a last, shorter window there: left out)."""
     at = checkpoint_step(line)
-    return [x for x in SR.sync_records(line) if (x["step"] - at) % sync_every == 0]
+    return [x for x in sync_records(line) if (x["step"] - at) % sync_every == 0]
 
 
 def signals_of(lines: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Dict[str, float]]:
@@ -622,7 +604,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stem = "lr_truth" if args.mode == "record" else f"lr_truth_{args.mode}"
     results_path = os.path.join(out, stem, "results.jsonl")
     study = Study(mode, results_path, args.work or os.path.join(REPO, "outputs", "studies", stem), args.data_cache,
-                  SR.load(results_path), tuple(args.signals))
+                  load(results_path), tuple(args.signals))
     status = 0
     if not args.report_only:
         try:

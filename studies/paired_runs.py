@@ -1,11 +1,11 @@
 """Small paired studies on the benchmark data: named sets of configurations, each trained on the
 same seeds, compared by paired differences of held-out NE (mean over the three tasks).
 
-Sets (``--set``), each at a start of the recovery study (``lr_recovery.STARTS``: factors of the anchor
+Sets (``--set``), each at a start of the recovery study (``studies.starts.STARTS``: factors of the anchor
 that ``docs/lr_recovery.json`` names, the best cell of the recovery grid):
 - ``recovery_rollback`` (retired: the recovery study under the fairness contract runs every contender
   with rollback, plain included): the earlier recovery study's two starts with the dense LRs 10x high,
-  plain and HDET (``lr_recovery.HDET_NEW``), rollback on; its rows are kept and reported.
+  plain and HDET (:data:`HDET_NEW`), rollback on; its rows are kept and reported.
 - ``embedding_window``: what averaging the embedding replicas only every T steps costs when the
   embedding LR is spread. HDET at ``old_tuned`` (embedding 10x below the best cell, dense 3x above it:
   not on the plateau) with the spread fixed (``hdet.autolr=false``, so the controller moves nothing),
@@ -13,13 +13,13 @@ that ``docs/lr_recovery.json`` names, the best cell of the recovery grid):
   (``hdet.embedding_sync_every=1``); the dense replicas are averaged every T in both.
 - ``local_sgd``: what independent dense replicas between syncs (``trainer.dense_gradients=local``,
   no dense gradient all-reduce; the syncs average the replicas) cost in NE, with the product's
-  default HDET form (``lr_recovery.HDET_ANNEAL_EFFECT``) at ``old_tuned``, against the same form with
+  default HDET form (``studies.hdet_forms.HDET_ANNEAL_EFFECT``) at ``old_tuned``, against the same form with
   the all-reduce.
 Both HDET-against-HDET sets ran before the fairness contract; they train the same rows and rollback
 on both sides (the reserved probe rows and the trainer's default rollback), so their pairs are fair;
-a set trained from now on gets the contract's overrides (:data:`studies.harness.CONTRACT`).
+a set trained from now on gets the contract's overrides (:data:`studies.contract.CONTRACT`).
 
-One line per run in ``docs/<set>/results.jsonl`` (``studies.harness``; resumable; ``--report-only`` rebuilds
+One line per run in ``docs/<set>/results.jsonl`` (:mod:`studies.results`; resumable; ``--report-only`` rebuilds
 ``docs/<set>.md`` and ``.json`` from it); run directories under ``outputs/studies/<set>``.
 """
 
@@ -33,11 +33,18 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from studies import harness as SR
-from studies.lr_recovery import HDET_ANNEAL_EFFECT, HDET_NEW, PRESET, lr_overrides, recovery_anchor, start_lrs
-from studies.harness import REPO, paired_ci95
-from studies.lr_truth import StudyError, train
+from studies.contract import CONTRACT, StudyMismatch, outcome
+from studies.hdet_forms import HDET_ANNEAL_EFFECT
+from studies.provenance import REPO
+from studies.results import StudyFiles, append, is_finished
+from studies.runs import StudyError, add_study_arguments, print_verification, train_record, verify
+from studies.starts import PRESET, lr_overrides, recovery_anchor, start_lrs
+from studies.stats import paired_ci95
 
+# The earlier defaults (probe signal, regression score) and the paper's form: dominated in the earlier
+# study (docs/lr_recovery_f2), retired; kept for the forms the paired sets name.
+HDET_NEW = ("hdet=enabled", "hdet.space=log", "hdet.score=regression", "hdet.signal=probe", "hdet.alpha=0.25",
+            "hdet.controller_start=0", "hdet.beta=0.9", "hdet.travel_decades=3.0")
 COMMON = (f"+experiment={PRESET}", "trainer.checkpoint=false", "trainer.tensorboard=false")
 # The point the recovery study's starts are factors of (docs/lr_recovery.json), read once.
 ANCHOR = recovery_anchor()
@@ -85,15 +92,15 @@ def run_set(pset: PairedSet, results: Dict[str, Dict[str, Any]], path: str, work
     for seed in pset.seeds:  # seed-major: an interrupted set has whole pairs
         for config, extra in pset.configs.items():
             name = f"{config}/seed{seed}"
-            if SR.is_finished(results, name):
+            if is_finished(results, name):
                 continue
             try:
-                record = train(work, name, [*COMMON, f"seed={seed}", *SR.CONTRACT.apply(extra)])
+                record = train_record(work, name, [*COMMON, f"seed={seed}", *CONTRACT.apply(extra)])
             except StudyError as e:
                 print(f"error: {e}", file=sys.stderr)
                 status = 2
                 continue
-            SR.append(path, record)
+            append(path, record)
             results[name] = record
             print(f"{name}: {record['status']}, mean NE {record['mean_ne']}, {rollbacks(record)} rollback(s), "
                   f"{record['process_seconds']:.0f} s", flush=True)
@@ -108,13 +115,13 @@ def summarize(pset: PairedSet, results: Dict[str, Dict[str, Any]]) -> Dict[str, 
     configs = {}
     for config in pset.configs:
         runs = {s: results.get(f"{config}/seed{s}") for s in pset.seeds}
-        ok = {s: r["mean_ne"] for s, r in runs.items() if SR.outcome(r) == "completed"}
+        ok = {s: r["mean_ne"] for s, r in runs.items() if outcome(r) == "completed"}
         configs[config] = {"runs": sum(r is not None for r in runs.values()), "completed": len(ok),
                            "mean_ne": statistics.fmean(ok.values()) if ok else None, "ne_per_seed": ok,
                            "rollbacks_per_seed": {s: rollbacks(r) for s, r in runs.items() if r},
                            # training speed of the completed runs (side by side only within one session)
                            "examples_per_sec": statistics.median(runs[s]["examples_per_sec"] for s in ok) if ok else None,
-                           "statuses": {s: ("collapsed" if SR.outcome(r) == "failed" and r["status"] == "completed"
+                           "statuses": {s: ("collapsed" if outcome(r) == "failed" and r["status"] == "completed"
                                             else r["status"]) for s, r in runs.items() if r}}
     pairs = []
     for a, b in pset.pairs:
@@ -154,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", default=os.path.join(REPO, "docs"))
     parser.add_argument("--work", help="run directories (default: outputs/studies/<set>)")
     parser.add_argument("--report-only", action="store_true")
-    SR.add_study_arguments(parser)
+    add_study_arguments(parser)
     args = parser.parse_args(argv)
     pset = SETS[args.set]
     train_now = not args.report_only and args.verify is None
@@ -163,12 +170,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        files = SR.StudyFiles.open(os.path.join(args.out, args.set), args.work or os.path.join(REPO, "outputs", "studies",
+        files = StudyFiles.open(os.path.join(args.out, args.set), args.work or os.path.join(REPO, "outputs", "studies",
                                                                                              args.set),
                                    allow_dirty=args.allow_dirty, train=train_now)
         if args.verify is not None:
-            return SR.print_verification(args.verify, SR.verify(files, args.verify))
-    except SR.StudyMismatch as e:
+            return print_verification(args.verify, verify(files, args.verify))
+    except StudyMismatch as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     path, results = files.results_path, files.results

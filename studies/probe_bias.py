@@ -43,9 +43,13 @@ import sys
 import time
 from typing import Any, Dict, List, Tuple
 
-from studies import harness as SR
-from studies.lr_recovery import DENSE, final_bases, lr_overrides, mean_ne
-from studies.harness import AblationConfig, StudyFiles, StudyMismatch, run_one
+from recsys_hdet.constants import DENSE_GROUPS
+from studies.contract import StudyMismatch
+from studies.record import mean_ne, sync_records
+from studies.results import RESULTS, ResultsError, StudyFiles, load, run_name
+from studies.runs import AblationConfig, run_one
+from studies.starts import lr_overrides
+from studies.trajectory import final_bases
 
 STARTS: Dict[str, Tuple[float, float]] = {"tuned": (6.0, 0.03), "all_low": (0.6, 0.003)}
 # The controller every form below varies: the recovery study's first scale-free form (probe signal,
@@ -105,18 +109,18 @@ def run_all(study: StudyFiles, report_only: bool = False) -> List[Dict[str, Any]
             if summary and form != "plain" and summary["status"] == "completed":
                 bases = final_bases(summary)
                 row["final_over_start"] = {"embedding": bases["embedding"] / emb,
-                                           **{g: bases[g] / dense for g in DENSE}}
+                                           **{g: bases[g] / dense for g in DENSE_GROUPS}}
             rows.append(row)
             print(f"{name}: {row['status']}, NE {row['ne']}", flush=True)
     return rows
 
 
-GROUPS = ("embedding", *DENSE)
+GROUPS = ("embedding", *DENSE_GROUPS)
 
 
 def probe_slopes(syncs: List[Dict[str, Any]]) -> List[Dict[str, float]]:
     """What the controller saw in a finished HDET run (its sync records, hdet.jsonl's form, e.g.
-    :func:`studies.harness.sync_records` of its results line): per half of the pass, the least-squares slope
+    :func:`studies.record.sync_records` of its results line): per half of the pass, the least-squares slope
     of the replicas' probe losses on every group's log2 multiplier, fitted jointly (the four groups'
     permutations are independent, so one joint fit separates their effects), with each sync's
     losses and multipliers centred. In loss units per doubling of that group's LR: positive, the
@@ -151,13 +155,13 @@ def probe_slopes(syncs: List[Dict[str, Any]]) -> List[Dict[str, float]]:
 def study_slopes(study: str) -> List[Dict[str, Any]]:
     """:func:`probe_slopes` of the recovery study's scale-free HDET runs (those finished), from its
     results file (``<study>/results.jsonl``)."""
-    results = SR.load(os.path.join(study, SR.RESULTS))
+    results = load(os.path.join(study, RESULTS))
     rows = []
     for start in ("tuned", "all_low", "all_high", "emb_low_dense_high", "emb_high_dense_low"):
         for seed in (0, 1, 2):
-            summary = results.get(SR.run_name(f"{start}/hdet", seed))
+            summary = results.get(run_name(f"{start}/hdet", seed))
             if summary and summary.get("status") == "completed":
-                first, second = probe_slopes(SR.sync_records(summary))
+                first, second = probe_slopes(sync_records(summary))
                 rows.append({"start": start, "seed": seed, "first_half": first, "second_half": second})
     return rows
 
@@ -198,7 +202,7 @@ def write(rows: List[Dict[str, Any]], docs: str, slopes: List[Dict[str, Any]] = 
     for r in rows:
         f = r.get("final_over_start", {})
         lines.append(f"| {r['start']} | {r['form']} | {r['status']} | {fmt(r['ne'])} | "
-                     + " | ".join(fmt(f.get(g), 3) for g in ("embedding", *DENSE)) + " |")
+                     + " | ".join(fmt(f.get(g), 3) for g in ("embedding", *DENSE_GROUPS)) + " |")
     md = f"""# Which way does the probe signal push? (a diagnostic)
 
 Produced by `python -m studies.probe_bias` on {platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}.
@@ -243,7 +247,7 @@ def main(argv=None) -> int:
     try:
         rows = run_all(StudyFiles.open(args.out, args.work), args.report_only)
         slopes = study_slopes(args.study)
-    except (StudyMismatch, SR.ResultsError) as e:
+    except (StudyMismatch, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write(rows, args.docs, slopes)

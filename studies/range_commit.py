@@ -25,9 +25,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from recsys_hdet.components.range_rule import suggest_multiplier
 from recsys_hdet.config_schema import RangeTestConfig
-from studies.harness import CONTRACT
 from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
-from studies.lr_recovery import PRESET, STARTS, lr_overrides, recovery_anchor
+from studies.contract import CONTRACT
+from studies.starts import PRESET, STARTS, lr_overrides, recovery_anchor
 
 # (embedding, dense) factors of the anchor: the best cell, the four misset starts, and the two the issue adds.
 KILL_STARTS: Dict[str, Tuple[float, float]] = {

@@ -36,7 +36,8 @@ import time
 from typing import Any, Dict, List
 
 from pipelines import retrain as R
-from studies.harness import code_state, paired
+from studies.provenance import code_state
+from studies.stats import paired
 from pipelines.registry import Registry
 from pipelines.retrain_demo import retrain_command
 from recsys_hdet.config import CONF_DIR

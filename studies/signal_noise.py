@@ -30,10 +30,13 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
-from studies import harness as SR
-from studies.harness import AblationConfig, StudyFiles, StudyMismatch, fmt as _f, machine_line, run_one, write_reports
 from recsys_hdet.constants import PARAM_GROUPS as GROUPS
 from recsys_hdet.hdet.statistics import preference, spread_offsets
+from studies.contract import StudyMismatch
+from studies.record import sync_records
+from studies.reporting import fmt as _f, machine_line, write_reports
+from studies.results import ResultsError, StudyFiles
+from studies.runs import AblationConfig, run_one
 
 COMMON = ("hdet=enabled", "hdet.autolr=false", "hdet.space=log", "hdet.score=rank")
 RUNS = {
@@ -106,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result: Dict[str, Any] = {"preset": args.preset, "seed": args.seed, "runs": {}}
     try:
         study = StudyFiles.open(args.out, args.work)
-    except SR.ResultsError as e:
+    except ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for name, overrides in RUNS.items():
@@ -123,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if record is None:  # --report-only, not run yet
             print(f"{name}: not run yet", flush=True)
             continue
-        m = measure(SR.sync_records(record))
+        m = measure(sync_records(record))
         m["train_loss"] = record["train_loss"]["avg"]
         result["runs"][name] = m
         print(f"{name}: noise std {_f(m['noise_std'], 5)}, preference "

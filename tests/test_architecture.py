@@ -1,10 +1,12 @@
 """The import contracts (pyproject.toml [tool.importlinter], docs/architecture.md) hold on the tree and
 catch planted violations: a component that imports the HDET package, a data tool that imports the
-library (data_tools is the bottom package), a leaf module that imports another data tool."""
+library (data_tools is the bottom package), a leaf module that imports another data tool, a study that
+imports another study, a module of the study library that imports a study."""
 import os
 import shutil
 import subprocess
 import sys
+import tomllib
 
 from conftest import REPO
 
@@ -19,20 +21,40 @@ def _lint(cwd):
 def test_the_import_contracts_hold_and_planted_upward_imports_break_them(tmp_path):
     proc = _lint(REPO)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "BROKEN" not in proc.stdout and "Contracts: 7 kept, 0 broken." in proc.stdout
+    assert "BROKEN" not in proc.stdout and "Contracts: 9 kept, 0 broken." in proc.stdout
     for name in PACKAGES:
         shutil.copytree(os.path.join(REPO, name), tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(os.path.join(REPO, "pyproject.toml"), tmp_path)
     for path, line in ((("recsys_hdet", "components", "replicas.py"), "from recsys_hdet.hdet import engine"),
                        (("data_tools", "vocab.py"), "from recsys_hdet import constants"),
-                       (("data_tools", "fileio.py"), "from data_tools import errors")):
+                       (("data_tools", "fileio.py"), "from data_tools import errors"),
+                       (("studies", "probe_bias.py"), "from studies import lr_recovery"),
+                       (("studies", "starts.py"), "from studies import ablation")):
         with open(tmp_path.joinpath(*path), "a") as f:
             f.write(f"\n{line}  # planted\n")
     planted = _lint(tmp_path)
     assert planted.returncode == 1
     out = " ".join(planted.stdout.split())  # contract names wrap over lines
-    assert "Contracts: 4 kept, 3 broken." in out, planted.stdout[-3000:]
+    assert "Contracts: 4 kept, 5 broken." in out, planted.stdout[-3000:]
     assert "components/ never imports hdet/ BROKEN" in out
     assert "recsys_hdet.components.replicas -> recsys_hdet.hdet.engine" in out
     assert "never the reverse) BROKEN" in out and "data_tools.vocab -> recsys_hdet.constants" in out
     assert "import nothing of the project BROKEN" in out and "data_tools.fileio -> data_tools.errors" in out
+    assert "no study imports another (directly or through another module) BROKEN" in out
+    assert "studies.probe_bias -> studies.lr_recovery" in out
+    assert "The study library (and the benchmarks) import no study BROKEN" in out
+    assert "studies.starts -> studies.ablation" in out
+
+
+def test_every_module_of_studies_is_a_study_or_a_library_module():
+    """The two studies contracts cover studies/: each module is in the independence contract's list (a study) or
+    in the forbidden contract's sources (the library), never both, so that a new module is placed deliberately."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    studies = next(c for c in contracts if c["type"] == "independence")["modules"]
+    library = next(c for c in contracts if c["name"].startswith("The study library"))
+    assert sorted(library["forbidden_modules"]) == sorted(studies)
+    library = [m for m in library["source_modules"] if m.startswith("studies.")]
+    modules = sorted(f"studies.{f[:-3]}" for f in os.listdir(os.path.join(REPO, "studies"))
+                     if f.endswith(".py") and f != "__init__.py")
+    assert sorted(studies + library) == modules and not set(studies) & set(library)

@@ -114,7 +114,7 @@ def test_the_neighbourhood_rule_seeds_the_anchor_s_8_neighbours_then_follows_the
 
 
 def test_paired_intervals():
-    from studies.lr_recovery import paired
+    from studies.stats import paired
 
     p = paired([0.01, 0.02, 0.03])
     half = 4.303 * 0.01 / 3 ** 0.5
@@ -124,7 +124,7 @@ def test_paired_intervals():
 
 def _runs(variant, *nes, lr=None):
     """A contender's runs as the study keeps them, and their results lines: an NE, or None for a failed seed."""
-    from studies.harness import outcome
+    from studies.contract import outcome
 
     records, runs = {}, []
     for k, ne in enumerate(nes):
@@ -196,8 +196,9 @@ def test_the_lr_finder_suggests_the_smoothed_minimum_over_ten():
 def test_the_committed_study_report_from_its_results_file(tmp_path):
     """docs/lr_recovery_f3/results.jsonl rebuilds the committed report's figures (no training), and every
     recorded run names the clean commit it trained from."""
-    from studies.harness import StudyFiles
-    from studies.lr_recovery import STARTS, render_markdown, study
+    from studies.lr_recovery import render_markdown, study
+    from studies.results import StudyFiles
+    from studies.starts import STARTS
 
     files = StudyFiles.open(os.path.join(REPO, "docs", "lr_recovery_f3"), str(tmp_path), train=False)
     committed = read_json(os.path.join(REPO, "docs", "lr_recovery.json"))
@@ -339,8 +340,8 @@ def test_a_bad_start_is_refused_with_one_line_and_nothing_written(tmp_path, monk
 
 
 def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path, capsys):
-    from studies.lr_recovery import (HDET_VARIANTS, STARTS, extra_starts, main, parse_start, planned,
-                                     recorded_starts)
+    from studies.lr_recovery import HDET_VARIANTS, extra_starts, main, parse_start, planned, recorded_starts
+    from studies.starts import STARTS
 
     assert parse_start("odd=0.02,40") == ("odd", (0.02, 40.0))
     assert parse_start("x.y-2=1e-3,2.5") == ("x.y-2", (0.001, 2.5))

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import REPO, run_command
 from studies import lr_truth as L
-from studies import harness as SR
+from studies.record import compact_syncs
+from studies.stats import paired_ci95
 
 
 def test_the_truth_is_the_best_multiplier_only_where_its_paired_interval_excludes_zero():
@@ -28,7 +29,7 @@ def test_the_truth_is_the_best_multiplier_only_where_its_paired_interval_exclude
 
 
 def test_paired_interval_uses_the_t_quantile():
-    mean, low, high = L.paired_ci95([1.0, 2.0, 3.0])
+    mean, low, high = paired_ci95([1.0, 2.0, 3.0])
     assert mean == 2.0 and high - mean == pytest.approx(4.303 * 1.0 / 3 ** 0.5, rel=1e-4)
 
 
@@ -42,8 +43,8 @@ def _sync(step, rank_losses, dense_u, emb_u, base=0.01):
 
 
 def _signal_line(syncs, at):
-    """A signal run's results line (studies.harness' columns) branched at step ``at``."""
-    return {"syncs": SR.compact_syncs(syncs), "overrides": [f"trainer.branch_from=/x/checkpoint/step-{at}"]}
+    """A signal run's results line (studies.record's columns) branched at step ``at``."""
+    return {"syncs": compact_syncs(syncs), "overrides": [f"trainer.branch_from=/x/checkpoint/step-{at}"]}
 
 
 def test_every_score_reads_the_planted_direction():
@@ -127,7 +128,6 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
 
 
 def test_the_explore_round_table_compares_the_round_s_order_with_the_end_of_the_pass():
-    from studies.harness import compact_syncs
     from studies.lr_truth import MODES, ROUND_MULTIPLIERS, explore_round_cases, pct
 
     mode = MODES["tiny"]  # rounds of 5 steps from step 0 and from the trunk's 50% checkpoint (step 25 of 46)

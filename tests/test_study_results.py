@@ -1,12 +1,17 @@
-"""studies.harness: the results file (round trip, a cut-off last line, skip-finished) and a
-run directory's line (LR areas, the syncs' columns and their inverse)."""
+"""The study library's results file (studies.results: round trip, a cut-off last line, skip-finished) and a run
+directory's line (studies.record, studies.lr_area: LR areas, the syncs' columns and their inverse)."""
 import json
 import math
 import os
 
 import pytest
 
-from studies import harness as SR
+from recsys_hdet.constants import TASKS
+from studies.lr_area import lr_area, one_cycle
+from studies.provenance import REPO
+from studies.record import compact_syncs, sync_records
+from studies.results import (RESULTS, ResultsError, StudyFiles, append, dumps, is_finished, load, run_name,
+                             study_overrides, work_dir)
 
 
 def _line(name, status="completed", **keys):
@@ -16,61 +21,62 @@ def _line(name, status="completed", **keys):
 
 def test_append_and_load_round_trip(tmp_path):
     path = str(tmp_path / "sub" / "results.jsonl")
-    assert SR.load(path) == {}
+    assert load(path) == {}
     a, b = _line("grid/e0_d0/seed0", lr_area={"embedding": 30.0}), _line("all_low/plain/seed1", "diverged")
-    SR.append(path, a)
-    SR.append(path, b)
-    assert SR.load(path) == {a["name"]: a, b["name"]: b}
+    append(path, a)
+    append(path, b)
+    assert load(path) == {a["name"]: a, b["name"]: b}
     with open(path) as f:
         lines = f.read().split("\n")
     assert lines[-1] == "" and len(lines) == 3 and json.loads(lines[0]) == a  # one compact line a run
     # A name recorded again keeps its last line.
-    SR.append(path, {**a, "mean_ne": 0.7})
-    assert SR.load(path)[a["name"]]["mean_ne"] == 0.7
+    append(path, {**a, "mean_ne": 0.7})
+    assert load(path)[a["name"]]["mean_ne"] == 0.7
     with pytest.raises(ValueError):  # NaN is not JSON: refused, not written
-        SR.append(path, {**a, "mean_ne": float("nan")})
-    assert len(SR.load(path)) == 2
+        append(path, {**a, "mean_ne": float("nan")})
+    assert len(load(path)) == 2
 
 
 def test_a_cut_off_last_line_is_left_out_and_dropped_by_the_next_append(tmp_path, capsys):
     path = str(tmp_path / "results.jsonl")
     a, b, c = _line("a/seed0"), _line("b/seed0"), _line("c/seed0")
-    SR.append(path, a)
-    SR.append(path, b)
+    append(path, a)
+    append(path, b)
     with open(path, "a") as f:  # a crash in the middle of the third append
-        f.write(SR.dumps(c)[:25])
-    assert SR.load(path) == {"a/seed0": a, "b/seed0": b}
+        f.write(dumps(c)[:25])
+    assert load(path) == {"a/seed0": a, "b/seed0": b}
     assert "last line cut off" in capsys.readouterr().err
-    assert not SR.is_finished(SR.load(path), "c/seed0")  # so that run trains again
-    SR.append(path, c)  # drops the fragment, which would otherwise swallow this line
-    assert SR.load(path) == {"a/seed0": a, "b/seed0": b, "c/seed0": c}
+    assert not is_finished(load(path), "c/seed0")  # so that run trains again
+    append(path, c)  # drops the fragment, which would otherwise swallow this line
+    assert load(path) == {"a/seed0": a, "b/seed0": b, "c/seed0": c}
     assert "dropped a cut-off last line" in capsys.readouterr().err
     # An unreadable line that is not the last is corruption, not a crash: an error.
     with open(path) as f:
         lines = f.read().split("\n")
     with open(path, "w") as f:
         f.write("\n".join([lines[0], "{not json", *lines[1:]]))
-    with pytest.raises(SR.ResultsError, match=":2:"):
-        SR.load(path)
+    with pytest.raises(ResultsError, match=":2:"):
+        load(path)
 
 
 def test_skip_finished_and_the_recorded_overrides(tmp_path):
     results = {"x/seed0": _line("x/seed0"), "y/seed0": _line("y/seed0", "diverged"),
                "z/seed0": _line("z/seed0", "crashed")}
-    assert SR.is_finished(results, "x/seed0") and SR.is_finished(results, "y/seed0")
-    assert not SR.is_finished(results, "z/seed0") and not SR.is_finished(results, "w/seed0")
-    assert SR.study_overrides(results["x/seed0"]) == ["optim.lr.embedding=0.6"]
-    assert SR.run_name("grid/e3_d2", 0) == "grid/e3_d2/seed0"
+    assert is_finished(results, "x/seed0") and is_finished(results, "y/seed0")
+    assert not is_finished(results, "z/seed0") and not is_finished(results, "w/seed0")
+    assert study_overrides(results["x/seed0"]) == ["optim.lr.embedding=0.6"]
+    assert run_name("grid/e3_d2", 0) == "grid/e3_d2/seed0"
     # A study under docs/ keeps its run directories out of docs/; any other keeps them beside its file.
-    assert SR.work_dir(os.path.join(SR.REPO, "docs", "lr_recovery_f2")) == \
-        os.path.join(SR.REPO, "outputs", "studies", "lr_recovery_f2")
-    assert SR.work_dir(str(tmp_path)) == str(tmp_path)
+    assert work_dir(os.path.join(REPO, "docs", "lr_recovery_f2")) == \
+        os.path.join(REPO, "outputs", "studies", "lr_recovery_f2")
+    assert work_dir(str(tmp_path)) == str(tmp_path)
 
 
 def test_the_ablation_runner_skips_a_run_with_a_line_and_refuses_other_overrides(tmp_path):
-    from studies.harness import AblationConfig, StudyMismatch, run_one
+    from studies.contract import StudyMismatch
+    from studies.runs import AblationConfig, run_one
 
-    study = SR.StudyFiles.open(str(tmp_path), contract=None)  # the skip and mismatch rules alone
+    study = StudyFiles.open(str(tmp_path), contract=None)  # the skip and mismatch rules alone
     study.add(_line("baseline_low/seed0"))
     cfg = AblationConfig("baseline_low", "baseline_low", "", None, None)
     res = run_one(study, cfg, 0, ["optim.lr.embedding=0.6"])  # nothing is trained: its line exists
@@ -84,7 +90,7 @@ def test_the_ablation_runner_skips_a_run_with_a_line_and_refuses_other_overrides
     _fake_run_dir(tmp_path / "runs" / "baseline_low" / "seed1", ["optim.lr.embedding=0.6"], seed=1)
     res = run_one(study, cfg, 1, ["optim.lr.embedding=0.6"])
     assert res["skipped"] and res["record"]["name"] == "baseline_low/seed1"
-    assert SR.StudyFiles.open(str(tmp_path), contract=None).results == study.results
+    assert StudyFiles.open(str(tmp_path), contract=None).results == study.results
     assert res["record"]["lr_area"]["embedding"] == pytest.approx(30.0, rel=1e-9)
 
 
@@ -99,12 +105,12 @@ def _fake_run_dir(path, overrides, seed=0, total=100):
     (path / ".hydra" / "config.yaml").write_text(json.dumps(
         {"seed": seed, "optim": {"lr": lr, "schedule": schedule}, "trainer": {"nproc": 4, "sharding_group_size": 2},
          "hdet": {"enabled": False}, "data": {"name": "bench", "batch_size": 512, "reserve_rows": 4096}}))
-    sched = {g: SR.one_cycle(schedule, v, total) for g, v in lr.items()}
+    sched = {g: one_cycle(schedule, v, total) for g, v in lr.items()}
     with open(path / "metrics.jsonl", "w") as f:
         for s in range(25, total + 1, 25):
             f.write(json.dumps({"step": s, "lr": {g: sched[g](min(s, total - 1))[0] for g in lr}}) + "\n")
     (path / "train.log").write_text(f"training {total} steps x 2048 examples on days ...\n")
-    ev = {t: {"ne": 0.8, "auc": 0.7, "logloss": 0.1, "calibration": 1.0} for t in SR.TASKS}
+    ev = {t: {"ne": 0.8, "auc": 0.7, "logloss": 0.1, "calibration": 1.0} for t in TASKS}
     (path / "summary.json").write_text(json.dumps(
         {"status": "completed", "steps": total, "wall_seconds": 10.0, "train_loss": {"avg": 0.2}, "eval": ev}))
 
@@ -113,13 +119,13 @@ def test_lr_area_is_the_override_ratio_for_a_plain_run_and_the_mean_log_multipli
     schedule = {"pct_start": 0.3, "anneal_strategy": "cos", "div_factor": 25.0, "final_div_factor": 1e4}
     preset = {"embedding": 0.02, "transformer": 0.001}
     total = 100
-    plain = {g: SR.one_cycle(schedule, lr, total) for g, lr in preset.items()}
+    plain = {g: one_cycle(schedule, lr, total) for g, lr in preset.items()}
     # The trainer logs the LR each step ran with; the last step logs the schedule's last value.
     metrics = [{"step": s, "lr": {"embedding": 30 * plain["embedding"](min(s, total - 1))[0],
                                   "transformer": (2.0 if s < 50 else 0.5) * plain["transformer"](min(s, total - 1))[0]}}
                for s in range(10, total + 1, 10)]
     metrics.append({"step": 5, "loss": 1.0})  # a line without LRs does not count
-    area = SR.lr_area(metrics, schedule, preset, total)
+    area = lr_area(metrics, schedule, preset, total)
     assert area["embedding"] == pytest.approx(30.0, rel=1e-12)
     # 4 of the 10 logged steps at x2, 6 at x0.5: exp((4 ln 2 - 6 ln 2) / 10)
     assert area["transformer"] == pytest.approx(math.exp(-0.2 * math.log(2)), rel=1e-12)
@@ -129,32 +135,32 @@ def test_syncs_are_stored_as_columns_and_read_back():
     records = [{"step": 50 * k, "losses": [0.2 + 1e-5 * k, 0.21, 0.2, 0.19], "excluded": [],
                 "hparams": {"lr/embedding": {"base": 0.06, "values": [0.06 * 1.25, 0.06 / 1.25], "velocity": 0.0,
                                              "next_base": 0.061 * k, "log_offset": 0.0}}} for k in (1, 2)]
-    cols = SR.compact_syncs(records)
+    cols = compact_syncs(records)
     assert cols["step"] == [50, 100] and "excluded" not in cols
     assert cols["hparams"]["lr/embedding"]["mult"] == [[1.25, 0.8], [1.25, 0.8]]
-    back = SR.sync_records({"syncs": json.loads(json.dumps(cols))})
+    back = sync_records({"syncs": json.loads(json.dumps(cols))})
     for r, b in zip(records, back):
         assert b["step"] == r["step"] and b["losses"] == pytest.approx(r["losses"], rel=1e-10)
         h, k = r["hparams"]["lr/embedding"], b["hparams"]["lr/embedding"]
         assert k["values"] == pytest.approx(h["values"], rel=1e-6)
         assert k["next_base"] == pytest.approx(h["next_base"], rel=1e-6) and k["velocity"] == 0.0
-    assert SR.sync_records({"status": "completed"}) == []
+    assert sync_records({"status": "completed"}) == []
 
 
 def test_a_committed_study_line_rebuilds_what_the_reports_read():
     """One line of each committed study carries what its report reads (a cheap check of the
     conversion: every study's report is rebuilt from these files alone)."""
-    docs = os.path.join(SR.REPO, "docs")
-    f2 = SR.load(os.path.join(docs, "lr_recovery_f2", SR.RESULTS))
+    docs = os.path.join(REPO, "docs")
+    f2 = load(os.path.join(docs, "lr_recovery_f2", RESULTS))
     hdet = f2["all_low/hdet/seed0"]
     assert hdet["status"] == "completed" and hdet["hdet"]["config"]["score"] == "regression"
-    assert len(SR.sync_records(hdet)) == hdet["hdet"]["syncs"] == 20
+    assert len(sync_records(hdet)) == hdet["hdet"]["syncs"] == 20
     plain = f2["all_low/plain/seed0"]
     assert plain["lr_area"]["embedding"] == pytest.approx(0.6 / 0.02, rel=1e-6)
-    assert plain["mean_ne"] == pytest.approx(sum(plain["eval"][t]["ne"] for t in SR.TASKS) / 3, rel=1e-12)
+    assert plain["mean_ne"] == pytest.approx(sum(plain["eval"][t]["ne"] for t in TASKS) / 3, rel=1e-12)
     assert {r["status"] for r in f2.values()} == {"completed", "diverged"}
     for study in ("lr_recovery", "ablation", "probe_bias", "signal_noise"):
-        assert SR.load(os.path.join(docs, study, SR.RESULTS))
+        assert load(os.path.join(docs, study, RESULTS))
 
 
 def test_paired_runs_pairs_by_seed_and_reports_each_configuration_s_speed():

@@ -13,8 +13,8 @@ Two more schedules for plain runs, chosen per group by :func:`build_schedules`:
 - :class:`RangeTest`: the LR range test (Smith 2017, arXiv 1506.01186; fastai's ``lr_find``):
   ``max_lr x low`` rising exponentially to ``max_lr x high`` over ``steps`` steps, for the groups
   ``optim.schedule.range_test.groups`` names (the others constant at their max LR). A short run
-  (``trainer.stop_at_step``) on it logs the loss against the LR; ``studies.harness.suggest_lr``
-  reads the suggestion off that curve.
+  (``trainer.stop_at_step``) on it logs the loss against the LR; ``recsys_hdet.lr_find``
+  reads the suggestion off that curve (``components/range_rule.py``).
 
 :class:`GroupLRScheduler` applies one schedule per named group of a
 :class:`~recsys_hdet.components.optimizer.GroupedOptimizer`: ``lr`` in every group, and the
