@@ -31,8 +31,10 @@ import datetime as dt
 import glob
 
 from data_tools import contract as C
-from data_tools.convert import _append_locked, convert, resolve_min_count
+from data_tools.append import _append_locked
+from data_tools.convert import convert
 from data_tools.errors import DataError, data_error
+from data_tools.id_vocabs import resolve_min_count
 from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE,
                                  GeneratorConfig, generate)
 from data_tools.validate import _load_meta, validate_processed
@@ -86,7 +88,7 @@ def append_synthetic_days(root: str, days: int = 1) -> list[str]:
 
     The days are what :func:`generate` writes for them with the data set's generator config and
     ``days`` = the data set's days + ``days`` (the same ground truth, the drift continued); they
-    are converted with :func:`data_tools.convert.append_days`'s path (old day files untouched, ids
+    are converted with :func:`data_tools.append.append_days`'s path (old day files untouched, ids
     keep their rows). Their raw log is kept in ``source.raw_dir`` as
     ``log_synthetic_<first>[-<last>].csv`` and their oracle is added to ``oracle.json``, both
     published with the data set's files, before meta.json. Holds the lock ``ensure_dataset`` takes.

@@ -1,5 +1,5 @@
 """Data sets that grow by whole days: the generator's prefix stability, append_synthetic_days,
-convert.append_days (in place, ids keep their rows, old files untouched, crash-safe) and the rule
+append.append_days (in place, ids keep their rows, old files untouched, crash-safe) and the rule
 by which ensure_dataset keeps an appended data set."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import threading
 import polars as pl
 import pytest
 
-import data_tools.convert as C
-from data_tools.convert import append_days
+import data_tools.append as C
+from data_tools.append import append_days
 from data_tools.convert import main as convert_main
 from data_tools.errors import DataError
 from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
                                  generate)
 from data_tools.generate import main as generate_main
+from data_tools.id_vocabs import resolve_min_count
 from data_tools.prepare import _existing, append_synthetic_days, ensure_dataset, load_oracle
 from data_tools.validate import validate_processed
 from data_tools.vocab import ID_FEATURES, vocab_path
@@ -157,7 +158,7 @@ def test_ensure_dataset_keeps_an_appended_data_set(tmp_path, capsys):
     assert len(validate_processed(root)["days"]) == 4
     # fewer days than generated, more than it holds, another field: not usable (regenerated)
     for over in (dict(days=1), dict(days=5), dict(seed=6)):
-        assert _existing(root, GeneratorConfig(**dict(GEN, **over)), C.resolve_min_count({}))[0] is False, over
+        assert _existing(root, GeneratorConfig(**dict(GEN, **over)), resolve_min_count({}))[0] is False, over
     with pytest.raises(SystemExit):
         generate_main(["--append-to", root, "--seed", "3"])  # the data set's own config is used
 
@@ -236,7 +237,7 @@ def test_failed_append_leaves_the_data_set_unchanged(tmp_path, monkeypatch):
 
 
 def _append_killed_at_commit(root):
-    import data_tools.convert as conv
+    import data_tools.append as conv
     from data_tools.prepare import append_synthetic_days as append
 
     conv._commit_meta = lambda *a: os._exit(3)  # killed after every file but meta.json was moved

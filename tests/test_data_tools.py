@@ -555,7 +555,7 @@ def _same_data_set(a, b):
 def test_convert_sorts_a_long_day_in_time_ranges_with_the_same_result(raw_dir, processed, tmp_path):
     # 4,000 rows a day in pieces of about 300 (a piece per time range, then concatenated): the same
     # rows in the same order (ties in time_ms in log order), the same statistics, as sorted whole
-    from data_tools.convert import _time_ranges
+    from data_tools.day_files import _time_ranges
 
     out = str(tmp_path / "chunked")
     convert(*_raw(raw_dir), out, MIN_COUNT, chunk_rows=300)
@@ -577,7 +577,7 @@ def test_convert_sorts_a_long_day_in_time_ranges_with_the_same_result(raw_dir, p
 
 def test_an_interrupted_convert_resumes_after_its_last_finished_day(raw_copy, processed, tmp_path, monkeypatch,
                                                                     capsys):
-    import data_tools.convert as C
+    import data_tools.resume as C
 
     out = str(tmp_path / "out")
     stage = str(tmp_path / ".out.partial")
@@ -697,7 +697,7 @@ def test_both_ways_of_writing_a_day_cut_it_into_the_configured_row_groups(raw_di
     # exactly 700 rows (the last one shorter), the layout meta.json records.
     import pyarrow.parquet as pq
 
-    import data_tools.convert as C
+    import data_tools.day_files as C
 
     ranges = []
     real = C._time_ranges

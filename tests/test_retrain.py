@@ -19,7 +19,9 @@ from pipelines import day_plan as P
 from pipelines import gate as G
 from pipelines import lr_carry as C
 from pipelines import retrain as R
+from pipelines.day_training import training_overrides
 from pipelines.registry import Registry
+from pipelines.retrain_day import FAULT_ENV
 from data_tools.exit_status import ExitStatus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,7 +315,7 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     code, out = _finish(_job(tmp_path, "reg", data, "carry_lr=true", "allow_config_change=true"))
     assert code == ExitStatus.OK, out
     code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true", "allow_config_change=true",
-                             env={R.FAULT_ENV: "kill_before_current"}))
+                             env={FAULT_ENV: "kill_before_current"}))
     assert code == -signal.SIGKILL, out
     assert Registry(str(tmp_path / "reg2")).current() == "v0001"  # never pointed at an incomplete version
     code, out = _finish(_job(tmp_path, "reg2", data, "carry_lr=true"))
@@ -409,7 +411,7 @@ def test_status_into_a_closed_pipe_ends_quietly(tmp_path):
 def _day_config(cfg, plan, days, warm):
     from recsys_hdet.api import compose_config
 
-    return compose_config(R.training_overrides(cfg, plan, days, warm, {}))
+    return compose_config(training_overrides(cfg, plan, days, warm, {}))
 
 
 def test_a_changed_setting_between_days_is_refused_naming_the_keys(tmp_path, tiny_dataset, capsys):

@@ -1,0 +1,128 @@
+"""The retraining job's commands on the registry besides the daily run.
+
+``status [--json]`` (the lineage, for people or for scripts and dashboards), ``rollback [--to
+VERSION]`` (repoints ``current``) and ``adopt run_dir=RUN`` (an existing completed run becomes
+version 1 of an empty registry). ``status`` and ``rollback`` read the registry only (no ``data_root``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from pipelines.day_plan import RetrainError, check_registry, version_name
+from pipelines.gate import gate
+from pipelines.registry import Registry, RegistryBusy, RegistryError
+from pipelines.version_manifest import adopted_manifest, version_files
+from data_tools.exit_status import ExitStatus
+
+
+def status(cfg: DictConfig, as_json: bool = False) -> int:
+    """The registry's lineage (``as_json``: one JSON object on stdout, for scripts and dashboards).
+    Exit 0; 1 when the registry is damaged; 2 when there is no registry at that path."""
+    registry = Registry(str(cfg.registry))
+    if not os.path.isdir(registry.root):
+        print(f"[retrain] registry={registry.root}: no registry there (the first run of the job creates it)",
+              file=sys.stderr)
+        return ExitStatus.USAGE
+    lineage = registry.status()
+    try:
+        check_registry(registry)
+        damaged = None
+    except RetrainError as e:
+        damaged = str(e)
+    if as_json:
+        print(json.dumps({"registry": registry.root, "current": registry.current(), "damaged": damaged,
+                          "versions": [{"version": line["version"], "status": line["status"],
+                                        "parent": line["parent"], "current": line["current"],
+                                        "train_days": line["train_days"], **{k: line["manifest"].get(k) for k in (
+                                            "day", "lr_start", "lr_preset", "hdet_bases")},
+                                        "candidate_ne": {t: r.get("candidate_ne") for t, r in
+                                                         line["manifest"].get("gate", {}).get("tasks", {}).items()},
+                                        "reasons": line["manifest"].get("gate", {}).get("reasons", [])}
+                                       for line in lineage]}, indent=1))
+        return ExitStatus.FAILED if damaged else ExitStatus.OK
+    print(f"registry {registry.root}: {len(lineage)} version(s), current: {registry.current()}")
+    for line in lineage:
+        m = line["manifest"]
+        ne = " ".join(f"{t}={r['candidate_ne']:.4f}" for t, r in m.get("gate", {}).get("tasks", {}).items()
+                      if r.get("candidate_ne") is not None)
+        bases = " ".join(f"{g}={x:.3g}" for g, x in (m.get("hdet_bases") or {}).items())
+        start, preset = m.get("lr_start"), m.get("lr_preset") or {}
+        started = (" | started from preset" if start == "static" else
+                   " | started from carried " + " ".join(
+                       f"{g}={x:.3g}" + (f" (x{x / preset[g]:.2f} preset)" if g in preset else "")
+                       for g, x in start.items()) if isinstance(start, dict) else "")
+        days = line["train_days"] or []
+        print(f"{'*' if line['current'] else ' '} {line['version']} {line['status'] or '?':9s} parent={line['parent']} "
+              f"days={days[0] if days else '-'}..{days[-1] if days else '-'} NE {ne or '-'}"
+              + started + (f" | ended with {bases}" if bases else ""))
+        for r in m.get("gate", {}).get("reasons", []):
+            print(f"      rejected: {r}")
+    if damaged:
+        print(f"DAMAGED: {damaged}", file=sys.stderr)
+        return ExitStatus.FAILED
+    return ExitStatus.OK
+
+
+
+def adopt(cfg: DictConfig) -> int:
+    """``adopt run_dir=DIR``: an existing completed run becomes version 1 of an empty registry, after
+    scoring it on its held-out days and passing the gate's checks that need no published model
+    (completed, NE below ``gate.max_ne``, calibration within ``gate.calibration``). The next job run
+    trains the days after its training days, warm-started from it: train the run with the daily
+    ``experiment`` (its model must fit the warm start)."""
+    from recsys_hdet.evaluate import evaluate_run
+    from recsys_hdet.evaluation import EvaluationError, load_run
+
+    registry = Registry(str(cfg.registry))
+    fail = lambda msg, status: print(f"[retrain] {msg}", file=sys.stderr) or status
+    if cfg.run_dir is None:
+        return fail("adopt needs run_dir=DIR (a completed training run)", ExitStatus.USAGE)
+    if os.path.isdir(registry.root) and registry.list_versions():
+        return fail(f"registry={registry.root} has versions already; adopt starts a registry (use an empty one)",
+                    ExitStatus.USAGE)
+    try:
+        run = load_run(str(cfg.run_dir), None, os.path.abspath(str(cfg.data_root)))
+        candidate = evaluate_run(run.run_dir, data_root=os.path.abspath(str(cfg.data_root)), nproc=int(cfg.eval_nproc))
+    except EvaluationError as e:
+        return fail(f"run_dir={cfg.run_dir}: {e}", ExitStatus.USAGE)
+    decision = gate(cfg, run.summary, candidate, None)
+    if decision["decision"] != "published":
+        return fail("not adopted: " + "; ".join(decision["reasons"]) + "; the registry is unchanged", ExitStatus.REJECTED)
+    manifest = adopted_manifest(cfg, run, decision, candidate)
+    os.makedirs(registry.root, exist_ok=True)
+    try:
+        with registry.lock():
+            files = version_files(run.run_dir)
+            version = version_name(1)
+            registry.add_version(version, files, manifest)
+            registry.set_current(version)
+            registry.log_event({"event": "adopted", "version": version, "run_dir": run.run_dir})
+    except RegistryBusy as e:
+        return fail(f"BUSY: {e}", ExitStatus.BUSY)
+    print(f"[retrain] adopted {run.run_dir} as {version} (trained on {run.train_days[0]}..{run.train_days[-1]}); "
+          f"current: {version}")
+    return ExitStatus.OK
+
+
+
+def rollback(cfg: DictConfig, to: Optional[str]) -> int:
+    """``rollback [--to VERSION]``: repoints ``current`` (:meth:`pipelines.registry.Registry.rollback`)."""
+    registry = Registry(str(cfg.registry))
+    try:
+        with registry.lock():
+            before = registry.current()
+            now = registry.rollback(to)
+    except RegistryBusy as e:
+        print(f"[retrain] BUSY: {e}", file=sys.stderr)
+        return ExitStatus.BUSY
+    except RegistryError as e:
+        print(f"[retrain] FAILED: {e}", file=sys.stderr)
+        return ExitStatus.FAILED
+    print(f"[retrain] current: {before} -> {now}")
+    return ExitStatus.OK

@@ -1,0 +1,162 @@
+"""One day of the retraining job (:func:`process_day`).
+
+Before training, the day is checked against the published version (:func:`setup_day`: the same
+holdout, the same settings unless ``allow_config_change``, a controller to carry LRs from); then the
+candidate trains (:mod:`pipelines.day_training`), it and the published model score the day's
+held-out rows, the gate decides (:mod:`pipelines.gate`) and the version is recorded
+(:mod:`pipelines.version_manifest`): published, ``current`` repointed; or rejected.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipelines.day_plan import DayPlan, RetrainError, version_name
+from pipelines.day_training import train, training_overrides
+from pipelines.gate import evaluate_models, gate
+from pipelines.lr_carry import clamp_carried, preset_lrs
+from pipelines.registry import Registry
+from pipelines.settings import changed_settings
+from pipelines.version_manifest import day_manifest, version_files
+from recsys_hdet.api import compose_config
+from recsys_hdet.run_dir import RunDir
+
+# Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
+# version's directory is renamed into place and before ``current`` is repointed.
+FAULT_ENV = "RECSYS_HDET_RETRAIN_FAULT"
+
+
+class SettingsChanged(RetrainError):
+    """The day would train with other settings than the published version's (exit status 2)."""
+
+
+
+class CarryWithoutController(SettingsChanged):
+    """``carry_lr=true`` for a day that trains plain: there are no controller rates to carry (exit status 2)."""
+
+
+
+@dataclass
+class DaySetup:
+    """What a day trains from and with, decided (and checked) before it trains."""
+
+    current: Optional[str]  # the published version (the parent), None on the first run
+    current_dir: Optional[str]
+    warm: Optional[str]  # the checkpoint the day warm-starts from (None: cold start)
+    preset: Dict[str, float]  # the experiment's static max LRs
+    carried: Dict[str, float]  # the max LRs carried from the parent's controller (empty: the preset's)
+    run_dir: str
+    overrides: List[str]
+    composed: DictConfig
+    experiment: str
+
+
+def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequence[str],
+                log) -> str:
+    """Trains, evaluates, gates and records one day. Returns "published" or "rejected"; raises
+    RetrainError when the day fails (nothing is written to the registry then)."""
+    day = setup_day(cfg, registry, plan, all_days)
+    lr_source = f"carried from {day.current}" if day.carried else "the preset's static config"
+    what = "cold start" if plan.cold_start else f"warm start from {day.current}"
+    log(f"day {plan.day}: training on {plan.train_days[0]}..{plan.train_days[-1]} ({what}; LRs: {lr_source}) "
+        f"in {day.run_dir}")
+    summary, candidate, published = _train_and_score(cfg, plan, day, log)
+    decision = gate(cfg, summary, candidate, published)
+    number = len(registry.list_versions()) + 1
+    version = version_name(number)
+    manifest = day_manifest(cfg, plan, parent=day.current, run_dir=day.run_dir, summary=summary, decision=decision,
+                            candidate=candidate, carried=day.carried, preset=day.preset, experiment=day.experiment,
+                            overrides=day.overrides)
+    _record(cfg, registry, plan, day, version, manifest, decision)
+    _log_outcome(plan, version, day.current, decision, log)
+    return decision["decision"]
+
+
+def setup_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequence[str]) -> DaySetup:
+    """The day's parent, warm start, LRs and training config, checked against the published version:
+    RetrainError when the holdout differs, CarryWithoutController when ``carry_lr`` has no controller
+    rates to carry, SettingsChanged when the settings differ (unless ``allow_config_change``)."""
+    current = registry.current()
+    current_dir = registry.version_dir(current) if current else None
+    parent_manifest = registry.manifest(current) if current else {}
+    if current and parent_manifest.get("holdout") != OmegaConf.to_container(cfg.holdout):
+        raise RetrainError(f"holdout={OmegaConf.to_container(cfg.holdout)} differs from the published version "
+                           f"{current}'s {parent_manifest.get('holdout')}: the gate's rows would include rows that "
+                           f"model trained on; keep the holdout of the registry (or start a new registry)")
+    warm = RunDir(current_dir).path(RunDir.CHECKPOINT) if current_dir and not plan.cold_start else None
+    preset = preset_lrs(cfg, cfg.cold_start_experiment if plan.cold_start else cfg.experiment)
+    carried = clamp_carried(parent_manifest.get("hdet_bases") or {}, preset, cfg.carry_lr_clamp) \
+        if (cfg.carry_lr and warm) else {}
+    run_dir = os.path.join(registry.root, "work", plan.day)
+    overrides = training_overrides(cfg, plan, all_days, warm, carried)
+    composed = compose_config(overrides)
+    experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
+    if cfg.carry_lr and not bool(composed.hdet.enabled):
+        raise CarryWithoutController(
+            f"day {plan.day}: carry_lr=true carries the rates HDET's controller ended with, but experiment="
+            f"{experiment} trains plain (hdet.enabled=false): set carry_lr=false, or add 'hdet=enabled' to overrides")
+    changes = changed_settings(cfg, parent_manifest, current_dir, composed, experiment) if current_dir else []
+    if changes and not cfg.allow_config_change:
+        raise SettingsChanged(f"day {plan.day}: the settings differ from the published version {current}'s: "
+                              + "; ".join(changes) + ". Train with the published settings, or pass "
+                              "allow_config_change=true to train this day with the new ones")
+    return DaySetup(current=current, current_dir=current_dir, warm=warm, preset=preset, carried=carried,
+                    run_dir=run_dir, overrides=overrides, composed=composed, experiment=experiment)
+
+
+def _train_and_score(cfg: DictConfig, plan: DayPlan, day: DaySetup,
+                     log) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
+    """Trains (or resumes) the day's run; a completed run and the published model are then scored on the
+    day's held-out rows. Returns the run's summary and the two scores (None when not scored)."""
+    run_dir = day.run_dir
+    t0 = time.time()
+    result = train(cfg, day.overrides, run_dir, day.composed)
+    summary = result.summary
+    if summary is None:
+        raise RetrainError(f"day {plan.day}: training failed (exit status {result.exit_status}); see {run_dir}/train.log "
+                           "(a rerun resumes it from its last checkpoint)")
+    candidate = published = None
+    if summary.get("status") == "completed":
+        log(f"day {plan.day}: trained in {time.time() - t0:.0f} s; evaluating on the day's held-out rows")
+        try:
+            candidate, published = evaluate_models(cfg, run_dir, plan.day, day.current_dir)
+        except Exception as e:  # noqa: BLE001 - any evaluation failure fails the day, named
+            raise RetrainError(f"day {plan.day}: evaluation failed: {type(e).__name__}: {e}") from e
+    return summary, candidate, published
+
+
+def _record(cfg: DictConfig, registry: Registry, plan: DayPlan, day: DaySetup, version: str,
+            manifest: Dict[str, Any], decision: Dict[str, Any]) -> None:
+    """Adds the version to the registry (exported first when it is published and ``export_on_publish``),
+    repoints ``current`` when it is published, logs the event and removes the day's run directory."""
+    run_dir, current = day.run_dir, day.current
+    if decision["decision"] == "published" and cfg.export_on_publish:
+        from recsys_hdet.serving.artifact import export_run
+
+        export_run(run_dir, RunDir(run_dir).path(RunDir.EXPORT), overwrite=True)  # registry/current/export: what serves
+    files = version_files(run_dir)
+    registry.add_version(version, files, manifest)
+    if os.environ.get(FAULT_ENV) == "kill_before_current":  # tests: a job killed mid-publish
+        os.kill(os.getpid(), signal.SIGKILL)
+    if decision["decision"] == "published":
+        registry.set_current(version)
+    registry.log_event({"event": decision["decision"], "version": version, "day": plan.day, "parent": current,
+                        "reasons": decision["reasons"],
+                        "ne": {t: r.get("candidate_ne") for t, r in decision["tasks"].items()}})
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _log_outcome(plan: DayPlan, version: str, current: Optional[str], decision: Dict[str, Any], log) -> None:
+    ne = ", ".join(f"{t} {r['candidate_ne']:.4f}" + (f" (published {r['published_ne']:.4f})" if "published_ne" in r
+                                                      else "") for t, r in decision["tasks"].items())
+    if decision["decision"] == "published":
+        log(f"day {plan.day}: PUBLISHED {version} (parent {current}); NE {ne}")
+    else:
+        log(f"day {plan.day}: REJECTED as {version}: " + "; ".join(decision["reasons"]) + (f"; NE {ne}" if ne else ""))
