@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path, data = os.path.join(REPO, "outputs", "benchmarks", "contender_cost.json"), result
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
+        json.dump(data, f, indent=2)  # as benchmarks.run writes results.json
         f.write("\n")
     os.replace(path + ".tmp", path)
     print(json.dumps({"ratio": result["ratio"], "steps_ratio": result["steps_ratio"]}), flush=True)
