@@ -8,7 +8,7 @@ The one owner of the rule that both range tests apply: the command that sweeps b
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 SMOOTHING = 0.98
 # fastai's rule: the suggestion is the multiplier at the smoothed minimum divided by this, so it lies in
@@ -31,24 +31,32 @@ def sweep_multiplier(step: int, low: float, high: float, sweep_steps: int) -> fl
     return low * (high / low) ** pct
 
 
-def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
-                       sweep_steps: int, beta: float = SMOOTHING) -> Optional[float]:
-    """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
-    trained when ``losses[k]`` was logged): the loss smoothed by an exponential moving average
-    (``beta``, bias-corrected), cut where it exceeds 4x its minimum or turns non-finite; the multiplier
-    of the max LR at the smoothed minimum, divided by :data:`SUGGESTION_DIVISOR`. None without a finite logged loss."""
+def read_curve(losses: Sequence[Optional[float]], beta: float = SMOOTHING) -> Tuple[Optional[int], Optional[int]]:
+    """How the rule reads a range test's losses: the loss smoothed by an exponential moving average (``beta``,
+    bias-corrected) and cut where it exceeds 4x its minimum or turns non-finite. Returns (the index of the
+    smoothed minimum before the cut, None without a finite loss; the index of the cut, None if it never comes)."""
     avg, best, best_at = 0.0, math.inf, None
-    for k, (step, loss) in enumerate(zip(steps, losses)):
+    for k, loss in enumerate(losses):
         if loss is None or not math.isfinite(loss):
-            break
+            return best_at, k
         avg = beta * avg + (1 - beta) * loss
         smoothed = avg / (1 - beta ** (k + 1))
         if smoothed > 4 * best:
-            break
+            return best_at, k
         if smoothed < best:
-            best, best_at = smoothed, step
-    if best_at is None:
+            best, best_at = smoothed, k
+    return best_at, None
+
+
+def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
+                       sweep_steps: int, beta: float = SMOOTHING) -> Optional[float]:
+    """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
+    trained when ``losses[k]`` was logged), read by :func:`read_curve`: the multiplier of the max LR at the
+    smoothed minimum, divided by :data:`SUGGESTION_DIVISOR`. None without a finite logged loss."""
+    best, _ = read_curve(losses[:len(steps)], beta)
+    if best is None:
         return None
+    best_at = steps[best]
     # a record at step k follows k trained steps; the last of them (0-based k - 1) ran at the multiplier of k - 1
     return sweep_multiplier(best_at - 1, low, high, sweep_steps) / SUGGESTION_DIVISOR
 

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence
 
 import torch
 
-from recsys_hdet.components.range_rule import (SMOOTHING, check_sweep, range_edge, suggest_multiplier,
-                                               sweep_multiplier)
+from recsys_hdet.components.range_rule import check_sweep, range_edge, read_curve, suggest_multiplier, sweep_multiplier
 
 
 @dataclass(frozen=True)
@@ -59,21 +58,6 @@ class ReplicaSweepPlan:
         return {g: rising if axis == swept else self.low for axis, groups in self.axes.items() for g in groups}
 
 
-def exploded_at(losses: Sequence[float], beta: float = SMOOTHING) -> Optional[int]:
-    """The first 0-based index at which the range-test rule cuts the curve (the smoothed loss above 4x its
-    minimum, or a non-finite loss); None when it never does."""
-    avg, best = 0.0, math.inf
-    for k, loss in enumerate(losses):
-        if not math.isfinite(loss):
-            return k
-        avg = beta * avg + (1 - beta) * loss
-        smoothed = avg / (1 - beta ** (k + 1))
-        if smoothed > 4 * best:
-            return k
-        best = min(best, smoothed)
-    return None
-
-
 def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequence[int]) -> Dict[str, Any]:
     """Each axis's suggestion from every rank's curve (``curves[rank, step]``: the rank's loss at each sweep
     step): the curve of an axis is the mean over the ranks of the replicas that swept it. Returns per axis
@@ -89,7 +73,7 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
                              "replicas (trainer.nproc / trainer.sharding_group_size)")
         curve = [float(x) for x in curves[ranks].double().mean(0)]
         multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps)
-        cut = exploded_at(curve)
+        _, cut = read_curve(curve)
         out[axis] = {
             "multiplier": 1.0 if multiplier is None else multiplier,
             "no_suggestion": multiplier is None,

@@ -35,10 +35,10 @@ from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.train_state import ModelState, RNGState
 from recsys_hdet.constants import LR_AXES
 from data_tools.fileio import write_text_atomic
+from recsys_hdet.hdet.hparams import ReplicaAxis
 from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
 from recsys_hdet.hdet.signals import snapshot
 from recsys_hdet.run_dir import RunDir
-
 
 
 def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float], Dict[str, Any]]:
@@ -47,7 +47,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
     rt, layout, optimizer, stream = cfg.hdet.range_test, handles.layout, handles.optimizer, handles.stream
     plan = ReplicaSweepPlan(LR_AXES, int(rt.steps), float(rt.low), float(rt.high))
     max_lrs = {g: float(cfg.optim.lr[g]) for g in optimizer.groups}
-    replica_of_rank = [r // layout.sharding_group_size for r in range(layout.world_size)]
+    replica_of_rank = ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size).replica_of_rank
     weights = handles.task_weights.double()
 
     def set_multipliers(multipliers: Mapping[str, float]) -> None:
@@ -97,4 +97,3 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
     handles.log("HDET range test committed in {:.1f} s; the pass trains plain from the step-0 state at max LRs "
                 "{}".format(record["seconds"], " ".join(f"{g}={v:.4g}" for g, v in committed.items())))
     return committed, record
-
