@@ -31,11 +31,11 @@ from typing import Any, Dict, List, Sequence
 from recsys_hdet.run_dir import RunDir
 from studies.contract import CONTRACT
 from studies.provenance import REPO
+from studies.range_tests import HDET_RANGE_TEST
 from studies.reporting import machine_line
 from studies.runs import train_run
 from studies.starts import PRESET, lr_overrides, recovery_anchor, start_lrs
 
-RANGE_TEST = ["hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001", "hdet.range_test.high=10000"]
 CONTENDERS = ("plain_rollback", "hdet_range_test", "lr_finder")
 
 
@@ -60,7 +60,7 @@ def contender(name: str, work: str, start: str, seed: int, env: Dict[str, str]) 
     if name == "plain_rollback":
         return _train(work, name, common, env)
     if name == "hdet_range_test":
-        return _train(work, name, [*common, *RANGE_TEST], env)
+        return _train(work, name, [*common, *HDET_RANGE_TEST], env)
     find_dir = os.path.join(work, "lr_finder_sweeps")
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "recsys_hdet.lr_find", *[o for o in common if o != "trainer.tensorboard=false"],

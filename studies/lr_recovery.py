@@ -24,9 +24,9 @@ contender, a run that diverges or ends at the base-rate predictor (NE >= 0.999 o
      (optim.dense.type=schedulefree_adamw), the embedding on exactly the plain run's schedule,
    - ``lr_finder``: the LR range test (Smith 2017; fastai's ``lr_find``, the product's
      ``python -m recsys_hdet.lr_find`` default sweep) before a plain run: two short sweeps from the start's
-     initial model, one per axis, 100 steps from x0.001 to x10000 (:func:`lr_finder_sweeps`), each suggesting
-     the multiplier at the smoothed loss's minimum / 10 (:func:`suggest_multiplier`, read with each sweep's
-     own recorded range); then a plain run at the suggested LRs. Its cost counts the sweeps' steps and
+     initial model, one per axis, 100 steps from x0.001 to x10000 (:func:`studies.range_tests.finder_sweeps`),
+     each suggesting the multiplier at the smoothed loss's minimum / 10
+     (:func:`studies.range_tests.sweep_suggestion`, read with each sweep's own recorded range); then a plain run at the suggested LRs. Its cost counts the sweeps' steps and
      seconds. Its runs are ``{start}/lr_finder_wide...``,
    - planned at every start: the five above. The earlier contenders, read and reported where recorded:
      ``hdet`` (the product's earlier default, conf/hdet/enabled.yaml) and the controller issue's
@@ -80,11 +80,11 @@ from studies import lr_recovery_report as report
 # The targets live in studies/lr_recovery_report.py with the report; the study reads them from here.
 from studies.lr_recovery_report import (MISSET_STARTS, RANGE_TEST, TARGET_STARTS, range_test_targets,  # noqa: F401
                                         targets)
-from recsys_hdet import lr_find
 from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
 from studies.contract import COLLAPSED_NE, CONTRACT, StudyMismatch, outcome, paired_over_seeds
 from studies.hdet_forms import HDET_ANNEAL_EFFECT
 from studies.provenance import REPO
+from studies.range_tests import HDET_RANGE_TEST, NARROW_SWEEP, SWEEP, finder_sweeps, sweep_suggestion
 from studies.record import mean_ne
 from studies.reporting import machine_line, write_reports
 from studies.results import RESULTS, ResultsError, StudyFiles, load, run_name
@@ -144,18 +144,6 @@ def schedulefree(embedding: float, dense: float) -> List[str]:
     return [*lr_overrides(embedding, dense), "optim.dense.type=schedulefree_adamw"]
 
 
-# The LR range test's sweep, written once: 100 steps from x0.001 to x10000 of the start, per axis. The LR
-# finder's sweeps and the range test on the replicas both use it; it is the product's default
-# (recsys_hdet.config_schema.RangeTestConfig, lr_find's sweep), spelled out so that the study does not move when
-# the default does (tests/test_lr_recovery.py checks that they agree today).
-SWEEP_STEPS, SWEEP_LOW, SWEEP_HIGH = 100, 0.001, 10000.0
-# The retired narrow finder's sweep (lr_find's default before it was widened): its recorded runs are read.
-NARROW_SWEEP = (100, 0.01, 100.0)
-# The range test on the replicas: each replica sweeps one axis (the other held at x low) before the pass, every
-# rank commits the suggestion, and the pass trains plain from the step-0 state (recsys_hdet/hdet/range_test_job.py).
-HDET_RANGE_TEST = ("hdet=enabled", f"hdet.range_test.steps={SWEEP_STEPS}", f"hdet.range_test.low={SWEEP_LOW:g}",
-                   f"hdet.range_test.high={SWEEP_HIGH:g}")
-
 # variant -> the overrides added to the start's LRs, or a function of the start's LRs giving every override;
 # the finders' overrides come from their sweeps (:data:`FINDERS`, :meth:`Runner.lr_finder`).
 VARIANTS = {"plain_rollback": (), "hdet_range_test": HDET_RANGE_TEST, "prodigy": prodigy, "schedulefree": schedulefree,
@@ -164,7 +152,7 @@ VARIANTS = {"plain_rollback": (), "hdet_range_test": HDET_RANGE_TEST, "prodigy":
             "lr_finder_narrow": None}
 # finder contender -> (its runs' name under the start, its sweep (steps, low, high)); the wide finder's runs have
 # names of their own, so that they never meet the narrow finder's recorded lines.
-FINDERS = {"lr_finder": ("lr_finder_wide", (SWEEP_STEPS, SWEEP_LOW, SWEEP_HIGH)),
+FINDERS = {"lr_finder": ("lr_finder_wide", SWEEP),
            "lr_finder_narrow": ("lr_finder", NARROW_SWEEP)}
 # Read and reported where recorded, never trained again.
 RETIRED_VARIANTS = ("lr_finder_narrow",)
@@ -281,38 +269,6 @@ def recorded_starts(records: Dict[str, Dict[str, Any]], anchor: Tuple[float, flo
                                 f"other lines have {found[parts[0]]}")
         found.setdefault(parts[0], factors)
     return found
-
-
-# ----------------------------------------------------------------------------------------------
-# The LR finder: an LR range test per axis, then a plain run.
-
-
-
-def lr_finder_sweeps(embedding: float, dense: float,
-                     sweep: Tuple[int, float, float] = FINDERS["lr_finder"][1]) -> Dict[str, List[str]]:
-    """The two range tests' overrides: per axis, that axis's groups sweep from the start's LR x low to x high
-    over ``steps`` steps (``sweep``; log-spaced, the loss logged every step); the other axis is held at its
-    start x low, so each sweep measures its own groups. Rollback off and the divergence check at its default: a
-    sweep ends where the loss explodes, as a range test does; no checkpoints, no evaluation."""
-    steps, low, high = sweep
-    common = ["optim.schedule.name=range_test", f"optim.schedule.range_test.steps={steps}",
-              f"optim.schedule.range_test.low={low}", f"optim.schedule.range_test.high={high}",
-              f"trainer.stop_at_step={steps}", "trainer.log_every=1", "trainer.rollback.max_rollbacks=0",
-              "trainer.periodic_checkpoint.every_steps=0", "trainer.checkpoint=false", "trainer.tensorboard=false",
-              f"data.reserve_rows={CONTRACT.reserve_rows}"]
-    return {"embedding": [*lr_overrides(embedding, dense * low), *common,
-                          "optim.schedule.range_test.groups=[embedding]"],
-            "dense": [*lr_overrides(embedding * low, dense), *common,
-                      "optim.schedule.range_test.groups=[" + ",".join(DENSE_GROUPS) + "]"]}
-
-
-def suggest_multiplier(record: Dict[str, Any]) -> Optional[float]:
-    """The suggestion (:func:`recsys_hdet.lr_find.suggest_multiplier`: fastai's classic rule) from a range-test
-    run's results line. None without a logged step."""
-    rt = record.get("range_test") or {}
-    if not rt.get("step"):
-        return None
-    return lr_find.suggest_multiplier(rt["step"], rt["loss"], float(rt["low"]), float(rt["high"]), int(rt["steps"]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -565,14 +521,14 @@ class Runner:
         prefix, sweep_range = FINDERS[variant]
         name = f"{start}/{prefix}"
         info: Dict[str, Any] = {"sweeps": {}, "multiplier": {}}
-        for axis, overrides in lr_finder_sweeps(embedding, dense, sweep_range).items():
+        for axis, overrides in finder_sweeps(embedding, dense, sweep_range).items():
             sweep = self.run(f"{name}/sweep_{axis}", seed, overrides, train, contract=None)
             if sweep is None:
                 return None, info
             info["sweeps"][axis] = {"run": run_name(f"{name}/sweep_{axis}", seed),
                                     "status": sweep["status"], "steps": sweep["steps"],
                                     "wall_seconds": sweep["wall_seconds"]}
-            info["multiplier"][axis] = suggest_multiplier(sweep)
+            info["multiplier"][axis] = sweep_suggestion(sweep)
             if info["multiplier"][axis] is None:
                 return None, info
         lrs = (embedding * info["multiplier"]["embedding"], dense * info["multiplier"]["dense"])

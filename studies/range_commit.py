@@ -23,20 +23,17 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from recsys_hdet.components.range_rule import suggest_multiplier
-from recsys_hdet.config_schema import RangeTestConfig
 from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
 from studies.contract import CONTRACT
-from studies.starts import PRESET, STARTS, lr_overrides, recovery_anchor
+from studies.range_tests import HDET_RANGE_TEST, SWEEP, finder_sweeps, sweep_suggestion
+from studies.starts import PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
 
 # (embedding, dense) factors of the anchor: the best cell, the four misset starts, and the two the issue adds.
 KILL_STARTS: Dict[str, Tuple[float, float]] = {
-    **{k: STARTS[k] for k in ("best", "all_low", "all_high", "emb_low_dense_high", "emb_high_dense_low")},
-    "emb_low_30": (1 / 30, 1.0),
-    "all_high_3": (3.0, 3.0),
-}
+    k: STARTS[k] for k in ("best", "all_low", "all_high", "emb_low_dense_high", "emb_high_dense_low", "emb_low_30",
+                           "all_high_3")}
 SEEDS = (0, 1, 2)
-SWEEP = {"steps": 100, "low": 0.001, "high": 10000.0}  # the form's defaults as the study runs them
+SWEEP_RECORD = dict(zip(("steps", "low", "high"), SWEEP))  # as the tables record it
 WITHIN = 3.2  # the kill rule's band around the best cell, each axis
 KILL_SEEDS = 2  # this many seeds outside the band at one start stop the form
 
@@ -47,10 +44,8 @@ def run_name(start: str, seed: int) -> str:
 
 def overrides(start: str, seed: int, anchor: Tuple[float, float]) -> List[str]:
     """One sweep-and-commit run: the recovery study's preset at the start's LRs, the contract, the form, one step."""
-    fe, fd = KILL_STARTS[start]
-    return [f"+experiment={PRESET}", f"seed={seed}", *CONTRACT.overrides(),
-            *lr_overrides(float(f"{anchor[0] * fe:.6g}"), float(f"{anchor[1] * fd:.6g}")),
-            "hdet=enabled", *(f"hdet.range_test.{k}={v:g}" for k, v in SWEEP.items()), "trainer.stop_at_step=1",
+    return [f"+experiment={PRESET}", f"seed={seed}", *CONTRACT.overrides(), *lr_overrides(*start_lrs(start, anchor)),
+            *HDET_RANGE_TEST, "trainer.stop_at_step=1",
             "trainer.log_every=1", "trainer.checkpoint=false", "trainer.periodic_checkpoint.every_steps=0",
             "trainer.tensorboard=false"]
 
@@ -86,7 +81,7 @@ def table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float
         starts[start] = {"factors": [fe, fd], "seeds": rows, "outside": outside, "complete": len(rows) == len(SEEDS)}
     complete = all(s["complete"] for s in starts.values())
     return {"rule": f"stop when at any start {KILL_SEEDS}+ seeds commit outside x{WITHIN:g} of the best cell "
-                    "on either axis", "anchor": {"embedding": anchor[0], "dense": anchor[1]}, "sweep": dict(SWEEP),
+                    "on either axis", "anchor": {"embedding": anchor[0], "dense": anchor[1]}, "sweep": SWEEP_RECORD,
             "starts": starts, "killed_at": killed_at,
             "verdict": "killed" if killed_at else ("passed" if complete else "pending")}
 
@@ -122,26 +117,14 @@ def render(t: Mapping[str, Any]) -> List[str]:
     return lines
 
 
-# The finder's sweeps as the command runs them by default (recsys_hdet.lr_find.sweep_config): per axis, that
-# axis's groups from x low to x high, the other axis held at x low, the loss every step, rollback off.
-FINDER = RangeTestConfig()
-FINDER_AXES = LR_AXES
-
-
 def finder_name(start: str, seed: int, axis: str) -> str:
     return f"finder_commit/{start}/seed{seed}/sweep_{axis}"
 
 
 def finder_overrides(start: str, seed: int, axis: str, anchor: Tuple[float, float]) -> List[str]:
-    fe, fd = KILL_STARTS[start]
-    e, d = float(f"{anchor[0] * fe:.6g}"), float(f"{anchor[1] * fd:.6g}")
-    held = (e, d * FINDER.low) if axis == "embedding" else (e * FINDER.low, d)
-    return [f"+experiment={PRESET}", f"seed={seed}", f"data.reserve_rows={CONTRACT.reserve_rows}", *lr_overrides(*held),
-            "optim.schedule.name=range_test", f"optim.schedule.range_test.steps={FINDER.steps}",
-            f"optim.schedule.range_test.low={FINDER.low:g}", f"optim.schedule.range_test.high={FINDER.high:g}",
-            "optim.schedule.range_test.groups=[" + ",".join(FINDER_AXES[axis]) + "]",
-            f"trainer.stop_at_step={FINDER.steps}", "trainer.log_every=1", "trainer.rollback.max_rollbacks=0",
-            "trainer.periodic_checkpoint.every_steps=0", "trainer.checkpoint=false", "trainer.tensorboard=false"]
+    """One of the LR finder's two sweeps (:func:`studies.range_tests.finder_sweeps`) from a start, as the
+    recovery study's ``lr_finder`` runs it."""
+    return [f"+experiment={PRESET}", f"seed={seed}", *finder_sweeps(*start_lrs(start, anchor))[axis]]
 
 
 def finder_table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
@@ -151,19 +134,18 @@ def finder_table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tupl
     for start, (fe, fd) in KILL_STARTS.items():
         rows = []
         for seed in SEEDS:
-            lines = {a: results.get(finder_name(start, seed, a)) for a in FINDER_AXES}
+            lines = {a: results.get(finder_name(start, seed, a)) for a in LR_AXES}
             if not all(lines.values()):
                 continue
             of_best = {}
             for axis, line in lines.items():
-                rt = line["range_test"]
-                m = suggest_multiplier(rt["step"], rt["loss"], float(rt["low"]), float(rt["high"]), int(rt["steps"]))
+                m = sweep_suggestion(line)
                 of_best[axis] = None if m is None else (fe if axis == "embedding" else fd) * m
             inside = all(f is not None and 1 / WITHIN <= f <= WITHIN for f in of_best.values())
             rows.append({"seed": seed, "of_best": of_best, "within": inside,
                          "seconds": sum(line.get("process_seconds") or 0 for line in lines.values())})
         starts[start] = {"factors": [fe, fd], "seeds": rows, "outside": sum(not r["within"] for r in rows)}
-    return {"sweep": {"steps": FINDER.steps, "low": FINDER.low, "high": FINDER.high}, "starts": starts,
+    return {"sweep": SWEEP_RECORD, "starts": starts,
             "outside_2_of_3_at": [s for s, v in starts.items() if v["outside"] >= KILL_SEEDS]}
 
 
@@ -174,5 +156,5 @@ def train_all(run: Any, anchor: Optional[Tuple[float, float]] = None, starts: Se
     for seed in SEEDS:
         for start in starts:
             run(run_name(start, seed), overrides(start, seed, anchor))
-            for axis in FINDER_AXES:
+            for axis in LR_AXES:
                 run(finder_name(start, seed, axis), finder_overrides(start, seed, axis, anchor))

@@ -182,15 +182,15 @@ def test_misset_paired_differences_and_gap_closed_against_the_plateau():
 
 
 def test_the_lr_finder_suggests_the_smoothed_minimum_over_ten():
-    from studies.lr_recovery import suggest_multiplier
+    from studies.range_tests import sweep_suggestion
 
     steps = list(range(1, 101))
     # The loss falls until step 61 (multiplier 0.01 x 10^(4 x 60/99) = 43.3 at step 60, 0-based), then explodes.
     loss = [1.0 - 0.005 * k if k <= 61 else 0.695 + 0.5 * (k - 61) for k in steps]
-    m = suggest_multiplier({"range_test": {"steps": 100, "low": 0.01, "high": 100.0, "step": steps, "loss": loss}})
+    m = sweep_suggestion({"range_test": {"steps": 100, "low": 0.01, "high": 100.0, "step": steps, "loss": loss}})
     # The smoothed curve lags: its minimum is a few steps after the raw one, never before it.
     assert 0.01 * 10 ** (4 * 60 / 99) / 10 <= m <= 0.01 * 10 ** (4 * 66 / 99) / 10
-    assert suggest_multiplier({"range_test": {"steps": 100, "low": 0.01, "high": 100.0, "step": [], "loss": []}}) is None
+    assert sweep_suggestion({"range_test": {"steps": 100, "low": 0.01, "high": 100.0, "step": [], "loss": []}}) is None
 
 
 def test_the_committed_study_report_from_its_results_file(tmp_path):
@@ -390,7 +390,8 @@ def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path
 
 def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_default_range():
     from recsys_hdet.config_schema import RangeTestConfig
-    from studies.lr_recovery import FINDERS, HDET_RANGE_TEST, LABELS, lr_finder_sweeps, variant_overrides
+    from studies.lr_recovery import FINDERS, LABELS, variant_overrides
+    from studies.range_tests import HDET_RANGE_TEST, finder_sweeps
 
     assert HDET_RANGE_TEST == ("hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001",
                                "hdet.range_test.high=10000")
@@ -398,11 +399,11 @@ def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_def
     assert variant_overrides("hdet_range_test", 6.0, 0.0003)[-4:] == list(HDET_RANGE_TEST)
     default = RangeTestConfig()
     assert FINDERS["lr_finder"][1] == (default.steps, default.low, default.high) == (100, 0.001, 10000.0)
-    wide = lr_finder_sweeps(60.0, 0.003)
+    wide = finder_sweeps(60.0, 0.003)
     assert "optim.schedule.range_test.low=0.001" in wide["dense"] and "optim.schedule.range_test.high=10000.0" in wide["dense"]
     assert "optim.lr.embedding=0.06" in wide["dense"] and "optim.lr.transformer=0.003" in wide["dense"]
     # The retired narrow finder's recorded sweeps, unchanged.
-    narrow = lr_finder_sweeps(60.0, 0.003, FINDERS["lr_finder_narrow"][1])
+    narrow = finder_sweeps(60.0, 0.003, FINDERS["lr_finder_narrow"][1])
     assert "optim.schedule.range_test.low=0.01" in narrow["embedding"] and "optim.lr.transformer=3e-05" in narrow["embedding"]
     assert FINDERS["lr_finder_narrow"][0] == "lr_finder" and FINDERS["lr_finder"][0] == "lr_finder_wide"
 
