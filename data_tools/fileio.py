@@ -5,6 +5,7 @@
 - :func:`file_lock`: an exclusive ``flock`` that waits (concurrent builders of one data set).
 - :func:`try_exclusive_lock`: an exclusive ``flock`` that does not wait (one retraining job or one
   append at a time); raises :class:`LockHeld` naming the holder.
+- :func:`abs_path`: a configured path made absolute (``~`` expanded), as every job reads one.
 
 Limits: a local (or POSIX) filesystem; rename and flock are what these rely on. The module imports
 only the standard library and sits in ``data_tools``, the bottom package, so every package of the
@@ -18,6 +19,10 @@ import json
 import os
 from contextlib import contextmanager
 from typing import IO, Iterator
+
+
+def abs_path(path: object) -> str:
+    return os.path.abspath(os.path.expanduser(str(path)))
 
 
 def write_text_atomic(path: str, text: str) -> None:

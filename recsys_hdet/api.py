@@ -24,7 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.config import ConfigError, validate_config
 from data_tools.exit_status import ExitStatus
-from recsys_hdet.job_inputs import abs_path, prepare_data, stale_warm_start
+from data_tools.fileio import abs_path
+from recsys_hdet.job_inputs import prepare_data, stale_warm_start
 from recsys_hdet.run_dir import FINISHED, RunDir, RunDirInUse, resolve_branch, resolve_resume, run_dir_lock
 
 

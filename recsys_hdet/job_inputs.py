@@ -10,11 +10,8 @@ import os
 
 from omegaconf import DictConfig, OmegaConf
 
+from data_tools.fileio import abs_path
 from recsys_hdet.config import ConfigError
-
-
-def abs_path(path: object) -> str:
-    return os.path.abspath(os.path.expanduser(str(path)))
 
 
 def prepare_data(cfg: DictConfig) -> str:

@@ -15,6 +15,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from recsys_hdet.components.metrics_log import read_json, read_jsonl, sync_records
+from data_tools.fileio import abs_path
 from recsys_hdet.config_values import ConfigError
 
 if TYPE_CHECKING:
@@ -141,11 +142,6 @@ RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.eval_batch_size", "trainer.pro
                     "model.compile_dense")  # compiled or eager: the same computation
 
 
-def _abs_path(path: str) -> str:
-    # job_inputs.abs_path's rule; not imported: job_inputs reaches hdet/ (through config), which this module must not
-    return os.path.abspath(os.path.expanduser(path))
-
-
 def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix: d}
@@ -189,7 +185,7 @@ def resolve_resume(cfg_dict: Dict[str, Any], run_dir: str) -> Optional[str]:
             return None
         path, manifest = found
     else:
-        path = _abs_path(mode)
+        path = abs_path(mode)
         try:
             manifest = check_step_checkpoint(path)
         except CheckpointError as e:
@@ -223,7 +219,7 @@ def resolve_branch(cfg_dict: Dict[str, Any]) -> str:
     from recsys_hdet.components.checkpoint import CheckpointError, check_step_checkpoint
 
     given = str(cfg_dict["trainer"]["branch_from"])
-    path = _abs_path(given)
+    path = abs_path(given)
     try:
         manifest = check_step_checkpoint(path)
     except CheckpointError as e:
