@@ -7,7 +7,7 @@ diverged count and wall time, with the paper's numbers beside) and a comparison 
 over one seed's runs (``recsys_hdet.evaluate runs=[...]``).
 
 Resumable: a run trains into ``<work>/runs/<config>/seed<k>.partial`` and is renamed to
-``seed<k>`` once its ``summary.json`` exists (completed or diverged: both are results); its line
+``seed<k>`` once its ``RunDir.SUMMARY`` exists (completed or diverged: both are results); its line
 then goes to ``<out>/results.jsonl`` (:mod:`studies.results`), from which the tables are
 built (``--report-only``: from that file alone). A rerun skips runs with a line and starts crashed
 ones (a leftover ``.partial``) from scratch. A crashed run does not stop the study; the pipeline

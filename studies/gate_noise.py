@@ -78,7 +78,7 @@ def damage(root: str, day: str, kind: str, seed: int = 0) -> None:
 def job(registry: str, data: str, until: str, nproc: int) -> int:
     from pipelines.retrain_demo import retrain_command
 
-    cmd = retrain_command(registry, data, nproc, ["--until", until]) + RECORD_GATE
+    cmd = retrain_command(registry, data, nproc, [f"until={until}"]) + RECORD_GATE
     with open(os.path.join(os.path.dirname(registry), "job.log"), "a") as log:
         return subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
@@ -137,7 +137,7 @@ def report(results: Dict[str, Dict[str, Any]]) -> tuple:
     commits = sorted({f"{r['commit'][:7]}{'' if r['clean'] else ' (dirty)'}" for r in records})
     md = "\n".join([
         "# The retraining gate: false rejects on ordinary days, true rejects on planted bad days",
-        "", f"`python -m studies.gate_noise` (docs/gate_noise/results.jsonl, {len(records)} days, commit(s) "
+        "", f"`python -m studies.gate_noise` (docs/results/gate_noise/results.jsonl, {len(records)} days, commit(s) "
         f"{', '.join(commits)}). Each day's record replayed through the gate under each setting (module docstring).",
         "", "| gate setting | ordinary days rejected | planted bad days rejected |", "|---|---|---|", *table,
         "", "Per day and task: the candidate's NE minus the published model's on the day's held-out rows, its 95% "
@@ -148,7 +148,7 @@ def report(results: Dict[str, Dict[str, Any]]) -> tuple:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(REPO, "docs", "gate_noise"))
+    ap.add_argument("--out", default=os.path.join(REPO, "docs", "results", "gate_noise"))
     ap.add_argument("--ordinary", type=int, default=10)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--report-only", action="store_true")

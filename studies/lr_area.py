@@ -29,10 +29,14 @@ def preset_lrs(preset: str) -> Dict[str, float]:
 
 
 def one_cycle(schedule: Mapping[str, Any], max_lr: float, total_steps: int):
-    """The OneCycle schedule ``schedule`` (a run's ``optim.schedule``) at ``max_lr`` over ``total_steps``."""
-    from recsys_hdet.components.lr_scheduler import build_one_cycle
+    """The OneCycle schedule ``schedule`` (a run's ``optim.schedule``, as a results line records it: the keys it
+    lacks read as the schema's defaults) at ``max_lr`` over ``total_steps``."""
+    from omegaconf import OmegaConf
 
-    return build_one_cycle(schedule, max_lr, total_steps)
+    from recsys_hdet.components.lr_scheduler import build_one_cycle
+    from recsys_hdet.config_schema import ScheduleConfig
+
+    return build_one_cycle(OmegaConf.merge(OmegaConf.structured(ScheduleConfig), schedule), max_lr, total_steps)
 
 
 def lr_area(metrics: Iterable[Mapping[str, Any]], schedule: Mapping[str, Any], preset_lr: Mapping[str, float],

@@ -2,15 +2,13 @@
 same seeds, compared by paired differences of held-out NE (mean over the three tasks).
 
 Sets (``--set``), each at a start of the recovery study (``studies.starts.STARTS``: factors of the anchor
-that ``docs/lr_recovery.json`` names, the best cell of the recovery grid):
-- ``recovery_rollback`` (retired: the recovery study under the fairness contract runs every contender
-  with rollback, plain included): the earlier recovery study's two starts with the dense LRs 10x high,
-  plain and HDET (:data:`HDET_NEW`), rollback on; its rows are kept and reported.
+that ``docs/results/lr_recovery/lr_recovery.json`` names, the best cell of the recovery grid):
 - ``embedding_window``: what averaging the embedding replicas only every T steps costs when the
   embedding LR is spread. HDET at ``old_tuned`` (embedding 10x below the best cell, dense 3x above it:
   not on the plateau) with the spread fixed (``hdet.autolr=false``, so the controller moves nothing),
   the embedding replicas averaged at every sync (T = 50, the default when spread) against every step
-  (``hdet.embedding_sync_every=1``); the dense replicas are averaged every T in both.
+  (``hdet.embedding_sync_every=1``); the dense replicas are averaged every T in both; the HDET form of the
+  earlier defaults (:data:`HDET_PROBE_REGRESSION`).
 - ``local_sgd``: what independent dense replicas between syncs (``trainer.dense_gradients=local``,
   no dense gradient all-reduce; the syncs average the replicas) cost in NE, with the product's
   default HDET form (``studies.hdet_forms.HDET_ANNEAL_EFFECT``) at ``old_tuned``, against the same form with
@@ -19,8 +17,11 @@ Both HDET-against-HDET sets ran before the fairness contract; they train the sam
 on both sides (the reserved probe rows and the trainer's default rollback), so their pairs are fair;
 a set trained from now on gets the contract's overrides (:data:`studies.contract.CONTRACT`).
 
-One line per run in ``docs/<set>/results.jsonl`` (:mod:`studies.results`; resumable; ``--report-only`` rebuilds
-``docs/<set>.md`` and ``.json`` from it); run directories under ``outputs/studies/<set>``.
+One line per run in ``docs/results/paired_runs/<set>/results.jsonl`` (:mod:`studies.results`; resumable;
+``--report-only`` rebuilds ``docs/results/paired_runs/<set>.md`` and ``.json`` from it); run directories under
+``outputs/studies/<set>``. A retired set (``recovery_rollback``: the earlier recovery study's dense-10x-high starts
+rerun with rollback, superseded by the recovery study under the fairness contract) is no longer defined here: its
+results file and report are kept as recorded, as data.
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ from studies.runs import StudyError, add_study_arguments, print_verification, tr
 from studies.starts import PRESET, lr_overrides, recovery_anchor, start_lrs
 from studies.stats import paired_ci95
 
-# The earlier defaults (probe signal, regression score) and the paper's form: dominated in the earlier
-# study (docs/lr_recovery_f2), retired; kept for the forms the paired sets name.
-HDET_NEW = ("hdet=enabled", "hdet.space=log", "hdet.score=regression", "hdet.signal=probe", "hdet.alpha=0.25",
+# The earlier defaults (probe signal, regression score), dominated in the earlier recovery study
+# (docs/results/lr_recovery/lr_recovery_f2): the form the embedding_window set trained with.
+HDET_PROBE_REGRESSION = ("hdet=enabled", "hdet.space=log", "hdet.score=regression", "hdet.signal=probe", "hdet.alpha=0.25",
             "hdet.controller_start=0", "hdet.beta=0.9", "hdet.travel_decades=3.0")
 COMMON = (f"+experiment={PRESET}", "trainer.checkpoint=false", "trainer.tensorboard=false")
-# The point the recovery study's starts are factors of (docs/lr_recovery.json), read once.
+# The point the recovery study's starts are factors of (docs/results/lr_recovery/lr_recovery.json), read once.
 ANCHOR = recovery_anchor()
 
 
@@ -60,23 +61,14 @@ class PairedSet:
     configs: Dict[str, Tuple[str, ...]]  # name -> overrides (besides COMMON and the seed)
     pairs: Tuple[Tuple[str, str], ...]  # (a, b): report a - b paired by seed
     seeds: Tuple[int, ...] = (0, 1, 2)
-    retired: Optional[str] = None  # why the set is only reported, never trained again
 
 
 SETS = {
-    "recovery_rollback": PairedSet(
-        "Rollback reruns: the earlier recovery study's dense-10x-high starts, rollback on",
-        # the earlier study's starts: factors of its anchor (embedding 6, dense 0.00949), not of today's
-        {f"{s}/{v}": (*lr_overrides(6.0 * fe, 0.00948683 * fd), *hdet)
-         for s, (fe, fd) in (("all_high", (10, 10)), ("emb_low_dense_high", (0.1, 10)))
-         for v, hdet in (("plain", ()), ("hdet", HDET_NEW))},
-        (("all_high/hdet", "all_high/plain"), ("emb_low_dense_high/hdet", "emb_low_dense_high/plain")),
-        retired="superseded by the recovery study under the fairness contract, which runs plain + rollback at "
-                "every start (docs/lr_recovery.md)"),
     "embedding_window": PairedSet(
         "The embedding window's cost: spread embedding replicas averaged every T vs every step (at old_tuned)",
-        {"window": (*at("old_tuned"), *HDET_NEW, "hdet.autolr=false"),
-         "every_step": (*at("old_tuned"), *HDET_NEW, "hdet.autolr=false", "hdet.embedding_sync_every=1")},
+        {"window": (*at("old_tuned"), *HDET_PROBE_REGRESSION, "hdet.autolr=false"),
+         "every_step": (*at("old_tuned"), *HDET_PROBE_REGRESSION, "hdet.autolr=false",
+                        "hdet.embedding_sync_every=1")},
         (("window", "every_step"),)),
     "local_sgd": PairedSet(
         "Independent dense replicas between syncs (local SGD) against the dense all-reduce, default HDET form "
@@ -137,7 +129,6 @@ def render(name: str, pset: PairedSet, summary: Dict[str, Any]) -> str:
     lines = [f"# {pset.title}", "", f"Generated by `python -m studies.paired_runs --set {name}` (the method is in its "
              "docstring). NE: held-out NE, mean over the three tasks; a run at NE >= 0.999 on a task is 'collapsed' "
              "(failed) and never paired.", "",
-             *([f"**Retired**: {pset.retired}; its rows are kept as they were recorded.", ""] if pset.retired else []),
              f"{summary['completed']} of {summary['runs']} runs completed ({len(pset.configs) * len(pset.seeds)} "
              "planned).", "", "| configuration | completed | mean NE (completed) | NE per seed | rollbacks per seed | "
              "examples/s (median) |", "|---|---|---|---|---|---|"]
@@ -158,17 +149,13 @@ def render(name: str, pset: PairedSet, summary: Dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.paired_runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--set", choices=sorted(SETS), required=True)
-    parser.add_argument("--out", default=os.path.join(REPO, "docs"))
+    parser.add_argument("--out", default=os.path.join(REPO, "docs", "results", "paired_runs"))
     parser.add_argument("--work", help="run directories (default: outputs/studies/<set>)")
     parser.add_argument("--report-only", action="store_true")
     add_study_arguments(parser)
     args = parser.parse_args(argv)
     pset = SETS[args.set]
     train_now = not args.report_only and args.verify is None
-    if train_now and pset.retired:
-        print(f"error: --set {args.set} is retired ({pset.retired}); --report-only rebuilds its report",
-              file=sys.stderr)
-        return 2
     try:
         files = StudyFiles.open(os.path.join(args.out, args.set), args.work or os.path.join(REPO, "outputs", "studies",
                                                                                              args.set),

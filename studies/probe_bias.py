@@ -1,6 +1,6 @@
 """``python -m studies.probe_bias``: which way does the probe signal push, and why?
 
-In the first recovery study (docs/lr_recovery/lr_recovery.md, the bench data's first format) the scale-free controller lowered every group's base
+In the first recovery study (docs/results/lr_recovery/lr_recovery/lr_recovery.md, the bench data's first format) the scale-free controller lowered every group's base
 from every start, the 10x-too-low one included. This diagnostic asks whether the bias comes from
 what the probe scores. It runs, on the benchmark data set (format 2, today's loader), the study's
 first scale-free HDET controller (``RANK_X2``) from the study's tuned point (embedding 6,
@@ -25,7 +25,7 @@ dense 0.03) and from all-low (0.6, 0.003), with three forms of the probe:
   warm-up instead of step 0 (tests whether the downward push is the warm-up's short-horizon bias);
 
 plus the plain runs at both points. Seed 0 only: a diagnostic, not a study. Writes
-``docs/probe_bias.md``/``.json``: per run, held-out NE (mean over tasks) and each group's final
+``docs/results/probe_bias/probe_bias.md``/``.json``: per run, held-out NE (mean over tasks) and each group's final
 base over its start (geometric mean over the last quarter of the syncs, as the study reports it).
 Resumable like the ablation: each finished run's line goes to ``<out>/results.jsonl``, a run with a
 line is skipped, and ``--report-only`` rebuilds the report from that file (and the recovery study's,
@@ -79,13 +79,13 @@ FORMS: Dict[str, Tuple[str, ...]] = {
     # replicas every step): the cost of the sync interval alone.
     "alpha=0": replaced(RANK_X2, {"hdet.alpha": "0", "hdet.autolr": "false"}),
 }
-# The probe's noise is ~1/76 of a x2 spread's effect (docs/signal_noise.md), so a much narrower spread
+# The probe's noise is ~1/76 of a x2 spread's effect (docs/results/signal_noise/signal_noise.md), so a much narrower spread
 # still gives a clear signal, and the x2 spread alone costs 0.005-0.008 NE (autolr=false vs alpha=0):
 # the joint fit with a x1.25 spread, and that spread with the controller off (its cost alone).
 FORMS["regression,alpha=0.25"] = replaced(FORMS["score=regression"], {"hdet.alpha": "0.25"})
 # The x1.25 joint fit with the controller from step 300 (after OneCycle's warm-up, 30% of ~976 steps)
 # instead of 0: the study's first HDET run lowered the dense groups mostly in the first half, during
-# the warm-up (docs/lr_recovery_f2 tuned/hdet seed 0: slopes +44..+55 x 1e-4 per log2 unit there, +2
+# the warm-up (docs/results/lr_recovery/lr_recovery_f2 tuned/hdet seed 0: slopes +44..+55 x 1e-4 per log2 unit there, +2
 # in the second half), when a short window penalizes a higher LR most, which the warm-up exists for.
 FORMS["regression,alpha=0.25,start=300"] = replaced(FORMS["regression,alpha=0.25"], {"hdet.controller_start": "300"})
 FORMS["autolr=false,alpha=0.25"] = replaced(RANK_X2, {"hdet.alpha": "0.25", "hdet.autolr": "false"})
@@ -219,7 +219,7 @@ One seed: a diagnostic of direction, not a measurement of size.
 
 ## What the probe saw in the recovery study's runs
 
-Per finished scale-free HDET run of `docs/lr_recovery` (the bench data's first format, 3 seeds per start): the slope of
+Per finished scale-free HDET run of `docs/results/lr_recovery/lr_recovery` (the bench data's first format, 3 seeds per start): the slope of
 the replicas' probe losses on each group's log2 LR multiplier, fitted jointly over all groups and the
 syncs of each half of the pass (losses centred per sync), x 1e4: positive, the higher-LR replicas scored
 worse (the controller then lowers that group).
@@ -235,12 +235,12 @@ worse (the controller then lowers that group).
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="docs/probe_bias",
+    ap.add_argument("--out", default="docs/results/probe_bias/probe_bias",
                     help="study directory: its results.jsonl (committed, so a later session resumes)")
     ap.add_argument("--work", default=None, help="where the run directories go (default: --out, or "
                     "outputs/studies/<study> for a study under docs/)")
-    ap.add_argument("--docs", default="docs")
-    ap.add_argument("--study", default="docs/lr_recovery",
+    ap.add_argument("--docs", default="docs/results/probe_bias")
+    ap.add_argument("--study", default="docs/results/lr_recovery/lr_recovery",
                     help="the recovery study whose HDET runs' signal is read (its results.jsonl)")
     ap.add_argument("--report-only", action="store_true", help="train nothing: the report from the results files alone")
     args = ap.parse_args(argv)

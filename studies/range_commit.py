@@ -14,7 +14,7 @@ same starts and seeds (``finder_commit``): whether a bias of the range test's ru
 speed, decades per step, under fastai's fixed smoothing) or in the replicas' sweeps only.
 
 Run by ``python -m studies.lr_truth --range-commit`` (its lines go to the truth study's results file, the
-tables to ``docs/lr_truth.json`` as ``range_commit`` and ``finder_commit``); this module holds the runs'
+tables to ``docs/results/lr_truth/lr_truth.json`` as ``range_commit`` and ``finder_commit``); this module holds the runs'
 overrides and the tables.
 """
 

@@ -11,7 +11,7 @@ exactly)::
     seed, preset    the run's seed and its +experiment preset
     overrides       the Hydra overrides it was launched with (.hydra/overrides.yaml, verbatim)
     status          "completed" | "diverged" (| "stopped" where the trainer says so)
-    steps           steps trained; total_steps: the pass's planned steps (summary.json)
+    steps           steps trained; total_steps: the pass's planned steps (RunDir.SUMMARY)
     wall_seconds, train_seconds, process_seconds, exit_status, examples_per_sec
     eval            {task: {ne, auc, logloss, calibration}} (completed runs only)
     mean_ne         mean held-out NE over the tasks (completed runs only, else null)
@@ -21,7 +21,7 @@ exactly)::
     schedule        the run's optim.schedule (OneCycle's arguments)
     max_lr          {group: the max LR the run was configured with}
     preset_lr       {group: the preset's own max LR} (the plain schedule the LR areas refer to)
-    lr_area         {group: geometric mean over every logged step of the pass (metrics.jsonl) of
+    lr_area         {group: geometric mean over every logged step of the pass (RunDir.METRICS) of
                     the LR the run used / the preset's plain schedule at that step}: the pass's
                     mean log-multiplier, exactly max_lr / preset_lr for a plain run
     hdet            HDET runs only: the resolved ``hdet`` config section, and summary's
@@ -32,7 +32,7 @@ exactly)::
                     "hparams": {"lr/<group>": {"base": [...], "next_base": [...],
                     "velocity": [...], "log_offset": [...], "mult": [[value / base per
                     replica]...]}}, "excluded": [[...]...] only where some sync excluded a rank}
-    rollback        summary.json's rollback record, where present
+    rollback        RunDir.SUMMARY's rollback record, where present
     rows            {data, reserve_rows, total_steps, examples_per_step}: what the run trained on (two runs
                     are paired only when these are equal: :func:`studies.contract.check_same_rows`)
     range_test      LR range-test runs only (optim.schedule.name=range_test): the sweep's settings and
@@ -47,7 +47,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from recsys_hdet.components.metrics_log import read_json
+from data_tools.fileio import read_json
 from recsys_hdet.constants import PARAM_GROUPS as GROUPS, TASKS
 from recsys_hdet.run_dir import RunDir
 from studies.lr_area import lr_area, preset_lrs
@@ -126,14 +126,14 @@ def sync_records(record: Mapping[str, Any]) -> List[Dict[str, Any]]:
 
 
 def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
-    """The results line of the finished run in ``path`` (summary.json, .hydra/, metrics.jsonl,
+    """The results line of the finished run in ``path`` (RunDir.SUMMARY, .hydra/, RunDir.METRICS,
     hdet.jsonl, ablation_run.json), named ``name`` within its study."""
     from omegaconf import OmegaConf
 
     run = RunDir(path)
     summary = run.summary()
     if summary is None:
-        raise FileNotFoundError(f"{path}: no summary.json (the run has not finished)")
+        raise FileNotFoundError(f"{path}: no {RunDir.SUMMARY} (the run has not finished)")
     overrides = run.overrides()
     cfg = run.config()
     run_info = read_json(run.path(RunDir.STUDY_RUN)) or {}
@@ -188,7 +188,7 @@ def record_from_run_dir(path: str, name: str) -> Dict[str, Any]:
 
 
 def mean_ne(run: Mapping[str, Any]) -> Optional[float]:
-    """Mean held-out NE over the tasks of a results line (or of a summary.json); None unless completed."""
+    """Mean held-out NE over the tasks of a results line (or of a RunDir.SUMMARY); None unless completed."""
     if run.get("status") != "completed":
         return None
     if "mean_ne" in run:

@@ -5,9 +5,9 @@ Each study (``studies.ablation``, ``lr_recovery``, ``probe_bias``, ``signal_nois
 ``<out>/results.jsonl``: when a run finishes, its line (:func:`studies.record.record_from_run_dir`, whose
 docstring describes the line's fields) is appended (:func:`append`: one write, flushed and fsynced); a run
 whose line exists is not trained again (:func:`is_finished`); every report is rebuilt from the file alone
-(:func:`load`). The run directories themselves (checkpoints, logs, ``metrics.jsonl``, ``hdet.jsonl``) go to
-a git-ignored working directory (:func:`work_dir`: ``outputs/studies/<study>`` for a study under ``docs/``),
-never under docs/. A study records into a committed results file only from a clean tree
+(:func:`load`). The run directories themselves (checkpoints, logs, ``RunDir.METRICS``, ``hdet.jsonl``) go to
+a git-ignored working directory (:func:`work_dir`: ``outputs/studies/<its folder's name>`` for a study under
+``docs/``, whose results files and reports live in ``docs/results/<study module>/``), never under docs/. A study records into a committed results file only from a clean tree
 (:meth:`StudyFiles.open`).
 """
 
@@ -95,11 +95,12 @@ def study_overrides(record: Mapping[str, Any]) -> List[str]:
 
 def work_dir(out: str) -> str:
     """Where a study's run directories go: beside the results file, except for a study under the
-    repository's docs/, whose runs go to the git-ignored ``outputs/studies/<path under docs>``."""
+    repository's docs/ (``docs/results/<study module>/.../<folder>``), whose runs go to the git-ignored
+    ``outputs/studies/<folder>`` (the results folder's own name, e.g. ``lr_recovery_f3``)."""
     out = os.path.abspath(out)
     docs = os.path.join(REPO, "docs")
-    if out == docs or out.startswith(docs + os.sep):
-        return os.path.join(REPO, "outputs", "studies", os.path.relpath(out, docs))
+    if out.startswith(docs + os.sep):
+        return os.path.join(REPO, "outputs", "studies", os.path.basename(out))
     return out
 
 

@@ -7,8 +7,8 @@ truth, drift continued) both run the scheduled job (experiment ``retrain_daily``
 published model, ``carry_lr`` off): ``hdet`` with ``hdet=enabled`` (conf/hdet/enabled.yaml's controller
 explores on every day), ``plain`` with ``hdet=disabled``. The ``hdet`` arm's setting differs from the
 plain cold start's, so it runs with ``allow_config_change=true`` until it has published a day of its own. Writes
-``docs/retraining.{md,json}``: per day and arm, the candidate's held-out NE per task (the day's
-held-out slice), the oracle's NE on the same rows, the gate's decision and the LRs the day trained with.
+``docs/results/retrain_compare/retraining.{md,json}``: per day and arm, the candidate's held-out NE per task (the
+day's held-out slice), the oracle's NE on the same rows, the gate's decision and the LRs the day trained with.
 
 The report gives, per day, each seed's hdet - plain difference of the mean held-out NE, each seed's
 mean over its days, and the mean over every (seed, day) pair with a 95% t-interval taking the pairs as
@@ -18,8 +18,9 @@ job explores each day only if this shows it helps (docs/hdet.md, "The rule appli
 Resumable: the data set (shared by the seeds) is appended only up to the days asked for, and the
 job itself skips days already trained, so a rerun continues where it stopped. Options: ``--out DIR``
 (default ``outputs/retrain_compare``), ``--days N`` (default 5), ``--seeds S ...`` (default 0 1),
-``--nproc N`` (default 2), ``--docs DIR``. The earlier form of this study (carried learning rates
-against the static config, both arms HDET) is kept as recorded in docs/retraining_carry_lr.md.
+``--nproc N`` (default 2), ``--docs DIR`` (default ``docs/results/retrain_compare``). The earlier form of this
+study (carried learning rates against the static config, both arms HDET) is kept as recorded in
+docs/results/retrain_compare/retraining_carry_lr.md.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ Per task (held-out NE of each day's candidate):
 
 {chr(10).join(per_task)}
 
-Raw figures: `docs/retraining.json`. The earlier form of this study (carried learning rates against the
+Raw figures: `docs/results/retrain_compare/retraining.json`. The earlier form of this study (carried learning rates against the
 static config, both arms HDET): [retraining_carry_lr.md](retraining_carry_lr.md).
 """
     os.makedirs(docs, exist_ok=True)
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--days", type=int, default=5)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--docs", default="docs")
+    ap.add_argument("--docs", default="docs/results/retrain_compare")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
     out = os.path.abspath(args.out)
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         cold = os.path.join(seed_dir(out, seed), "cold")
         if not Registry(cold).current():
-            code = _run(retrain_command(cold, data, args.nproc, ["--until", sorted(read_meta(data)["days"])[
+            code = _run(retrain_command(cold, data, args.nproc, ["until=" + sorted(read_meta(data)["days"])[
                 base_days - 1]], COLD_START) + [f"seed={seed}"], log)
             if code != ExitStatus.OK:
                 print(f"the cold start of seed {seed} failed (exit {code}); see {log}")
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
                 registry = os.path.join(seed_dir(out, seed), arm)
                 # The hdet arm's setting differs from the plain cold start's until the arm publishes a day of its own.
                 changed = ["allow_config_change=true"] if overrides != COLD_START and from_cold_start(registry) else []
-                code = _run(retrain_command(registry, data, args.nproc, ["--until", day], overrides)
+                code = _run(retrain_command(registry, data, args.nproc, [f"until={day}"], overrides)
                             + [*changed, f"seed={seed}"], log)
                 print(f"day {day} seed {seed} {arm}: exit {code}, {time.time() - t0:.0f} s", flush=True)
                 if code not in (ExitStatus.OK, ExitStatus.REJECTED, ExitStatus.NOTHING_TO_DO):

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from recsys_hdet.components.metrics_log import read_json
+from data_tools.fileio import read_json
 from recsys_hdet.run_dir import RunDir
 from studies.contract import StudyMismatch
 from studies.provenance import REPO, code_state
@@ -96,18 +96,16 @@ def run_dir(out: str, config: str, seed: int) -> str:
 
 
 def run_dir_finished(path: str) -> bool:
-    """A run directory holds its ``summary.json`` (completed or diverged: both are results)."""
+    """A run directory holds its ``RunDir.SUMMARY`` (completed or diverged: both are results)."""
     return RunDir(path).finished()
 
 
 def recorded_overrides(path: str) -> Optional[List[str]]:
     """The overrides a finished study run was launched with (its ``ablation_run.json``); None when the
-    run has no record."""
+    run has no record of them."""
     recorded = RunDir(path).path(RunDir.STUDY_RUN)
-    if not os.path.isfile(recorded):
-        return None
-    info = read_json(recorded)
-    return list(info.get("overrides", info["command"][6:]))  # older records: the command's tail
+    overrides = (read_json(recorded) or {}).get("overrides") if os.path.isfile(recorded) else None
+    return None if overrides is None else list(overrides)
 
 
 def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: Sequence[str],
@@ -234,7 +232,7 @@ def add_study_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def finished_run_dirs(runs: str) -> List[str]:
-    """Every finished run directory under ``runs`` (one with a summary.json, not a .partial), sorted."""
+    """Every finished run directory under ``runs`` (one with a RunDir.SUMMARY, not a .partial), sorted."""
     found = []
     for root, dirs, files in os.walk(runs):
         dirs[:] = sorted(d for d in dirs if not d.endswith(".partial") and not d.startswith("."))

@@ -98,11 +98,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m studies.signal_noise", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="baseline_low")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="docs/signal_noise",
+    ap.add_argument("--out", default="docs/results/signal_noise/signal_noise",
                     help="study directory: its results.jsonl (committed, so a later session resumes)")
     ap.add_argument("--work", default=None, help="where the run directories go (default: --out, or "
                     "outputs/studies/<study> for a study under docs/)")
-    ap.add_argument("--docs", default="docs", help="where signal_noise.{md,json} go")
+    ap.add_argument("--docs", default="docs/results/signal_noise", help="where signal_noise.{md,json} go")
     ap.add_argument("--report-only", action="store_true", help="train nothing: the report from the results file alone")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = ap.parse_args(argv)

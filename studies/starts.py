@@ -1,6 +1,6 @@
 """Where the recovery study's runs start, shared by every study and benchmark that starts from its points:
-the preset, the anchor (the recovery grid's best cell, read from ``docs/lr_recovery.json``), the starts as
-(embedding, dense) factors of it, a start's LRs and their overrides.
+the preset, the anchor (the recovery grid's best cell, read from ``docs/results/lr_recovery/lr_recovery.json``),
+the starts as (embedding, dense) factors of it, a start's LRs and their overrides.
 
 :mod:`studies.lr_recovery` trains from these starts; :mod:`studies.range_commit`, :mod:`studies.paired_runs`
 and :mod:`benchmarks.contender_cost` start from the same points without importing the study.
@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
-from recsys_hdet.components.metrics_log import read_json
+from data_tools.fileio import read_json
 from recsys_hdet.constants import DENSE_GROUPS
 from studies.contract import StudyMismatch
 from studies.provenance import REPO
 
 PRESET = "baseline_low"  # plain, 2 x 2 layout, benchmark data, cold start
-ANCHOR_FILE = os.path.join(REPO, "docs", "lr_recovery.json")
+ANCHOR_FILE = os.path.join(REPO, "docs", "results", "lr_recovery", "lr_recovery.json")
 
 # (embedding, dense) factors of the anchor (the best cell), and what each start is.
 STARTS: Dict[str, Tuple[float, float]] = {
@@ -41,13 +41,13 @@ def lr_overrides(embedding: float, dense: float) -> List[str]:
 
 def recovery_anchor(path: str = ANCHOR_FILE) -> Tuple[float, float]:
     """The point every start is a factor of: ``anchor`` of the recovery study's JSON (written by every
-    run of that study, so it stays put), else the earlier study's ``best_cell``."""
+    run of that study, so it stays put)."""
     d = read_json(path)
     if d is None:
         raise StudyMismatch(f"{path}: missing: the recovery study's anchor (best cell) is read from it")
-    a = d.get("anchor") or d.get("best_cell")
+    a = d.get("anchor")
     if not a:
-        raise StudyMismatch(f"{path}: no anchor and no best_cell")
+        raise StudyMismatch(f"{path}: no anchor")
     return float(a["embedding"]), float(a["dense"])
 
 

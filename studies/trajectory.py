@@ -11,7 +11,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Mapping, Tuple
 
-from recsys_hdet.components.metrics_log import read_jsonl
+from data_tools.fileio import read_jsonl
 from recsys_hdet.constants import DENSE_GROUPS
 from recsys_hdet.run_dir import RunDir
 from studies.lr_area import run_schedules, schedules

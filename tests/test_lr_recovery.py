@@ -6,7 +6,10 @@ import sys
 import pytest
 
 from conftest import REPO, read_json, run_command
-from studies.lr_recovery import CONTROLLER_STARTS, CONTROLLER_VARIANTS, EARLIER_STARTS, VARIANTS
+from studies.lr_recovery_contenders import CONTROLLER_VARIANTS, VARIANTS
+from studies.lr_recovery_plan import CONTROLLER_STARTS, EARLIER_STARTS
+
+RESULTS = os.path.join(REPO, "docs", "results", "lr_recovery")  # the study's committed results and report
 
 
 def _study(out, data_cache, *extra):
@@ -47,7 +50,8 @@ def test_recovery_study_writes_its_table_and_resumes(tmp_path, tiny_dataset, dat
 
 def _line(i, j, seed, ne, points=5):
     """A plain grid run's results line at grid cell (i, j); ``ne`` None: diverged."""
-    from studies.lr_recovery import DENSE_GROUPS, GRID_CENTRE, grid_lr
+    from recsys_hdet.constants import DENSE_GROUPS
+    from studies.lr_recovery_grid import GRID_CENTRE, grid_lr
 
     e, d = grid_lr(GRID_CENTRE["embedding"], points, i), grid_lr(GRID_CENTRE["dense"], points, j)
     return {"name": f"grid/e{i}_d{j}/seed{seed}", "seed": seed, "status": "diverged" if ne is None else "completed",
@@ -72,7 +76,7 @@ POOLED = ((2 * 0.001 ** 2 + 2 * 0.002 ** 2) / 4) ** 0.5
 
 
 def test_the_plateau_is_within_one_pooled_paired_std_of_the_best_cell_and_away_from_failure():
-    from studies.lr_recovery import plain_cells, plateau_analysis
+    from studies.lr_recovery_grid import plain_cells, plateau_analysis
 
     cells = plain_cells(_records(SYNTHETIC))
     assert cells[(3, 4)].failed and cells[(2, 2)].mean == pytest.approx(0.78)
@@ -98,7 +102,7 @@ def test_the_plateau_is_within_one_pooled_paired_std_of_the_best_cell_and_away_f
 
 
 def test_the_neighbourhood_rule_seeds_the_anchor_s_8_neighbours_then_follows_the_best_cell():
-    from studies.lr_recovery import neighbourhood_runs, plain_cells
+    from studies.lr_recovery_grid import neighbourhood_runs, plain_cells
 
     seeds = (0, 1, 2)
     first = neighbourhood_runs(plain_cells({}), seeds, (5, 5))
@@ -138,7 +142,8 @@ def _runs(variant, *nes, lr=None):
 
 
 def test_misset_paired_differences_and_gap_closed_against_the_plateau():
-    from studies.lr_recovery import plain_cells, plateau_analysis, summarize_start
+    from studies.lr_recovery_grid import plain_cells, plateau_analysis
+    from studies.lr_recovery_summary import summarize_start
 
     best = [0.78, 0.79, 0.77]
     cells = plain_cells(_records({(2, 2): best, (1, 2): [0.79, 0.802, 0.784]}))  # paired diffs .010 .012 .014
@@ -194,14 +199,15 @@ def test_the_lr_finder_suggests_the_smoothed_minimum_over_ten():
 
 
 def test_the_committed_study_report_from_its_results_file(tmp_path):
-    """docs/lr_recovery_f3/results.jsonl rebuilds the committed report's figures (no training), and every
+    """docs/results/lr_recovery/lr_recovery_f3/results.jsonl rebuilds the committed report's figures (no training), and every
     recorded run names the clean commit it trained from."""
-    from studies.lr_recovery import render_markdown, study
+    from studies.lr_recovery import study
+    from studies.lr_recovery_report import render_markdown
     from studies.results import StudyFiles
     from studies.starts import STARTS
 
-    files = StudyFiles.open(os.path.join(REPO, "docs", "lr_recovery_f3"), str(tmp_path), train=False)
-    committed = read_json(os.path.join(REPO, "docs", "lr_recovery.json"))
+    files = StudyFiles.open(os.path.join(RESULTS, "lr_recovery_f3"), str(tmp_path), train=False)
+    committed = read_json(os.path.join(RESULTS, "lr_recovery.json"))
     anchor = (committed["anchor"]["embedding"], committed["anchor"]["dense"])
     r = study(files, [0, 1, 2], [], report_only=True, anchor=anchor)
     # Complete, or partial exactly as the committed report says (runs still training in a later session).
@@ -237,7 +243,7 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
 
 
 def test_the_controller_targets_are_met_only_when_every_condition_holds():
-    from studies.lr_recovery import TARGET_STARTS, targets
+    from studies.lr_recovery_targets import TARGET_STARTS, targets
 
     def entry(diff, ci, fraction, in_plateau=3, near=3, failed=0, seeds=3):
         return {"paired_diff": {"mean": diff, "ci95": ci, "n": seeds}, "gap_fraction": fraction, "seeds": seeds,
@@ -296,7 +302,7 @@ def _plant(out, *lines):
 
 def _at_start_line(name, embedding, dense, seed=0):
     """A results line of a run trained at a start's own LRs (what recorded_starts reads a start's factors from)."""
-    from studies.lr_recovery import DENSE_GROUPS
+    from recsys_hdet.constants import DENSE_GROUPS
 
     return {"name": f"{name}/seed{seed}", "seed": seed, "status": "completed", "mean_ne": 0.78, "overrides": [],
             "steps": 960, "wall_seconds": 100.0, "rows": {"reserve_rows": 4096},
@@ -340,7 +346,9 @@ def test_a_bad_start_is_refused_with_one_line_and_nothing_written(tmp_path, monk
 
 
 def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path, capsys):
-    from studies.lr_recovery import HDET_VARIANTS, extra_starts, main, parse_start, planned, recorded_starts
+    from studies.lr_recovery import main
+    from studies.lr_recovery_contenders import HDET_VARIANTS
+    from studies.lr_recovery_plan import extra_starts, parse_start, planned, recorded_starts
     from studies.starts import STARTS
 
     assert parse_start("odd=0.02,40") == ("odd", (0.02, 40.0))
@@ -390,7 +398,7 @@ def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path
 
 def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_default_range():
     from recsys_hdet.config_schema import RangeTestConfig
-    from studies.lr_recovery import FINDERS, LABELS, variant_overrides
+    from studies.lr_recovery_contenders import FINDERS, LABELS, variant_overrides
     from studies.range_tests import HDET_RANGE_TEST, finder_sweeps
 
     assert HDET_RANGE_TEST == ("hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001",
@@ -409,7 +417,8 @@ def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_def
 
 
 def test_cost_ratios_count_the_sweeps_on_the_seeds_both_completed(tmp_path):
-    from studies.lr_recovery import contender_cost, cost_entry, range_test_targets, run_entry
+    from studies.lr_recovery_summary import contender_cost, cost_entry, run_entry
+    from studies.lr_recovery_targets import range_test_targets
 
     def line(name, seed, steps=960, status="completed", **extra):
         return {"name": name, "seed": seed, "status": status, "steps": steps, "wall_seconds": 100.0, "mean_ne": 0.78,

@@ -1,4 +1,4 @@
-"""The learning-rate ground-truth harness (studies/lr_truth.py): its truth rule and signal scores
+"""The learning-rate ground-truth harness (studies/lr_truth*.py): its truth rule and signal scores
 on records with known answers, and the harness end to end on tiny data (slow)."""
 import json
 import math
@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from conftest import REPO, run_command
-from studies import lr_truth as L
+from recsys_hdet.constants import DENSE_GROUPS
+from studies import lr_truth_plan as P
+from studies import lr_truth_scorecard as S
 from studies.record import compact_syncs
 from studies.stats import paired_ci95
 
@@ -17,15 +19,15 @@ def test_the_truth_is_the_best_multiplier_only_where_its_paired_interval_exclude
     # x2 better than x1 by 0.010 on every seed, with little paired noise: decided.
     ne = {0.5: {0: 0.80, 1: 0.81, 2: 0.79}, 1.0: {0: 0.78, 1: 0.79, 2: 0.77},
           2.0: {0: 0.770, 1: 0.781, 2: 0.759}}
-    t = L.truth(ne)
+    t = S.truth(ne)
     assert t["best"] == "x2" and t["runner_up"] == "x1" and t["seeds"] == [0, 1, 2]
     assert t["diff"] == pytest.approx(-0.01, abs=1e-9) and t["ci95"][1] < 0
     # The same means with the sign of the difference flipping between seeds: no difference.
     ne[2.0] = {0: 0.760, 1: 0.800, 2: 0.750}
-    t = L.truth(ne)
+    t = S.truth(ne)
     assert t["best"] == "none" and t["leader"] == "x2" and t["ci95"][0] < 0 < t["ci95"][1]
     # A seed missing one multiplier is left out of the pairing; one seed is not enough.
-    assert L.truth({0.5: {0: 0.8}, 1.0: {0: 0.7, 1: 0.7}, 2.0: {0: 0.9, 1: 0.9}})["best"] is None
+    assert S.truth({0.5: {0: 0.8}, 1.0: {0: 0.7, 1: 0.7}, 2.0: {0: 0.9, 1: 0.9}})["best"] is None
 
 
 def test_paired_interval_uses_the_t_quantile():
@@ -35,8 +37,8 @@ def test_paired_interval_uses_the_t_quantile():
 
 def _sync(step, rank_losses, dense_u, emb_u, base=0.01):
     """A 2 x 2 hdet.jsonl sync record: ranks 0-1 in sharding group 0 (embedding replica 0), 2-3 in group 1."""
-    grow = lambda us: [base * (1 + L.ALPHA) ** u for u in us]  # noqa: E731
-    names = ["lr/embedding", *(f"lr/{g}" for g in L.DENSE_GROUPS)]
+    grow = lambda us: [base * (1 + P.ALPHA) ** u for u in us]  # noqa: E731
+    names = ["lr/embedding", *(f"lr/{g}" for g in DENSE_GROUPS)]
     hparams = {n: {"base": base, "values": grow(emb_u if n == "lr/embedding" else dense_u), "next_base": base,
                    "velocity": 0.0} for n in names}
     return {"step": step, "losses": rank_losses, "train_losses": rank_losses, "hparams": hparams, "excluded": []}
@@ -58,12 +60,12 @@ def test_every_score_reads_the_planted_direction():
         losses = [0.5 - 0.01 * d + 0.03 * e for d, e in zip(dense_u, emb_of_rank)]
         syncs.append(_sync(25 * (k + 1), losses, dense_u, emb_u))
     for score in ("zscore", "rank", "softmax", "regression"):
-        v = L.signal_values(syncs, "losses", score, sharding_group_size=2)
+        v = S.signal_values(syncs, "losses", score, sharding_group_size=2)
         assert v["dense"] > 0 and v["embedding"] < 0, (score, v)
 
 
 def test_the_scorecard_scores_only_decided_cases():
-    mode = L.Mode(("data=tiny",), {"s": (0.05, 0.002)}, (0, 1), 5, 1, layout=(4, 2), fractions=(0.5,),
+    mode = P.Mode(("data=tiny",), {"s": (0.05, 0.002)}, (0, 1), 5, 1, layout=(4, 2), fractions=(0.5,),
                   groups=("dense",))
     results = {}
     for seed, (x05, x1, x2) in enumerate(((0.80, 0.79, 0.780), (0.81, 0.80, 0.791))):
@@ -79,7 +81,7 @@ def test_the_scorecard_scores_only_decided_cases():
     # A signal added later, run for one seed so far, pointing the other way: scored over that seed.
     wrong = _sync(30, [0.47, 0.48, 0.49, 0.50], [-1, -1 / 3, 1 / 3, 1], [-1, 1])
     results["s/seed1/c50/signal_anneal_probe"] = _signal_line([wrong], 25)
-    out = L.collect(results, mode)
+    out = S.collect(results, mode)
     (case,) = out["cases"]
     assert case["best"] == "x2" and case["signal_windows"] == [1] and case["checkpoint_steps"] == [25]
     assert out["scorecard"]["probe/zscore"] == {"agree": 1, "cases": 1, "per_start": {"s": {"agree": 1, "cases": 1}}}
@@ -87,7 +89,7 @@ def test_the_scorecard_scores_only_decided_cases():
     assert case["signal_seeds"]["anneal_probe/regression"] == 1 and case["signal_seeds"]["probe/regression"] == 2
     assert "averaged_probe/zscore" not in out["scorecard"]  # never run: not scored
     assert out["scorecard"]["paper"]["cases"] == 1
-    assert out["chosen"] in out["scorecard"] or out["chosen"].split("/")[0] in L.LOSSES
+    assert out["chosen"] in out["scorecard"] or out["chosen"].split("/")[0] in S.LOSSES
 
 
 @pytest.mark.slow  # ~11 tiny 2-rank runs: about 2 min on 2 cores
@@ -101,9 +103,9 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
     lines = [json.loads(x) for x in results.read_text().splitlines()]
     # per seed: the trunk, two dense branches, two signal runs
     assert sorted(x["name"].split("/")[-1] for x in lines) == sorted(
-        ["trunk", "dense_x0.5", "dense_x2", *(f"signal_{s}" for s in L.SIGNAL_RUNS)] * 2)
+        ["trunk", "dense_x0.5", "dense_x2", *(f"signal_{s}" for s in P.SIGNAL_RUNS)] * 2)
     signal = [x for x in lines if "signal_" in x["name"]]
-    assert len(signal) == 2 * len(L.SIGNAL_RUNS) and all(x["status"] == "stopped" and len(x["syncs"]["step"]) == 1 for x in signal)
+    assert len(signal) == 2 * len(P.SIGNAL_RUNS) and all(x["status"] == "stopped" and len(x["syncs"]["step"]) == 1 for x in signal)
     # Rows are reserved in every run (data.reserve_rows), but only the probe runs score them: the
     # serving run's losses are its own served ones (no probe: no separate training losses).
     assert all(("train_losses" in x["syncs"]) == (not x["name"].endswith("signal_serving")) for x in signal)
@@ -128,7 +130,8 @@ def test_the_harness_end_to_end_with_resume_report_only_and_a_refused_start(tmp_
 
 
 def test_the_explore_round_table_compares_the_round_s_order_with_the_end_of_the_pass():
-    from studies.lr_truth import MODES, ROUND_MULTIPLIERS, explore_round_cases, pct
+    from studies.lr_truth_plan import MODES, ROUND_MULTIPLIERS, pct
+    from studies.lr_truth_scorecard import explore_round_cases
 
     mode = MODES["tiny"]  # rounds of 5 steps from step 0 and from the trunk's 50% checkpoint (step 25 of 46)
     # End of the pass: x10 best, then x3.16, then x1 (the trunk); the rounds rank x3.16 first from step 0

@@ -66,8 +66,9 @@ def test_skip_finished_and_the_recorded_overrides(tmp_path):
     assert not is_finished(results, "z/seed0") and not is_finished(results, "w/seed0")
     assert study_overrides(results["x/seed0"]) == ["optim.lr.embedding=0.6"]
     assert run_name("grid/e3_d2", 0) == "grid/e3_d2/seed0"
-    # A study under docs/ keeps its run directories out of docs/; any other keeps them beside its file.
-    assert work_dir(os.path.join(REPO, "docs", "lr_recovery_f2")) == \
+    # A study under docs/ keeps its run directories out of docs/ (in a folder named as its results folder); any
+    # other keeps them beside its file.
+    assert work_dir(os.path.join(REPO, "docs", "results", "lr_recovery", "lr_recovery_f2")) == \
         os.path.join(REPO, "outputs", "studies", "lr_recovery_f2")
     assert work_dir(str(tmp_path)) == str(tmp_path)
 
@@ -150,8 +151,8 @@ def test_syncs_are_stored_as_columns_and_read_back():
 def test_a_committed_study_line_rebuilds_what_the_reports_read():
     """One line of each committed study carries what its report reads (a cheap check of the
     conversion: every study's report is rebuilt from these files alone)."""
-    docs = os.path.join(REPO, "docs")
-    f2 = load(os.path.join(docs, "lr_recovery_f2", RESULTS))
+    docs = os.path.join(REPO, "docs", "results")
+    f2 = load(os.path.join(docs, "lr_recovery", "lr_recovery_f2", RESULTS))
     hdet = f2["all_low/hdet/seed0"]
     assert hdet["status"] == "completed" and hdet["hdet"]["config"]["score"] == "regression"
     assert len(sync_records(hdet)) == hdet["hdet"]["syncs"] == 20
@@ -159,7 +160,7 @@ def test_a_committed_study_line_rebuilds_what_the_reports_read():
     assert plain["lr_area"]["embedding"] == pytest.approx(0.6 / 0.02, rel=1e-6)
     assert plain["mean_ne"] == pytest.approx(sum(plain["eval"][t]["ne"] for t in TASKS) / 3, rel=1e-12)
     assert {r["status"] for r in f2.values()} == {"completed", "diverged"}
-    for study in ("lr_recovery", "ablation", "probe_bias", "signal_noise"):
+    for study in ("lr_recovery/lr_recovery", "ablation/ablation", "probe_bias/probe_bias", "signal_noise/signal_noise"):
         assert load(os.path.join(docs, study, RESULTS))
 
 
