@@ -6,7 +6,7 @@ rank writing its own state, a checkpoint every 100 steps; 10 in ``--tiny``), one
 ``trainer.periodic_checkpoint.async_save=true``; runs interleaved, ``--repeats`` times. The stall is
 the time the training loop spends in ``CheckpointManager.save`` per checkpoint (rank 0: the
 synchronous write and publish, or async_save's copy into memory plus publishing the previous one),
-from ``summary.json``'s ``periodic_checkpoints``; also the examples per second of the pass. Prints
+from ``RunDir.SUMMARY``'s ``periodic_checkpoints``; also the examples per second of the pass. Prints
 a markdown table.
 """
 
@@ -20,7 +20,9 @@ import sys
 import tempfile
 import time
 
-from benchmarks.run import REPO, _check, modes, pipeline_overrides
+from benchmarks.processes import check
+from benchmarks.recording import REPO
+from benchmarks.run_contenders import modes, pipeline_overrides
 
 
 def run_once(mode, async_save: bool, workdir: str):
@@ -28,11 +30,11 @@ def run_once(mode, async_save: bool, workdir: str):
 
     n = mode["nproc"]
     run_dir = os.path.join(workdir, f"run_{time.time_ns()}")
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", *pipeline_overrides(mode, n),
+    cmd = [sys.executable, "-m", "recsys_hdet.train", f"run_dir={run_dir}", *pipeline_overrides(mode, n),
            "hdet=enabled", "hdet.controller_start=0", "hdet.sync_every=100", f"trainer.sharding_group_size={max(1, n // 2)}",
            f"trainer.periodic_checkpoint.every_steps={mode.get('checkpoint_every', 100)}",
            f"trainer.periodic_checkpoint.async_save={str(async_save).lower()}"]
-    _check(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True), cmd)
+    check(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True), cmd)
     s = RunDir(run_dir).summary()
     c = s["periodic_checkpoints"]
     return {"seconds_per_checkpoint": c["seconds"] / max(c["saved"], 1), "saved": c["saved"],

@@ -64,7 +64,7 @@ def contender(name: str, work: str, start: str, seed: int, env: Dict[str, str]) 
     find_dir = os.path.join(work, "lr_finder_sweeps")
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "recsys_hdet.lr_find", *[o for o in common if o != "trainer.tensorboard=false"],
-                           f"hydra.run.dir={find_dir}"], cwd=REPO, env=env, capture_output=True, text=True)
+                           f"run_dir={find_dir}"], cwd=REPO, env=env, capture_output=True, text=True)
     finder_seconds = time.time() - started
     if proc.returncode != 0:
         raise RuntimeError(f"lr_find exited {proc.returncode}: {proc.stderr[-2000:]}")

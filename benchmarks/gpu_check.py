@@ -75,7 +75,7 @@ def save_inputs(model_dir: str, day_file: str, rows: int = 4096) -> str:
     import polars as pl
     import torch
 
-    from recsys_hdet.serving.artifact import read_manifest
+    from recsys_hdet.serving.manifest import read_manifest
     from recsys_hdet.serving.predict import check_processed, model_inputs
 
     manifest = read_manifest(model_dir)
@@ -150,7 +150,7 @@ def check_batch() -> str:
     import torch
     from torchrec import KeyedJaggedTensor
 
-    from recsys_hdet.components.dataloader import Batch
+    from recsys_hdet.components.batch import Batch
 
     kjt = KeyedJaggedTensor(keys=["a"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 2], dtype=torch.int32))
     batch = Batch(torch.ones(2, 3), kjt, torch.zeros(2, 1), torch.ones(2, dtype=torch.bool)).pin_memory()
@@ -167,7 +167,7 @@ def train(work: str, name: str, nproc: int, *overrides: str) -> str:
 
     run_dir = os.path.join(work, name)
     env = {**os.environ, "RECSYS_HDET_DATA": os.path.join(work, "data"), "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", "data=tiny",
+    cmd = [sys.executable, "-m", "recsys_hdet.train", f"run_dir={run_dir}", "data=tiny",
            "trainer.log_every=10", f"trainer.nproc={nproc}", *overrides]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:

@@ -44,7 +44,7 @@ def run(name, overrides, workdir):
     from recsys_hdet.run_dir import RunDir
 
     run_dir = os.path.join(workdir, f"{name}_{time.time_ns()}")
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", *COMMON, *overrides]
+    cmd = [sys.executable, "-m", "recsys_hdet.train", f"run_dir={run_dir}", *COMMON, *overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")

@@ -139,7 +139,7 @@ def _worker(rank: int, world: int, port: int, args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=True, help="processed data set directory (meta.json)")
+    ap.add_argument("--data", required=True, help="processed data set directory (contract.META_FILE)")
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=512, help="examples per rank per step")
     ap.add_argument("--skip-days", type=int, default=2)

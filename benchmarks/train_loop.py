@@ -11,7 +11,7 @@ with the order rotating every repeat:
 - ``base``: ``trainer.train_pipeline=base`` (TorchRec's TrainPipelineBase: the copy to the device);
 - ``sparse_dist``: the default, TrainPipelineSparseDist (the input all-to-all a batch ahead).
 
-Figures are ``summary.json``'s ``examples_per_sec`` (the pass, data loading included), as step time
+Figures are ``RunDir.SUMMARY``'s ``examples_per_sec`` (the pass, data loading included), as step time
 in milliseconds, medians over the repeats with min..max, and each one's ratio to ``loop_before``.
 The three train the same numbers (the loop's arithmetic is unchanged; tests check the pipelines
 against each other): the final train loss is printed beside them as a check.
@@ -29,7 +29,9 @@ import tempfile
 import time
 from typing import Any, Dict, List
 
-from benchmarks.run import REPO, _check, ensure_data, modes, pipeline_overrides, replace_benchmarks_section
+from benchmarks.processes import check
+from benchmarks.recording import REPO, replace_benchmarks_section
+from benchmarks.run_contenders import ensure_data, modes, pipeline_overrides
 
 BASELINE_REV = "dd515aa"
 HEADING = "## Training loop: TorchRec train pipelines against the loop before them (benchmarks/train_loop.py)"
@@ -39,10 +41,12 @@ def run_once(tree: str, mode: Dict[str, Any], workdir: str, extra: List[str]) ->
     from recsys_hdet.run_dir import RunDir
 
     run_dir = os.path.join(workdir, f"run_{time.time_ns()}")
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}",
+    # the baseline's code predates run_dir= (issue 47) and spells the run directory as Hydra does
+    spelled = f"run_dir={run_dir}" if tree == REPO else f"hydra.run.dir={run_dir}"
+    cmd = [sys.executable, "-m", "recsys_hdet.train", spelled,
            *pipeline_overrides(mode, mode["nproc"]), *extra]
     env = {**os.environ, "RECSYS_HDET_DATA": os.environ.get("RECSYS_HDET_DATA", os.path.join(REPO, ".cache", "data"))}
-    _check(subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env=env), cmd)
+    check(subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env=env), cmd)
     s = RunDir(run_dir).summary()
     return {"examples_per_sec": s["examples_per_sec"], "steps": s["steps"], "train_loss": s["train_loss"]["avg"]}
 
