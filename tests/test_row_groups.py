@@ -13,7 +13,7 @@ import torch
 
 from data_tools.relayout import main as relayout_main
 from data_tools.relayout import relayout
-from recsys_hdet.components import dataloader
+from recsys_hdet.components import day_arrays
 from recsys_hdet.components.dataloader import ParquetBatchStream
 from recsys_hdet.components.dataset import DatasetMeta, RowHoldout, deal_row_groups, split_days
 
@@ -60,13 +60,13 @@ def test_ranks_read_only_their_row_groups_disjoint_rows_and_identical_reserved_r
     days, _ = split_days(meta, eval_days=1, holdout=holdout is not None)
     world, reserve = 3, 300
     read_groups = []
-    original = dataloader._read_share
+    original = day_arrays.read_share
 
     def recording(meta_, day, columns, share):
         read_groups.append((day, list(share.groups)))
         return original(meta_, day, columns, share)
 
-    monkeypatch.setattr(dataloader, "_read_share", recording)
+    monkeypatch.setattr(day_arrays, "read_share", recording)
     streams = [_stream(meta, r, world, days, reserve_rows=reserve, holdout=holdout, read="own_row_groups")
                for r in range(world)]
     assert len({len(s) for s in streams}) == 1 and len(streams[0]) > 0, "every rank runs the same steps"
@@ -160,11 +160,11 @@ def test_own_row_groups_on_a_layout_1_data_set_is_refused_with_the_command(tiny_
     with open(meta_path, "w") as f:
         json.dump(m, f)
     meta = DatasetMeta.load(root)
-    with pytest.raises(ValueError, match=r"layout version 1.*python -m data_tools\.relayout " + root):
+    with pytest.raises(ValueError, match=r"layout version 1.*python -m data_tools\.relayout data\.root=" + root):
         _stream(meta, 0, 2, list(meta.days)[:1], read="own_row_groups")
     _stream(meta, 0, 1, list(meta.days)[:1], read="own_row_groups", pad_last=True)  # evaluation reads whole days
-    assert relayout_main([root, "--row-group-rows", "0"]) == 2 and "row_group_rows" in capsys.readouterr().err
-    assert relayout_main([root, "--row-group-rows", "4000"]) == 0
+    assert relayout_main([f"data.root={root}", "row_group_rows=0"]) == 2 and "row_group_rows" in capsys.readouterr().err
+    assert relayout_main([f"data.root={root}", "row_group_rows=4000"]) == 0
     meta = DatasetMeta.load(root)
     assert meta.layout == {"version": 2, "row_group_rows": 4000}
     assert pq.read_metadata(meta.day_path(list(meta.days)[0])).num_row_groups == 3

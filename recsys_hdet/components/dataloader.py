@@ -33,132 +33,18 @@ multi-day files are not split.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
-import polars as pl
-import pyarrow.parquet as pq
 import torch
 from torchrec import KeyedJaggedTensor
-from torchrec.streamable import Pipelineable
 
-from data_tools.contract import RAND_COLUMN, label_column
-from recsys_hdet.components.dataset import (DAY_READS, DatasetMeta, DenseNormalization, RankShare, RowHoldout,
-                                            day_rows, deal_row_groups, kept_mask, part_mask, standard_rows)
+from recsys_hdet.components.batch import Batch
+from recsys_hdet.components.day_arrays import DayArrays, jagged_rows
+from recsys_hdet.components.dataset import (DatasetMeta, DenseNormalization, RankShare, RowHoldout,
+                                            day_rows, deal_row_groups, kept_mask, part_mask)
 from recsys_hdet.components.openmp import single_openmp_thread
-
-
-@dataclass
-class Batch(Pipelineable):
-    """One rank's rows. A TorchRec ``Pipelineable``: the train pipeline moves it to the model's
-    device (``to``, on its copy stream on CUDA, from pinned memory) and marks the streams that use it."""
-
-    dense: torch.Tensor  # [B, num_dense] float32
-    sparse: KeyedJaggedTensor  # keys = sparse feature names, B rows each
-    labels: torch.Tensor  # [B, num_tasks] float32
-    mask: torch.Tensor  # [B] bool, False on padding rows (evaluation only)
-    extras: Dict[str, torch.Tensor] = field(default_factory=dict)  # oracle/raw ids, eval only
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
-        return Batch(self.dense.to(device, non_blocking=non_blocking),
-                     self.sparse.to(device, non_blocking=non_blocking),
-                     self.labels.to(device, non_blocking=non_blocking),
-                     self.mask.to(device, non_blocking=non_blocking),
-                     {k: v.to(device, non_blocking=non_blocking) for k, v in self.extras.items()})
-
-    def record_stream(self, stream: torch.Stream) -> None:
-        for t in (self.dense, self.labels, self.mask, *self.extras.values()):
-            t.record_stream(stream)
-        self.sparse.record_stream(stream)
-
-    def pin_memory(self) -> "Batch":
-        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory(),
-                     self.mask.pin_memory(), {k: v.pin_memory() for k, v in self.extras.items()})
-
-
-class _DayArrays:
-    """A day's rows as contiguous tensors, in stream order; with ``positions`` (ascending positions
-    in the day's stream order) only those rows, in that order, ``rows`` then counting them.
-
-    A training rank keeps only its own batches' rows and the reserved tail (every rank scores
-    those): the permutation, the jagged gathers and the dense normalization then touch a
-    ``1 / world_size`` share of the day. The rows it keeps are the ones it would have sliced from
-    the whole day, bit for bit (the normalization is elementwise). With ``share`` (``own_row_groups``)
-    only the share's row groups are decoded and its rows, already in stream order, are kept."""
-
-    def __init__(self, meta: DatasetMeta, day: str, seed: int, shuffle: bool, extras: Sequence[str],
-                 drop_random: bool = False, normalization: Optional[DenseNormalization] = None,
-                 keep: Optional[np.ndarray] = None, positions: Optional[np.ndarray] = None,
-                 share: Optional[RankShare] = None) -> None:
-        label_cols = [label_column(t) for t in meta.tasks]
-        columns = meta.single_features + meta.multi_features + meta.dense + label_cols + list(extras)
-        if share is not None:  # a rank's dealt row groups alone; the share's rows are already in stream order
-            df, order = _read_share(meta, day, columns, share)
-        else:
-            df = pl.read_parquet(meta.day_path(day), columns=columns + ([RAND_COLUMN] if drop_random else []))
-            if keep is not None:  # the holdout's part, by position in the file: before anything else
-                if len(keep) != df.height:
-                    raise ValueError(f"{meta.day_path(day)}: {df.height} rows, meta.json says {len(keep)}")
-                df = df.filter(pl.Series(keep))
-            if drop_random:
-                df = df.filter(standard_rows).drop(RAND_COLUMN)
-            # Columns to arrays in file order, then each array permuted at once (np.take on the
-            # contiguous axis: cheaper than permuting the frame's rows in polars, 0.27 s per bench day).
-            order = np.random.default_rng([seed, int(day)]).permutation(df.height) if shuffle else None
-            if positions is not None:  # the file rows at those stream positions
-                order = order[positions] if order is not None else positions
-        take = (lambda x, axis=0: np.take(x, order, axis=axis)) if order is not None else \
-            (lambda x, axis=0: np.array(x, order="C"))  # a writable copy (polars' arrays may be read-only)
-        self.rows = len(order) if order is not None else df.height
-        # [F, rows]: a batch's single-valued ids are one slice, already in the KJT's key-major order
-        # (polars gives a column-major [rows, F] array: its transpose is contiguous)
-        single = df.select(meta.single_features).to_numpy().astype(np.int64, copy=False)
-        self.single_t = torch.from_numpy(take(single.T, axis=1))
-        self.multi_lengths: List[torch.Tensor] = []
-        self.multi_offsets: List[torch.Tensor] = []
-        self.multi_values: List[torch.Tensor] = []
-        for name in meta.multi_features:
-            lengths = torch.from_numpy(df[name].list.len().fill_null(0).to_numpy().astype(np.int64))
-            values = torch.from_numpy(df[name].explode().drop_nulls().to_numpy().astype(np.int64))
-            if order is not None:
-                rows = torch.from_numpy(order)
-                values = _jagged_rows(values, _offsets(lengths), lengths, rows)
-                lengths = lengths[rows]
-            self.multi_lengths.append(lengths)
-            self.multi_offsets.append(_offsets(lengths))
-            self.multi_values.append(values)
-        # [D, rows] (the transpose of polars' column-major array is contiguous): rows taken along the
-        # contiguous axis first, then the elementwise normalization in float64, so the values are the
-        # same whatever rows are taken and in what order (null, missing -> NaN -> 0)
-        dense = take(df.select(meta.dense).to_numpy().T, axis=1).T.astype(np.float64)
-        dense = normalization.apply(dense) if normalization is not None else np.nan_to_num(dense, nan=0.0)
-        self.dense = torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32))
-        self.labels = torch.from_numpy(take(df.select(label_cols).to_numpy().astype(np.float32, copy=False)))
-        self.extras = {c: torch.from_numpy(take(df[c].to_numpy())) for c in extras}
-
-
-def _read_share(meta: DatasetMeta, day: str, columns: List[str], share: RankShare) -> tuple[pl.DataFrame, np.ndarray]:
-    """The share's row groups of the day file, and the share's rows as positions in what was read."""
-    path = meta.day_path(day)
-    starts = np.concatenate([[0], np.cumsum(meta.row_groups(day), dtype=np.int64)])
-    table = pq.ParquetFile(path).read_row_groups(share.groups.tolist(), columns=columns)
-    read_starts = np.concatenate([[0], np.cumsum(starts[share.groups + 1] - starts[share.groups])])
-    group = np.searchsorted(starts, share.rows, side="right") - 1
-    local = share.rows - starts[group] + read_starts[np.searchsorted(share.groups, group)]
-    return pl.from_arrow(table), local.astype(np.int64, copy=False)
-
-
-def _offsets(lengths: torch.Tensor) -> torch.Tensor:
-    return torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-
-
-def _jagged_rows(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """The values of a jagged array's ``rows``, concatenated in that order."""
-    row_lengths = lengths[rows]
-    # each row's slice: positions offsets[row] + [0, length)
-    rel = torch.arange(int(row_lengths.sum())) - torch.repeat_interleave(row_lengths.cumsum(0) - row_lengths, row_lengths)
-    return values[torch.repeat_interleave(offsets[rows], row_lengths) + rel]
+from recsys_hdet.config_values import DayRead
 
 
 class ParquetBatchStream:
@@ -180,11 +66,11 @@ class ParquetBatchStream:
         normalization: Optional[DenseNormalization] = None,
         holdout: Optional[RowHoldout] = None,
         part: str = "train",
-        read: str = "whole_day",
+        read: str = DayRead.whole_day,
     ) -> None:
         self.meta = meta
-        if read not in DAY_READS:
-            raise ValueError(f"read={read!r}: one of {DAY_READS}")
+        if read not in tuple(DayRead):
+            raise ValueError(f"read={read!r}: one of {[str(r) for r in DayRead]}")
         # own_row_groups: a training stream reads only the row groups dealt to its rank (evaluation,
         # with its padded batches, reads whole days either way)
         self.deals_row_groups = read == "own_row_groups" and not pad_last
@@ -200,7 +86,7 @@ class ParquetBatchStream:
         # validates exposure and part (and the column "standard" needs)
         self._rows = day_rows(meta, days, exposure, holdout, part)
         self.reserve_rows = reserve_rows
-        self._recent_days: Dict[int, _DayArrays] = {}  # the last days read (for their reserved rows)
+        self._recent_days: Dict[int, DayArrays] = {}  # the last days read (for their reserved rows)
         self.days = list(days)
         self.batch_size = batch_size
         self.rank = rank
@@ -209,6 +95,8 @@ class ParquetBatchStream:
         self.shuffle = shuffle_within_day
         self.pad_last = pad_last
         self.extras = list(extras)
+        self._keys = meta.single_features + meta.multi_features  # a KJT's keys, in its values' order
+        self._ones_cache = torch.ones(0, dtype=torch.int32)
         self._day_index = 0
         self._batch_index = 0
 
@@ -282,13 +170,13 @@ class ParquetBatchStream:
                 self._day_index += 1
                 self._batch_index = 0
 
-    def _read_day(self, day_index: int) -> "_DayArrays":
+    def _read_day(self, day_index: int) -> "DayArrays":
         day = self.days[day_index]
         if self.deals_row_groups:
-            return _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
+            return DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
                               normalization=self.normalization, share=self._share(day))
         keep = part_mask(self.holdout, self.part, day, int(self.meta.days[day]["rows"]))
-        return _DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
+        return DayArrays(self.meta, day, self.seed, self.shuffle, self.extras,
                           drop_random=self.exposure == "standard", normalization=self.normalization, keep=keep,
                           positions=self._rank_positions(day))
 
@@ -316,7 +204,7 @@ class ParquetBatchStream:
         rows = self.rows_in_day(day)
         return np.concatenate([own, np.arange(rows - self.reserve_rows, rows, dtype=np.int64)])
 
-    def _remember(self, day_index: int, arrays: "_DayArrays") -> "_DayArrays":
+    def _remember(self, day_index: int, arrays: "DayArrays") -> "DayArrays":
         if self.reserve_rows:
             # The days a train pipeline may still be training on (it reads up to two batches ahead).
             self._recent_days[day_index] = arrays
@@ -336,7 +224,7 @@ class ParquetBatchStream:
         first = a.rows - self.reserve_rows + skip_rows
         return [self._slice(a, start, min(start + batch_size, a.rows)) for start in range(first, a.rows, batch_size)]
 
-    def _make_batch(self, a: _DayArrays, index: int) -> Batch:
+    def _make_batch(self, a: DayArrays, index: int) -> Batch:
         B = self.batch_size
         # the arrays hold this rank's batches one after another when it read only its own rows
         start = index * B if self._reads_own_rows else index * B * self.world_size + self.rank * B
@@ -352,29 +240,33 @@ class ParquetBatchStream:
         mask[B - pad :] = False
         return self._gather(a, idx, mask)
 
-    def _slice(self, a: _DayArrays, start: int, stop: int) -> Batch:
-        """Rows [start, stop) of the day in stream order, without a gather."""
-        values = [a.single_t[:, start:stop].reshape(-1)]
-        lengths = [torch.ones(a.single_t.shape[0] * (stop - start), dtype=torch.int32)]
-        for offsets, vals, lens in zip(a.multi_offsets, a.multi_values, a.multi_lengths):
-            values.append(vals[int(offsets[start]) : int(offsets[stop])])
-            lengths.append(lens[start:stop].to(torch.int32))
+    def _slice(self, a: DayArrays, start: int, stop: int) -> Batch:
+        """Rows [start, stop) of the day in stream order, without a gather: each array's slice, the
+        single-valued ids of every feature one [F, rows] slice, a multi-valued feature's values the slice
+        between its precomputed offsets."""
+        values = torch.cat([a.single_t[:, start:stop].reshape(-1),
+                            *(v[int(o[start]):int(o[stop])] for v, o in zip(a.multi_values, a.multi_offsets))])
+        lengths = torch.cat([self._ones(a.single_t.shape[0] * (stop - start)),
+                             *(lens[start:stop] for lens in a.multi_lengths)])
         return self._batch(a, values, lengths, slice(start, stop), torch.ones(stop - start, dtype=torch.bool))
 
-    def _gather(self, a: _DayArrays, idx: torch.Tensor, mask: torch.Tensor) -> Batch:
-        values = [a.single_t[:, idx].reshape(-1)]
-        lengths = [torch.ones(a.single_t.shape[0] * len(idx), dtype=torch.int32)]
-        for offsets, vals, lens in zip(a.multi_offsets, a.multi_values, a.multi_lengths):
-            values.append(_jagged_rows(vals, offsets, lens, idx))
-            lengths.append(lens[idx].to(torch.int32))
+    def _gather(self, a: DayArrays, idx: torch.Tensor, mask: torch.Tensor) -> Batch:
+        rows = idx.numpy()
+        values = torch.cat([a.single_t[:, idx].reshape(-1),
+                            *(torch.from_numpy(jagged_rows(v.numpy(), o, rows))
+                              for v, o in zip(a.multi_values, a.multi_offsets))])
+        lengths = torch.cat([self._ones(a.single_t.shape[0] * len(idx)), *(lens[idx] for lens in a.multi_lengths)])
         return self._batch(a, values, lengths, idx, mask)
 
-    def _batch(self, a: _DayArrays, values: List[torch.Tensor], lengths: List[torch.Tensor], rows, mask) -> Batch:
-        sparse = KeyedJaggedTensor(
-            keys=self.meta.single_features + self.meta.multi_features,
-            values=torch.cat(values),
-            lengths=torch.cat(lengths),
-        )
+    def _ones(self, n: int) -> torch.Tensor:
+        """n lengths of 1 (int32): the single-valued features' (read only; a batch's lengths are a new tensor)."""
+        ones = self._ones_cache
+        if ones.numel() != n:
+            ones = self._ones_cache = torch.ones(n, dtype=torch.int32)
+        return ones
+
+    def _batch(self, a: DayArrays, values: torch.Tensor, lengths: torch.Tensor, rows, mask) -> Batch:
+        sparse = KeyedJaggedTensor(keys=list(self._keys), values=values, lengths=lengths)
         # dense, labels and extras: copies (a batch never shares memory with the day's arrays)
         return Batch(
             dense=a.dense[rows].clone() if isinstance(rows, slice) else a.dense[rows],

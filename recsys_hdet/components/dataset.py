@@ -1,11 +1,11 @@
 """A processed data set as training and evaluation see it, apart from reading it: its metadata
-(:class:`DatasetMeta`, ``meta.json``), which days train and which are held out (:func:`split_days`),
+(:class:`DatasetMeta`, ``contract.META_FILE``), which days train and which are held out (:func:`split_days`),
 which rows of a day a stream reads (the exposure and the :class:`RowHoldout` policy,
 :func:`day_rows`), and how dense inputs are standardized (:class:`DenseNormalization`). The stream
 that reads the rows is :mod:`recsys_hdet.components.dataloader`; the files, versions and column
 names of the format are :mod:`data_tools.contract`'s.
 
-- Features are the names listed in ``meta.json`` under ``sparse`` and ``dense``; labels are
+- Features are the names listed in the data set's meta (``contract.META_FILE``) under ``sparse`` and ``dense``; labels are
   ``label_<task>``. Columns such as ``oracle_*`` and raw ids are never model inputs.
 - ``exposure``: ``"all"`` reads every row; ``"standard"`` drops the random-exposure rows
   (``is_rand`` = 1, the video shown uniformly at random); a day file without the column is refused,
@@ -16,9 +16,9 @@ names of the format are :mod:`data_tools.contract`'s.
   whatever the layout, batch size or shuffling.
 - Dense inputs are standardized by :class:`DenseNormalization`: the mean and standard deviation of
   each dense feature over the *training* days only (from the per-day statistics the converter stores
-  in meta.json), so no held-out day leaks into the inputs; a missing value becomes 0, the training
+  in the data set's meta), so no held-out day leaks into the inputs; a missing value becomes 0, the training
   mean, and its ``<name>_missing`` indicator says so. The trainer saves the normalization in the
-  checkpoint's meta.json; evaluation and warm starts reuse it.
+  checkpoint's meta (``model_checkpoint.META_FILE``); evaluation and warm starts reuse it.
 """
 
 from __future__ import annotations
@@ -33,12 +33,7 @@ import pyarrow.parquet as pq
 
 from data_tools import contract
 from data_tools.contract import RAND_COLUMN
-
-# data.train_exposure: "all" trains on every impression, "standard" drops the random-exposure ones.
-TRAIN_EXPOSURES = ("all", "standard")
-# data.read: "whole_day" every rank decodes the whole day file and keeps its rows (any layout);
-# "own_row_groups" a training rank reads only the row groups dealt to it (layout 2, deal_row_groups)
-DAY_READS = ("whole_day", "own_row_groups")
+from recsys_hdet.config_values import TrainExposure
 
 
 @dataclass
@@ -74,7 +69,7 @@ class DatasetMeta:
             raise ValueError(
                 f"data.read=own_row_groups deals each day's row groups to the ranks, but the data set at {self.root} "
                 f"has layout version {self.layout.get('version', 1)} (day files in a few large row groups, written "
-                f"before layout 2): rewrite it once with `python -m data_tools.relayout {self.root}` (same rows, same "
+                f"before layout 2): rewrite it once with `python -m data_tools.relayout data.root={self.root}` (same rows, same "
                 f"order; minutes per 10M rows), or train with data.read=whole_day")
 
     def row_groups(self, day: str) -> List[int]:
@@ -113,11 +108,11 @@ class RowHoldout:
 
     @classmethod
     def from_config(cls, data_cfg) -> Optional["RowHoldout"]:
-        """``data.holdout`` of a run's config: None when absent or its fraction is 0."""
-        h = data_cfg.get("holdout") if data_cfg is not None else None
-        if not h or not float(h.get("fraction") or 0.0):
+        """``data.holdout`` of a run's config: None when its fraction is 0."""
+        h = data_cfg.holdout
+        if not float(h.fraction):
             return None
-        return cls(float(h["fraction"]), int(h.get("seed") or 0))
+        return cls(float(h.fraction), int(h.seed))
 
 
 STREAM_PARTS = ("train", "holdout")  # which rows a stream reads when a RowHoldout is set
@@ -151,12 +146,19 @@ class DenseNormalization:
         np.copyto(out, 0.0, where=np.isnan(out))  # missing -> the mean; +-inf stay inf as float32 (as before)
         return out.astype(np.float32)
 
+    def apply_column(self, i: int, x: np.ndarray) -> None:
+        """:meth:`apply` of feature ``i``, in place on its values in float64 (the loader's column by column
+        form): the same operations element for element, so the same bits once cast to float32."""
+        np.subtract(x, np.float64(self.mean[i]), out=x)
+        np.divide(x, np.float64(self.std[i]), out=x)
+        np.copyto(x, 0.0, where=np.isnan(x))
+
     def to_dict(self) -> Dict:
         return {"features": self.features, "mean": self.mean, "std": self.std, "days": self.days}
 
     @classmethod
     def from_checkpoint(cls, directory: str) -> Optional["DenseNormalization"]:
-        """The normalization a checkpoint's model was trained with (its meta.json), or None."""
+        """The normalization a checkpoint's model was trained with (its meta file), or None."""
         from recsys_hdet.components.model_checkpoint import read_meta
 
         try:
@@ -195,11 +197,11 @@ def require_rand_column(meta: DatasetMeta, days: Sequence[str]) -> None:
 
 def day_rows(meta: DatasetMeta, days: Sequence[str], exposure: str = "all", holdout: Optional[RowHoldout] = None,
              part: str = "train") -> Dict[str, int]:
-    """Rows per day the stream reads: every row (``"all"``, from meta.json), or the standard-exposure
+    """Rows per day the stream reads: every row (``"all"``, from the data set's meta), or the standard-exposure
     ones (``"standard"``: counted from the files' ``is_rand`` column, the only column read); with a
     ``holdout``, only the rows of ``part`` ("train": not held out, "holdout": held out)."""
-    if exposure not in TRAIN_EXPOSURES:
-        raise ValueError(f"exposure={exposure!r}: one of {TRAIN_EXPOSURES}")
+    if exposure not in tuple(TrainExposure):
+        raise ValueError(f"exposure={exposure!r}: one of {[str(e) for e in TrainExposure]}")
     if part not in STREAM_PARTS:
         raise ValueError(f"part={part!r}: one of {STREAM_PARTS}")
     if exposure == "standard":
@@ -258,8 +260,8 @@ def split_days(
 
 def split_for(meta: DatasetMeta, data_cfg) -> tuple[List[str], List[str]]:
     """:func:`split_days` with a run's ``data`` config."""
-    return split_days(meta, int(data_cfg.eval_days), data_cfg.get("train_days"), int(data_cfg.get("skip_days", 0)),
-                      data_cfg.get("until"), RowHoldout.from_config(data_cfg) is not None)
+    return split_days(meta, int(data_cfg.eval_days), data_cfg.train_days, int(data_cfg.skip_days),
+                      data_cfg.until, RowHoldout.from_config(data_cfg) is not None)
 
 
 # -- rank-local reads (data.read=own_row_groups) -----------------------------------------------
