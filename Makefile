@@ -30,7 +30,7 @@ ifndef DEMO_RUN
 DEMO_RUN := outputs/demo/$(shell date +%Y%m%d-%H%M%S)
 endif
 demo: $(STAMP)
-	$(PY) -m recsys_hdet.train +experiment=demo hydra.run.dir=$(DEMO_RUN)
+	$(PY) -m recsys_hdet.train +experiment=demo run_dir=$(DEMO_RUN)
 	$(PY) -m recsys_hdet.evaluate run_dir=$(DEMO_RUN)
 
 # The import contracts (pyproject.toml [tool.importlinter], docs/architecture.md) first, then the tests.

@@ -1,9 +1,9 @@
-"""Appending days to a processed data set in place (``python -m data_tools.convert --append-to ROOT``).
+"""Appending days to a processed data set in place (``python -m data_tools.convert data.root=DIR append=true``).
 
 The new days are converted into a stage, ``ROOT/.append-XXXX/``, with the data set's vocabularies,
 string codes, min_count and row-group size (:func:`data_tools.write_processed._convert_into`); the
-vocabularies' counts are merged, meta.json updated and the new files validated; then everything is
-moved into place with os.replace, meta.json last (the commit). Before the first move, the stage's
+vocabularies' counts are merged, the meta file updated and the new files validated; then everything is
+moved into place with os.replace, the meta file last (the commit). Before the first move, the stage's
 manifest.json lists every move and keeps a hard link (or copy) of each file it replaces, so an append
 that fails or is killed half way is rolled back: at once when it fails, or by the next append (under
 the lock) when it was killed (:func:`recover_appends`).
@@ -24,7 +24,8 @@ from data_tools.errors import data_error
 from data_tools.feature_tables import check_joins
 from data_tools.fileio import file_lock
 from data_tools.id_vocabs import _base_vocabs, _merge_vocab
-from data_tools.validate import _load_meta, scan_raw_csv, validate_day_file, validate_raw
+from data_tools.validate import _load_meta, validate_day_file
+from data_tools.validate_raw import scan_raw_csv, validate_raw
 from data_tools.write_processed import _convert_into
 
 APPEND_STAGE_PREFIX = ".append-"
@@ -38,8 +39,8 @@ def append_days(log, users: str, videos: str, root: str, *, source: dict | None 
     in place and return its new meta dict.
 
     Existing day files are not touched; each id vocabulary keeps every row and appends the ids first
-    seen on the new days (with ``min_count`` as recorded in ``meta.json``, judged on the new days'
-    impressions); string categoricals keep their codes and append new values; ``meta.json``'s
+    seen on the new days (with ``min_count`` as recorded in the meta file, judged on the new days'
+    impressions); string categoricals keep their codes and append new values; the meta file's
     ``days``, ``sparse`` table sizes, ``ids``, ``has_is_rand`` and ``source`` (``appended_days``,
     ``appended``: one record per append, ``string_vocabs``, ``missing_values``) are updated.
     Refused with a DataError, nothing written: a day already in the data set or before its last
@@ -61,7 +62,7 @@ def _append_locked(log, users: str, videos: str, root: str, *, source: dict | No
                    verbose: bool = False, max_unmatched_fraction: float = 0.01,
                    max_conflicting_duplicates: int = 0, extra_files=()) -> dict:
     """:func:`append_days` for a caller that holds the lock. ``extra_files``: (staged path, final
-    path) pairs moved into place with the data set's files, before meta.json, and rolled back with
+    path) pairs moved into place with the data set's files, before the meta file, and rolled back with
     them (e.g. the synthetic generator's raw log and oracle.json)."""
     t0 = time.time()
     root = os.path.abspath(os.fspath(root))
@@ -139,7 +140,7 @@ def _check_new_days(meta_path: str, old: dict, info: dict, new_days: list) -> No
 
 
 def _appended_meta(meta_path: str, old: dict, part: dict, ids: dict, new_days: list, record: dict) -> dict:
-    """The data set's meta.json after the append: the old meta ``old`` with the new days, table sizes
+    """The data set's the meta file after the append: the old meta ``old`` with the new days, table sizes
     and ``ids`` of the converted part ``part``, and its ``source`` extended (``record``: the append's)."""
     src_old = old.get("source") or {}
     sparse = part["sparse"]
@@ -170,7 +171,7 @@ def _validate_staged(stage: str, meta: dict, part: dict, new_days: list) -> None
 
 
 def _check_appendable(meta_path: str, old: dict, base: dict, src: dict) -> None:
-    """The data set was written by this converter's format and its vocabularies match meta.json."""
+    """The data set was written by this converter's format and its vocabularies match the meta file."""
     want = {"sparse": {c: c in S.SPARSE_MULTI for c in S.SPARSE_FEATURES}, "dense": list(S.DENSE_FEATURES),
             "tasks": list(S.TASKS)}
     have = {"sparse": {c: spec.get("multi") for c, spec in old["sparse"].items()}, "dense": old["dense"],
@@ -182,7 +183,7 @@ def _check_appendable(meta_path: str, old: dict, base: dict, src: dict) -> None:
     for f in V.ID_FEATURES:
         if V.table_rows(base[f]) != old["sparse"][f]["vocab"]:
             raise data_error(V.vocab_path(os.path.dirname(meta_path), f), None,
-                             f"{V.table_rows(base[f])} rows but meta.json's sparse.{f}.vocab is "
+                             f"{V.table_rows(base[f])} rows but {C.META_FILE}'s sparse.{f}.vocab is "
                              f"{old['sparse'][f]['vocab']}")
     strings = src.get("string_vocabs") or {}
     for c in S.STRING_SPARSE:
@@ -248,9 +249,9 @@ def _rollback(stage: str) -> None:
 
 
 def recover_appends(root: str) -> list[str]:
-    """Clean up after appends to ``root`` that were killed: a stage whose token meta.json records
+    """Clean up after appends to ``root`` that were killed: a stage whose token the meta file records
     (committed) is removed, any other is rolled back first. Call with the lock held; returns the
-    stage names handled. An unreadable meta.json is left for the caller to report."""
+    stage names handled. An unreadable the meta file is left for the caller to report."""
     try:
         appended = ((C.read_meta(root).get("source") or {}).get("appended") or [])
     except (OSError, ValueError, AttributeError):

@@ -5,7 +5,7 @@ The log files are copied once, typed, into one Parquet file whose rows keep thei
 vocabularies, encoded and sorted by ``time_ms``, ties in log order (:func:`day_query_of`), and written
 in row groups of ``row_group_rows`` rows: whole, or, a day longer than ``chunk_rows``, sorted a time
 range at a time (:func:`_time_ranges`) and concatenated in order, so that memory follows
-``chunk_rows``, not the day's rows. Each day gets its entry for meta.json: rows, random-exposure rows
+``chunk_rows``, not the day's rows. Each day gets its entry for the meta file: rows, random-exposure rows
 and the dense features' count, sum and sum of squares (:func:`write_days`).
 """
 
@@ -24,7 +24,7 @@ from data_tools import schema as S
 from data_tools import vocab as V
 from data_tools.feature_tables import USER_STRINGS, VIDEO_STRINGS
 from data_tools.resume import _Progress
-from data_tools.validate import parse_expr, scan_raw_csv
+from data_tools.validate_raw import parse_expr, scan_raw_csv
 
 # A processed row's place in the raw log (files in order, then lines): a day is sorted by time_ms with ties
 # in log order, whether sorted whole or a time range at a time.
@@ -132,7 +132,7 @@ def day_query_of(lpath: str, upath: str, vpath: str, vocabs: dict, oracle_cols: 
 def write_days(tmp: str, dates, day_query: Callable, lpath: str, progress: _Progress, *, chunk_rows: int,
                row_group_rows: int) -> dict:
     """Writes the file of each day of ``dates`` into ``tmp`` (except the days ``progress`` records: written
-    before the conversion was interrupted), recording each in ``progress``; returns meta.json's ``days``."""
+    before the conversion was interrupted), recording each in ``progress``; returns the meta file's ``days``."""
     day_rows = dict(pl.scan_parquet(lpath).group_by("date").agg(pl.len()).collect(engine="streaming").iter_rows())
     days = dict(progress.days)
     for date in dates:
@@ -166,7 +166,7 @@ def _write_day(tmp: str, date: int, day_query: Callable, lpath: str, rows: int, 
 
 
 def _day_entry(path: str, date: int) -> dict:
-    """The day's entry in meta.json's ``days``: its file, rows, random-exposure rows and, per dense
+    """The day's entry in the meta file's ``days``: its file, rows, random-exposure rows and, per dense
     feature, the count, sum and sum of squares of its non-null values."""
     rows, rand = pl.scan_parquet(path).select(pl.len(), pl.col(C.RAND_COLUMN).cast(pl.Int64).sum()) \
         .collect(engine="streaming").row(0)

@@ -16,7 +16,7 @@ import polars as pl
 
 from data_tools import schema as S
 from data_tools.errors import data_error
-from data_tools.validate import parse_date_expr, parse_expr, scan_raw_csv, tag_list_expr
+from data_tools.validate_raw import parse_date_expr, parse_expr, scan_raw_csv, tag_list_expr
 
 # The string categoricals of each feature table, in the order their codes are listed.
 USER_STRINGS = ("user_active_degree",) + tuple(f"{c}_range" for c in S.RANGE_SOURCES)

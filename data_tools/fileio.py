@@ -6,6 +6,10 @@
 - :func:`try_exclusive_lock`: an exclusive ``flock`` that does not wait (one retraining job or one
   append at a time); raises :class:`LockHeld` naming the holder.
 - :func:`abs_path`: a configured path made absolute (``~`` expanded), as every job reads one.
+- :func:`staged_directory` / :func:`publish_directory` / :func:`write_manifest`: a directory written whole or
+  not at all (staged beside its final name, its manifest fsynced, one rename, the stage removed on failure):
+  the serving artifact, a registry version, a periodic checkpoint, a generated raw data set.
+- :func:`read_json` / :func:`read_jsonl`: a JSON or JSON-lines file, None / empty when absent.
 
 Limits: a local (or POSIX) filesystem; rename and flock are what these rely on. The module imports
 only the standard library and sits in ``data_tools``, the bottom package, so every package of the
@@ -17,8 +21,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
+import tempfile
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO, Any, Dict, Iterator, List, Optional
 
 
 def abs_path(path: object) -> str:
@@ -35,6 +41,56 @@ def write_text_atomic(path: str, text: str) -> None:
 
 def write_json_atomic(path: str, obj: object) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=True) + "\n")
+
+
+def write_manifest(directory: str, name: str, body: object) -> None:
+    """Writes a staged directory's manifest (``indent=1`` JSON) and fsyncs it, so that the rename that
+    publishes the directory never publishes a manifest still in the page cache."""
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump(body, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def publish_directory(stage: str, final: str, *, replace: bool = False) -> None:
+    """Moves the staged directory ``stage`` to ``final`` with one rename. ``replace``: an existing ``final``
+    is first renamed aside and deleted only once the new one is in place (a crash in between leaves the
+    old one beside, never neither); otherwise an existing ``final`` is an error (FileExistsError)."""
+    os.chmod(stage, 0o755)  # tempfile.mkdtemp makes it 0700
+    if not os.path.exists(final):
+        os.rename(stage, final)
+        return
+    if not replace:
+        raise FileExistsError(f"{final}: exists already")
+    aside = f"{stage}.old"
+    os.rename(final, aside)
+    try:
+        os.rename(stage, final)
+    except BaseException:
+        os.rename(aside, final)  # the old one back: a failed publish changes nothing
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextmanager
+def staged_directory(final: str, *, replace: bool = False, stage: Optional[str] = None) -> Iterator[str]:
+    """Yields an empty directory beside ``final`` to write into; when the block ends without an exception
+    it is published as ``final`` (:func:`publish_directory`), otherwise removed: a failure leaves nothing.
+    ``stage``: a fixed name for it (a crashed attempt's leftovers there are removed first; default: a fresh
+    ``.<name>.tmp-*``)."""
+    parent = os.path.dirname(os.path.abspath(final))
+    os.makedirs(parent, exist_ok=True)
+    if stage is None:
+        stage = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=parent)
+    else:
+        shutil.rmtree(stage, ignore_errors=True)
+        os.makedirs(stage)
+    try:
+        yield stage
+        publish_directory(stage, final, replace=replace)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
 
 
 @contextmanager
@@ -76,3 +132,19 @@ def try_exclusive_lock(path: str) -> IO[str]:
     f.write(f"pid {os.getpid()}\n")
     f.flush()
     return f
+
+
+def read_json(path: str) -> Optional[Any]:
+    """A JSON artifact, or None when the file does not exist."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_jsonl(path: str) -> List[Dict[str, Any]]:
+    """A JSON-lines artifact (a run's metrics or HDET records); empty when the file does not exist."""
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

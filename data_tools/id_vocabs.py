@@ -47,7 +47,7 @@ def id_vocabularies(tmp: str, lpath: str, vpath: str, min_count: dict, base: dic
                     progress: _Progress) -> tuple[dict, dict]:
     """Per id feature, its vocabulary counted from the impressions of the typed log ``lpath`` (author,
     music and tags through the video table ``vpath``), extending ``base``'s, written to ``tmp/vocab/``,
-    and its coverage (meta.json's ``ids``); read back when ``progress`` records them written."""
+    and its coverage (the meta file's ``ids``); read back when ``progress`` records them written."""
     log = pl.scan_parquet(lpath)
     log_videos = log.select("date", "video_id").join(pl.scan_parquet(vpath), on="video_id", how="left")
     occurrences = {

@@ -9,8 +9,8 @@ A valid processed data set in ``root`` without generator provenance (e.g. conver
 KuaiRand data) is returned as is and never overwritten.
 
 Data sets that grow: ``append_synthetic_days(root, days)`` adds the next days of a generated data
-set in place (same ground truth, drift continued; ``python -m data_tools.generate --append-to ROOT``).
-``meta.json``'s ``source.generator`` keeps the config the data set was generated with and
+set in place (same ground truth, drift continued; ``python -m data_tools.generate out=ROOT append=true``).
+the meta file's ``source.generator`` keeps the config the data set was generated with and
 ``source.appended_days`` lists the days added since. The rule ``ensure_dataset`` applies: a data set
 is usable for a requested generator config when every field but ``days`` is equal and the data set
 holds every day the request covers, i.e. generated days <= requested days <= generated + appended
@@ -35,10 +35,11 @@ from data_tools.append import _append_locked
 from data_tools.convert import convert
 from data_tools.errors import DataError, data_error
 from data_tools.id_vocabs import resolve_min_count
-from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE,
-                                 GeneratorConfig, generate)
+from data_tools.synthetic import generate
+from data_tools.synthetic_config import GeneratorConfig
+from data_tools.synthetic_files import LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE
 from data_tools.validate import _load_meta, validate_processed
-from data_tools.fileio import file_lock
+from data_tools.fileio import file_lock, staged_directory
 
 
 def _existing(root: str, cfg: GeneratorConfig, voc: dict) -> tuple[bool, str]:
@@ -91,7 +92,7 @@ def append_synthetic_days(root: str, days: int = 1) -> list[str]:
     are converted with :func:`data_tools.append.append_days`'s path (old day files untouched, ids
     keep their rows). Their raw log is kept in ``source.raw_dir`` as
     ``log_synthetic_<first>[-<last>].csv`` and their oracle is added to ``oracle.json``, both
-    published with the data set's files, before meta.json. Holds the lock ``ensure_dataset`` takes.
+    published with the data set's files, before the meta file. Holds the lock ``ensure_dataset`` takes.
     """
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise DataError(f"append_synthetic_days: days must be an int >= 1, got {days!r}")
@@ -104,7 +105,7 @@ def append_synthetic_days(root: str, days: int = 1) -> list[str]:
         src = meta.get("source") or {}
         if not isinstance(src.get("generator"), dict):
             raise data_error(meta_path, "source.generator", "missing: not a synthetic data set built by "
-                             "ensure_dataset (append real logs with python -m data_tools.convert --append-to)")
+                             "ensure_dataset (append real logs with python -m data_tools.convert data.root=DIR append=true)")
         cfg = GeneratorConfig.from_dict(src["generator"])
         have = cfg.days + len(src.get("appended_days") or [])
         expected = _day_keys(cfg.start_date, have + days)
@@ -159,17 +160,8 @@ def ensure_dataset(root: str, generator: dict | None = None, min_count: dict | N
             return root
         t0 = time.time()
         raw = root + ".raw"
-        parent = os.path.dirname(root)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(raw)}.tmp-", dir=parent)
-        try:
-            os.chmod(tmp, 0o755)
-            generate(cfg, tmp)
-            if os.path.exists(raw):
-                shutil.rmtree(raw)
-            os.rename(tmp, raw)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with staged_directory(raw, replace=True) as stage:
+            generate(cfg, stage)
         meta = convert(os.path.join(raw, LOG_FILE), os.path.join(raw, USER_FILE),
                        os.path.join(raw, VIDEO_FILE), root, voc, overwrite=True,
                        source={"generator": cfg.to_dict(), "min_count": voc, "raw_dir": raw,

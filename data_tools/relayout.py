@@ -1,18 +1,18 @@
 """Rewrite a processed data set's day files in layout 2: the same rows in the same order, cut into
 row groups of ``row_group_rows`` rows, the unit ``data.read=own_row_groups`` deals to the ranks.
 
-    python -m data_tools.relayout ROOT [--row-group-rows N]
+    python -m data_tools.relayout data.root=DIR [row_group_rows=N]
 
 Each day file is written beside itself and moved into place (``os.replace``) once its rows and
-columns are checked against the original; meta.json's ``layout`` is replaced last. A run that is
+columns are checked against the original; the meta file's ``layout`` is replaced last. A run that is
 killed half way leaves every day file whole (some rewritten, which reads the same under
-``whole_day``) and meta.json at layout 1; run it again to finish. It holds the data set's lock
-(``ROOT.lock``, the one appends and ``ensure_dataset`` take). Exit status 2 on a bad data set.
+``whole_day``) and the meta file at layout 1; run it again to finish. It holds the data set's lock
+(``DIR.lock``, the one appends and ``ensure_dataset`` take). Exit status 2 on a bad data set.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,6 +20,7 @@ import sys
 import polars as pl
 
 from data_tools import contract as C
+from data_tools.cli_args import DataSet, opt, parse
 from data_tools.errors import DataError, data_error
 from data_tools.exit_status import ExitStatus
 from data_tools.fileio import file_lock, write_json_atomic
@@ -58,19 +59,21 @@ def relayout(root: str, row_group_rows: int = C.ROW_GROUP_ROWS, verbose: bool = 
         return meta
 
 
+@dataclasses.dataclass
+class RelayoutArgs:
+    """The command's arguments (``key=value``, :mod:`data_tools.cli_args`)."""
+    data: DataSet = opt(factory=DataSet, help=f"the processed data set to rewrite (a directory with {C.META_FILE})")
+    row_group_rows: int = opt(C.ROW_GROUP_ROWS, "rows per row group", "N")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_tools.relayout", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("root", help="the processed data set (a directory with meta.json)")
-    ap.add_argument("--row-group-rows", type=int, default=C.ROW_GROUP_ROWS, metavar="N",
-                    help=f"rows per row group (default {C.ROW_GROUP_ROWS:,})")
-    args = ap.parse_args(argv)
+    args = parse(argv, RelayoutArgs, "python -m data_tools.relayout", __doc__, positional="data.root=DIR")
     try:
-        meta = relayout(args.root, args.row_group_rows, verbose=True)
+        meta = relayout(args.data.root, args.row_group_rows, verbose=True)
     except DataError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return ExitStatus.USAGE
-    print(f"{args.root}: layout {json.dumps(meta['layout'])}")
+    print(f"{args.data.root}: layout {json.dumps(meta['layout'])}")
     return 0
 
 

@@ -21,7 +21,7 @@ from data_tools.fileio import write_text_atomic
 
 class _Progress:
     """What a conversion has written into its stage directory so far, in ``_progress.json``: the typed
-    tables with the id vocabularies (``tables``, ``ids``) and each finished day's entry for meta.json
+    tables with the id vocabularies (``tables``, ``ids``) and each finished day's entry for the meta file
     (``days``). A conversion killed half way is resumed from it when it runs again on the same inputs
     (``key``); a different key starts afresh. Day files are written whole before they are recorded."""
 

@@ -3,7 +3,7 @@
 The step that :func:`data_tools.convert.convert` (a new data set, in its stage directory) and
 :func:`data_tools.append.append_days` (the new days of one, in the append's stage) share: the feature
 tables (:mod:`data_tools.feature_tables`), the typed log and the id vocabularies
-(:mod:`data_tools.id_vocabs`), the day files (:mod:`data_tools.day_files`), then meta.json.
+(:mod:`data_tools.id_vocabs`), the day files (:mod:`data_tools.day_files`), then the meta file.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
                   chunk_rows: int = DEFAULT_CHUNK_ROWS, row_group_rows: int = C.ROW_GROUP_ROWS,
                   progress: _Progress | None = None) -> dict:
     """Converts the validated raw CSVs (``files``: the log files, ``info``: what
-    :func:`data_tools.validate.validate_raw` found) into the directory ``tmp``: day files, ``vocab/``
-    and meta.json (returned). ``min_count`` per id feature, ``base``: vocabularies to extend,
-    ``string_base``: string categoricals' codes to keep, ``source``: added to meta.json's ``source``.
+    :func:`data_tools.validate_raw.validate_raw` found) into the directory ``tmp``: day files, ``vocab/``
+    and the meta file (returned). ``min_count`` per id feature, ``base``: vocabularies to extend,
+    ``string_base``: string categoricals' codes to keep, ``source``: added to the meta file's ``source``.
     ``progress``: what an interrupted conversion into ``tmp`` wrote already (its typed tables,
     vocabularies and finished days are kept). Scratch files (the typed tables) are removed at the end."""
     progress = progress or _Progress(tmp, {})
@@ -73,7 +73,7 @@ def _convert_into(tmp, files, users, videos, min_count, base, info, source, stri
 
 
 def _sparse_tables(vocabs: dict, string_vocabs: dict) -> dict:
-    """meta.json's ``sparse``: per sparse feature, its table's rows and whether it is a list feature."""
+    """the meta file's ``sparse``: per sparse feature, its table's rows and whether it is a list feature."""
     sparse = {}
     for c in S.SPARSE_FEATURES:
         if c in vocabs:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from pipelines.registry import Registry
-from recsys_hdet.components.metrics_log import read_jsonl
+from data_tools.fileio import read_jsonl
 
 
 class RetrainError(RuntimeError):
@@ -54,11 +54,11 @@ def check_registry(registry: Registry) -> None:
     or an unreadable manifest."""
     if os.path.lexists(registry.current_link) and not os.path.islink(registry.current_link):
         raise RetrainError(f"{registry.current_link}: not a symlink; the registry is damaged (remove it, then "
-                           f"run rollback --to VERSION)")
+                           f"run rollback to=VERSION)")
     current = registry.current()
     if current is not None and current not in registry.list_versions():
         raise RetrainError(f"{registry.current_link} points at versions/{current}, which is missing or incomplete; "
-                           f"the registry is damaged: repoint it with `python -m pipelines.retrain rollback --to "
+                           f"the registry is damaged: repoint it with `python -m pipelines.retrain rollback to="
                            f"VERSION registry={registry.root}` (versions: "
                            f"{registry.list_versions() or 'none'})")
 

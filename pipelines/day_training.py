@@ -26,7 +26,7 @@ def training_overrides(cfg: DictConfig, plan: DayPlan, all_days: Sequence[str], 
                        lrs: Dict[str, float]) -> List[str]:
     """The day's training config as overrides of ``conf/config.yaml`` (composed once, by :func:`train`)."""
     experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
-    out = [f"+experiment={experiment}", f"data.root={os.path.abspath(str(cfg.data_root))}", "data.generator=null",
+    out = [f"+experiment={experiment}", f"data.root={os.path.abspath(str(cfg.data.root))}", "data.generator=null",
            f"data.until={plan.day}", f"data.skip_days={all_days.index(plan.train_days[0])}",
            f"data.train_days={len(plan.train_days)}", "data.eval_days=1",
            f"data.holdout.fraction={float(cfg.holdout.fraction)}", f"data.holdout.seed={int(cfg.holdout.seed)}",
@@ -51,7 +51,7 @@ def train(cfg: DictConfig, overrides: List[str], run_dir: str, composed: DictCon
     """Runs (or resumes) the day's training through :mod:`recsys_hdet.api` in a process of its own (a
     killed job takes it along): the config is composed here, once, and written resolved into the run
     directory's config (``RunDir.CONFIG``, with ``RunDir.OVERRIDES``), which the training process reads; the
-    outcome is read from the run's ``summary.json``."""
+    outcome is read from the run's ``RunDir.SUMMARY``."""
     if RunDir(run_dir).finished():  # trained before the job was interrupted
         return TrainResult.load(run_dir, 0)
     config = write_job_config(run_dir, composed, overrides, resolve=True)

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.metrics_log import read_json
+from data_tools.fileio import read_json
 from data_tools.fileio import write_json_atomic
 from recsys_hdet.run_dir import RunDir
 
@@ -37,7 +37,7 @@ def evaluate_models(cfg: DictConfig, run_dir: str, day: str, current_dir: Option
         published = read_json(published_path)
         if "paired" in published:
             return candidate, published
-    run = load_run(current_dir, [day], os.path.abspath(str(cfg.data_root)))
+    run = load_run(current_dir, [day], os.path.abspath(str(cfg.data.root)))
     # The job's held-out slice, whatever slice the published run held out itself (an adopted run may
     # have held out none): both models score the same rows.
     OmegaConf.set_struct(run.cfg, False)

@@ -14,7 +14,7 @@ from recsys_hdet.run_dir import RunDir
 
 
 def final_hdet_bases(run_dir: str) -> Dict[str, float]:
-    """Per LR group, the max LR the controller ended the pass with (summary.json's
+    """Per LR group, the max LR the controller ended the pass with (RunDir.SUMMARY's
     ``lr.controlled_max_lr``, written by the trainer: the run's max LR times the last sync's base
     over the schedule it replaces); empty when HDET was off."""
     summary = RunDir(run_dir).summary()

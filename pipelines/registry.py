@@ -4,7 +4,7 @@ Layout of a registry directory::
 
     registry/
       versions/<version>/      one published or rejected candidate: anything the job copies in
-                               (checkpoint/, config, summary.json, eval.json, report) + manifest.json
+                               (checkpoint/, config, RunDir.SUMMARY, eval.json, report) + manifest.json
       current                  a symlink to versions/<version>: the model in service
       retrain.jsonl            the event log, one JSON object per line
       .lock                    held by the one job that may change the registry
@@ -31,7 +31,7 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-from data_tools.fileio import LockHeld, try_exclusive_lock
+from data_tools.fileio import LockHeld, staged_directory, try_exclusive_lock, write_manifest
 
 MANIFEST = "manifest.json"
 
@@ -93,25 +93,14 @@ class Registry:
         final = self.version_dir(version)
         if os.path.exists(final):
             raise RegistryError(f"{final}: version {version!r} exists already (versions are never rewritten)")
-        tmp = os.path.join(self.versions, f".tmp-{version}")
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed attempt's leftovers
-        os.makedirs(tmp)
-        try:
+        with staged_directory(final, stage=os.path.join(self.versions, f".tmp-{version}")) as tmp:
             for name, source in files.items():
                 target = os.path.join(tmp, name)
                 if os.path.isdir(source):
                     shutil.copytree(source, target)
                 else:
                     shutil.copy2(source, target)
-            body = {**manifest, "version": version, "created": time.time()}
-            with open(os.path.join(tmp, MANIFEST), "w") as f:
-                json.dump(body, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            write_manifest(tmp, MANIFEST, {**manifest, "version": version, "created": time.time()})
         return final
 
     def set_current(self, version: str) -> None:

@@ -1,8 +1,9 @@
 """The retraining job's commands on the registry besides the daily run.
 
-``status [--json]`` (the lineage, for people or for scripts and dashboards), ``rollback [--to
-VERSION]`` (repoints ``current``) and ``adopt run_dir=RUN`` (an existing completed run becomes
-version 1 of an empty registry). ``status`` and ``rollback`` read the registry only (no ``data_root``).
+``status [json=true]`` (the lineage, for people or for scripts and dashboards), ``rollback
+[to=VERSION]`` (repoints ``current``) and ``adopt run_dir=RUN`` (an existing completed run becomes
+version 1 of an empty registry, with the training overrides its recorded config was composed with).
+``status`` and ``rollback`` read the registry only (no ``data.root``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
 
 from omegaconf import DictConfig
 
@@ -18,6 +19,7 @@ from pipelines.day_plan import RetrainError, check_registry, version_name
 from pipelines.gate import gate
 from pipelines.registry import Registry, RegistryBusy, RegistryError
 from pipelines.version_manifest import adopted_manifest, version_files
+from recsys_hdet.run_dir import RunDir
 from data_tools.exit_status import ExitStatus
 
 
@@ -70,12 +72,14 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
 
 
 
-def adopt(cfg: DictConfig) -> int:
+def adopt(cfg: DictConfig, overrides_given: bool = False) -> int:
     """``adopt run_dir=DIR``: an existing completed run becomes version 1 of an empty registry, after
     scoring it on its held-out days and passing the gate's checks that need no published model
     (completed, NE below ``gate.max_ne``, calibration within ``gate.calibration``). The next job run
     trains the days after its training days, warm-started from it: train the run with the daily
-    ``experiment`` (its model must fit the warm start)."""
+    ``experiment`` (its model must fit the warm start). The version's ``overrides`` setting is the run's
+    own (:func:`adopted_overrides`: its data preset and layout, read from its recorded config) unless
+    ``overrides_given``; ``data.root`` defaults to the run's data set."""
     from recsys_hdet.evaluate import evaluate_run
     from recsys_hdet.evaluation import EvaluationError, load_run
 
@@ -86,10 +90,12 @@ def adopt(cfg: DictConfig) -> int:
     if os.path.isdir(registry.root) and registry.list_versions():
         return fail(f"registry={registry.root} has versions already; adopt starts a registry (use an empty one)",
                     ExitStatus.USAGE)
+    data_root = None if cfg.data.root is None else os.path.abspath(str(cfg.data.root))
     try:
-        run = load_run(str(cfg.run_dir), None, os.path.abspath(str(cfg.data_root)))
-        candidate = evaluate_run(run.run_dir, data_root=os.path.abspath(str(cfg.data_root)), nproc=int(cfg.eval_nproc))
-    except EvaluationError as e:
+        run = load_run(str(cfg.run_dir), None, data_root)
+        cfg.overrides = adopted_overrides(cfg, run, overrides_given)
+        candidate = evaluate_run(run.run_dir, data_root=run.meta.root, nproc=int(cfg.eval_nproc))
+    except (EvaluationError, RetrainError) as e:
         return fail(f"run_dir={cfg.run_dir}: {e}", ExitStatus.USAGE)
     decision = gate(cfg, run.summary, candidate, None)
     if decision["decision"] != "published":
@@ -111,8 +117,44 @@ def adopt(cfg: DictConfig) -> int:
 
 
 
+def adopted_overrides(cfg: DictConfig, run, given: bool) -> List[str]:
+    """The ``overrides`` every day's run trains with after ``adopt`` (the version's recorded setting, which the
+    job's later runs must repeat): the run's own training overrides (``RunDir.OVERRIDES`` less the preset and
+    the keys the job sets, :func:`pipelines.settings.run_overrides`), and its data preset (``data=NAME``, from
+    its recorded config) when the job's ``experiment`` would compose another. ``given`` (``overrides=`` on
+    the command line): ``cfg.overrides``, checked against the run's recorded config instead. RetrainError
+    naming the keys when the job's ``experiment`` with these overrides would compose another config than the
+    run's (the daily job would refuse the next day the same way; ``allow_config_change=true`` allows it)."""
+    from recsys_hdet.config import compose
+
+    from pipelines.settings import config_changes, run_overrides
+
+    recorded = run.cfg
+    if given:
+        overrides = [str(o) for o in cfg.overrides]
+    else:
+        overrides = run_overrides(run.files.overrides() if os.path.isfile(run.files.path(RunDir.OVERRIDES)) else [])
+    training = compose("config", [f"+experiment={cfg.experiment}", *overrides])
+    preset = str(recorded.data.name)
+    if not given and training.data.name != preset:
+        overrides.append(f"data={preset}")
+        training = compose("config", [f"+experiment={cfg.experiment}", *overrides])
+    if str(recorded.get("experiment_name")) == str(cfg.experiment):  # the daily job compares the whole config
+        changes = config_changes(recorded, training, bool(cfg.carry_lr))
+    else:  # it compares no config across experiments: the data preset at least must be the run's
+        changes = [f"data.name: {preset!r} -> {training.data.name!r}"] if training.data.name != preset else []
+    if changes and not cfg.allow_config_change:
+        source = f"overrides={overrides}" if given else f"the run's own overrides {overrides}"
+        raise RetrainError(f"experiment={cfg.experiment} with {source} composes another config than the run's "
+                           f"({run.files.path(RunDir.CONFIG)}; the run's value -> the job's): {'; '.join(changes[:8])}"
+                           + (f" (and {len(changes) - 8} more)" if len(changes) > 8 else "")
+                           + ("; leave overrides out to take them from the run" if given else
+                              "; every day's run would be refused the same way (allow_config_change=true allows it)"))
+    return overrides
+
+
 def rollback(cfg: DictConfig, to: Optional[str]) -> int:
-    """``rollback [--to VERSION]``: repoints ``current`` (:meth:`pipelines.registry.Registry.rollback`)."""
+    """``rollback [to=VERSION]``: repoints ``current`` (:meth:`pipelines.registry.Registry.rollback`)."""
     registry = Registry(str(cfg.registry))
     try:
         with registry.lock():

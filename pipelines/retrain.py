@@ -3,7 +3,7 @@
 For each day that arrived after the last day a version was trained on, in order:
 
 1. **Train**: warm-start from the published model (``registry/current``), one pass over the day
-   (``experiment``, plain by default: docs/retraining.md); the first run (empty registry) trains
+   (``experiment``, plain by default: docs/results/retrain_compare/retraining.md); the first run (empty registry) trains
    ``cold_start_experiment`` on every day up to the newest instead. With ``carry_lr`` each group's
    max LR starts from the per-group bases the published model's HDET controller ended with (HDET on)
    (``hdet_bases`` in its manifest) instead of the preset's static values.
@@ -22,12 +22,12 @@ Operations: one job at a time (the registry's lock: a second job exits with :att
 idempotent (a day some version was trained on is skipped, and a rerun with nothing new says so);
 crash-safe (a day's run trains in ``registry/work/<day>/`` with periodic checkpoints and resumes
 there; a version appears whole or not at all; a publish interrupted between the version's rename
-and ``current``'s is finished by the next run); ``--until DAY`` backfills every missing day up to
-DAY in order; ``--dry-run`` prints the plan and writes nothing (no lock either); ``rollback [--to
-VERSION]`` repoints ``current``; ``status [--json]`` prints the lineage (neither needs ``data_root``).
+and ``current``'s is finished by the next run); ``until=DAY`` backfills every missing day up to
+DAY in order; ``dry_run=true`` prints the plan and writes nothing (no lock either); ``rollback
+[to=VERSION]`` repoints ``current``; ``status [json=true]`` prints the lineage (neither needs ``data.root``).
 Failures go to stderr. Exit statuses (:class:`data_tools.exit_status.ExitStatus`): OK (the newest day
 published), NOTHING_TO_DO (``nothing_to_do_exit``, 5 by default: 99 for Airflow's skip, 0 where
-nothing new is success; ``--dry-run`` exits OK when the run would train and with it when not),
+nothing new is success; ``dry_run=true`` exits OK when the run would train and with it when not),
 REJECTED, FAILED, BUSY, USAGE (also: the day's settings differ from the published version's,
 :mod:`pipelines.settings`, unless ``allow_config_change=true``). ``status | head`` ends quietly.
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -71,13 +71,13 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     registry = Registry(str(cfg.registry))
     log = lambda msg: print(f"[retrain] {msg}", flush=True)
     fail = lambda msg: print(f"[retrain] {msg}", file=sys.stderr, flush=True)
-    root = os.path.abspath(str(cfg.data_root))
+    root = os.path.abspath(str(cfg.data.root))
     if not contract.has_meta(root):
-        fail(f"FAILED: data_root={root}: no processed data set there ({contract.META_FILE} missing)")
+        fail(f"FAILED: data.root={root}: no processed data set there ({contract.META_FILE} missing)")
         return ExitStatus.FAILED
     all_days = list(DatasetMeta.load(root).days)
     if until is not None and str(until) not in all_days:
-        fail(f"FAILED: --until {until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
+        fail(f"FAILED: until={until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
         return ExitStatus.FAILED
     if dry_run:  # exit as the run would have started: OK when there is work, else "nothing to do"
         return ExitStatus.OK if print_plan(registry, all_days, until, force, log) else int(cfg.nothing_to_do_exit)
@@ -127,7 +127,7 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
 
 
 def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log) -> bool:
-    """``--dry-run``: what the job would do, reading the registry only (no lock, no file written: a
+    """``dry_run=true``: what the job would do, reading the registry only (no lock, no file written: a
     plan can differ from the run's if another job runs in between). Returns whether there is work."""
     pending = interrupted_publish(registry) if os.path.isdir(registry.root) else None
     if pending:
@@ -146,25 +146,34 @@ def print_plan(registry: Registry, all_days: List[str], until: Optional[str], fo
 # ----------------------------------------------------------------------------------------------
 # Command line
 
-USAGE = ("usage: python -m pipelines.retrain [--until DAY] [--dry-run] [--force] registry=DIR data_root=DIR "
+USAGE = ("usage: python -m pipelines.retrain [run] registry=DIR data.root=DIR [until=DAY] [dry_run=true] [force=true] "
          "[key=value ...]\n"
-         "       python -m pipelines.retrain status [--json] registry=DIR\n"
-         "       python -m pipelines.retrain rollback [--to VERSION] registry=DIR\n"
-         "       python -m pipelines.retrain adopt registry=DIR data_root=DIR run_dir=RUN")
+         "       python -m pipelines.retrain status registry=DIR [json=true]\n"
+         "       python -m pipelines.retrain rollback registry=DIR [to=VERSION]\n"
+         "       python -m pipelines.retrain adopt registry=DIR run_dir=RUN [data.root=DIR]")
+
+COMMANDS = ("run", "status", "rollback", "adopt")
+# Each command's own options (keys of conf/retrain.yaml that no other command reads).
+OPTIONS = {"until": "run", "dry_run": "run", "force": "run", "to": "rollback", "json": "status"}
+# The spellings before the one convention (key=value, no dashes), each refused naming the new one.
+OLD_SPELLINGS = {"data_root=": "data.root=DIR", "--until": "until=DAY", "--dry-run": "dry_run=true",
+                 "--force": "force=true", "--to": "to=VERSION", "--json": "json=true"}
 
 
-def compose(overrides: Sequence[str], needs_data: bool = True) -> DictConfig:
-    """The job's config; ``needs_data``: ``data_root`` is required (``status`` and ``rollback``
-    read the registry only)."""
+def compose(overrides: Sequence[str], needs_data: bool = True, command: str = "run") -> DictConfig:
+    """The job's config; ``needs_data``: ``data.root`` is required (``status`` and ``rollback``
+    read the registry only; ``adopt`` defaults it to the run's); ``command``: whose options may be given."""
     from recsys_hdet.config import compose as compose_config
-    from recsys_hdet.config_schema import check
 
     cfg = compose_config("retrain", overrides)
     if OmegaConf.is_missing(cfg, "registry"):
         raise ValueError("config registry: missing (pass registry=DIR)")
-    if needs_data and cfg.data_root is None:
-        raise ValueError("config data_root: missing (pass data_root=DIR)")
-    check(cfg)  # the schema's checks of each value (recsys_hdet/config_schema.py)
+    if needs_data and cfg.data.root is None:
+        raise ValueError("config data.root: missing (pass data.root=DIR)")
+    for key, owner in OPTIONS.items():
+        if owner != command and cfg[key] not in (None, False):
+            raise ValueError(f"config {key}: an option of `{owner}`, not of `{command}`")
+    OmegaConf.to_object(cfg)  # the schema's checks of each value (RetrainConfig, recsys_hdet/job_schema.py)
     return cfg
 
 
@@ -178,33 +187,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
+    from data_tools.cli_args import HELP, old_spelling
+
     args = list(sys.argv[1:] if argv is None else argv)
-    command = args.pop(0) if args and args[0] in ("status", "rollback", "run", "adopt") else "run"
-    flags: Dict[str, Any] = {"until": None, "to": None, "dry_run": False, "force": False, "json": False}
-    overrides: List[str] = []
-    while args:
-        a = args.pop(0)
-        if a in ("-h", "--help"):
-            print("python -m pipelines.retrain (recsys-hdet-retrain): the scheduled retraining job. For each new day:\n"
-                  "warm-start from the published model, train, evaluate candidate and published model on the day's\n"
-                  "held-out rows, gate, publish atomically (docs/operations.md; keys: conf/retrain.yaml).\n\n"
-                  f"{USAGE}\n\nExit status: 0 published, 1 failed, 2 usage, 4 rejected by the gate, 5 nothing to do "
-                  "(nothing_to_do_exit), 75 busy.")
-            return ExitStatus.OK
-        if a in ("--until", "--to"):
-            if not args:
-                print(f"{a} needs a value\n{USAGE}", file=sys.stderr)
-                return ExitStatus.USAGE
-            flags[a[2:]] = args.pop(0)
-        elif a in ("--dry-run", "--force") or (a == "--json" and command == "status"):
-            flags[a[2:].replace("-", "_")] = True
-        elif a.startswith("--"):
-            print(f"unknown option {a}\n{USAGE}", file=sys.stderr)
-            return ExitStatus.USAGE
-        else:
-            overrides.append(a)
+    command = args.pop(0) if args and args[0] in COMMANDS else "run"
+    if any(a in HELP for a in args):
+        print("python -m pipelines.retrain (recsys-hdet-retrain): the scheduled retraining job. For each new day:\n"
+              "warm-start from the published model, train, evaluate candidate and published model on the day's\n"
+              "held-out rows, gate, publish atomically (docs/operations.md; keys: conf/retrain.yaml).\n\n"
+              f"{USAGE}\n\nExit status: 0 published, 1 failed, 2 usage, 4 rejected by the gate, 5 nothing to do "
+              "(nothing_to_do_exit), 75 busy.")
+        return ExitStatus.OK
+    problem = old_spelling(args, OLD_SPELLINGS)
+    if problem is None:
+        other = [a for a in args if a.startswith("-") or "=" not in a]
+        problem = other and (f"unknown option {other[0]} (arguments are key=value)" if other[0].startswith("-") else
+                             f"{other[0]}: expected key=value, or a command first ({', '.join(COMMANDS)})")
+    if problem:
+        print(f"[retrain] error: {problem}", file=sys.stderr)
+        return ExitStatus.USAGE
     try:
-        cfg = compose(overrides, needs_data=command in ("run", "adopt"))
+        cfg = compose(args, needs_data=command == "run", command=command)
     except Exception as e:  # noqa: BLE001 - Hydra's and ours: a config error, named
         from recsys_hdet.config import compose_error
         from recsys_hdet.job_schema import RetrainConfig
@@ -212,12 +215,12 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"[retrain] config error: {compose_error(e, RetrainConfig) or e}\n{USAGE}", file=sys.stderr)
         return ExitStatus.USAGE
     if command == "status":
-        return status(cfg, flags["json"])
+        return status(cfg, bool(cfg.json))
     if command == "rollback":
-        return rollback(cfg, flags["to"])
+        return rollback(cfg, cfg.to)
     if command == "adopt":
-        return adopt(cfg)
-    return run_job(cfg, flags["until"], flags["dry_run"], flags["force"])
+        return adopt(cfg, overrides_given=any(a.lstrip("+").startswith("overrides") for a in args))
+    return run_job(cfg, None if cfg.until is None else str(cfg.until), bool(cfg.dry_run), bool(cfg.force))
 
 
 if __name__ == "__main__":

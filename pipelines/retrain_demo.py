@@ -12,11 +12,12 @@ Into ``DIR/data`` (a small synthetic data set, ``conf/data/retrain_demo.yaml``) 
 Each step runs ``python -m pipelines.retrain`` as a scheduler would, with the default gate, and checks
 its exit status;
 the demo exits 1 if any step ends otherwise, then prints ``pipelines.retrain status``.
-Options (key=value): ``out`` (required), ``nproc`` (training workers, default 2).
+Options (key=value, :mod:`data_tools.cli_args`): ``out`` (required), ``nproc`` (training workers, default 2).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import polars as pl
 
 from pipelines import retrain as R
 from recsys_hdet.config import CONF_DIR
+from data_tools.cli_args import opt, parse
 from data_tools.exit_status import ExitStatus
 
 DEMO_OVERRIDES = ("data=retrain_demo", "trainer.sharding_group_size=1", "hdet.probe_rows=1024", "hdet.sync_every=10",
@@ -53,7 +55,7 @@ def retrain_command(registry: str, data: str, nproc: int, extra: Sequence[str] =
                     train_overrides: Sequence[str] = ()) -> List[str]:
     """The job's command on the demo data: ``extra`` job settings, ``train_overrides`` after the demo's."""
     overrides = ",".join(f"'{o}'" for o in (*DEMO_OVERRIDES, f"trainer.nproc={nproc}", *train_overrides))
-    return [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={registry}", f"data_root={data}",
+    return [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={registry}", f"data.root={data}",
             f"overrides=[{overrides}]"]
 
 
@@ -67,18 +69,21 @@ def step(title: str, cmd: List[str], expected: int) -> bool:
     return ok
 
 
+@dataclasses.dataclass
+class DemoArgs:
+    out: str = opt("???", "the demo's directory: its data/ and registry/", "DIR")
+    nproc: int = opt(2, "training workers", "N")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from data_tools.contract import has_meta
     from data_tools.prepare import append_synthetic_days, ensure_dataset
 
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
-    if "out" not in args:
-        print(__doc__)
-        return ExitStatus.USAGE
-    out = os.path.abspath(args["out"])
-    nproc = int(args.get("nproc", 2))
+    args = parse(argv, DemoArgs, "python -m pipelines.retrain_demo", __doc__)
+    out = os.path.abspath(args.out)
+    nproc = args.nproc
     data, registry = os.path.join(out, "data"), os.path.join(out, "registry")
     spec = OmegaConf.load(os.path.join(CONF_DIR, "data", "retrain_demo.yaml"))
     if not has_meta(data):

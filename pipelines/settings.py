@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -57,12 +57,31 @@ def changed_settings(cfg: DictConfig, parent: Mapping[str, Any], parent_dir: str
     parent_run = RunDir(parent_dir)
     if parent.get("experiment") != experiment or not os.path.isfile(parent_run.path(RunDir.CONFIG)):
         return changes
-    skip = JOB_KEYS + (("optim.lr",) if cfg.carry_lr else ())
-    was = _flat(OmegaConf.to_container(parent_run.config(), resolve=True))
-    now = _flat(OmegaConf.to_container(training, resolve=True))
-    for key in sorted(set(was) | set(now)):
-        if any(key == s or key.startswith(s + ".") for s in skip):
-            continue
-        if was.get(key, "<absent>") != now.get(key, "<absent>"):
-            changes.append(f"{key}: {was.get(key, '<absent>')!r} -> {now.get(key, '<absent>')!r}")
-    return changes
+    return changes + config_changes(parent_run.config(), training, bool(cfg.carry_lr))
+
+
+def _job_key(key: str, skip: Sequence[str] = JOB_KEYS) -> bool:
+    return any(key == s or key.startswith(s + ".") for s in skip)
+
+
+def config_changes(was: DictConfig, now: DictConfig, carry_lr: bool) -> List[str]:
+    """``key: old -> new`` for every key of two resolved training configs that differs, leaving out the keys the
+    job sets itself (:data:`JOB_KEYS`; the max LRs too when ``carry_lr`` carries them)."""
+    skip = JOB_KEYS + (("optim.lr",) if carry_lr else ())
+    old = _flat(OmegaConf.to_container(was, resolve=True))
+    new = _flat(OmegaConf.to_container(now, resolve=True))
+    return [f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
+            for key in sorted(set(old) | set(new))
+            if not _job_key(key, skip) and old.get(key, "<absent>") != new.get(key, "<absent>")]
+
+
+def run_overrides(recorded: Sequence[str]) -> List[str]:
+    """A training run's own overrides (its ``RunDir.OVERRIDES``) that every day's run of the job must repeat to
+    train as it did (``adopt``): all but the preset (``+experiment=``: the job's ``experiment``) and those of
+    the keys the job sets itself (:data:`JOB_KEYS`: the day window, the data set, the seed, the warm start)."""
+    kept = []
+    for o in recorded:
+        key = str(o).lstrip("+~").split("=", 1)[0]
+        if key != "experiment" and not _job_key(key):
+            kept.append(str(o))
+    return kept

@@ -66,8 +66,8 @@ def day_manifest(cfg: DictConfig, plan: DayPlan, *, parent: Optional[str], run_d
         "settings_hash": settings_hash(job_settings(cfg)),
         "overrides": overrides,
         "holdout": OmegaConf.to_container(cfg.holdout),
-        "data": {"root": os.path.abspath(str(cfg.data_root)),
-                 "fingerprint": data_fingerprint(str(cfg.data_root), plan.train_days)},
+        "data": {"root": os.path.abspath(str(cfg.data.root)),
+                 "fingerprint": data_fingerprint(str(cfg.data.root), plan.train_days)},
         "config_hash": hashlib.blake2b(open(resolved, "rb").read(), digest_size=16).hexdigest()
         if os.path.isfile(resolved) else None,
         "commit": code_version(),

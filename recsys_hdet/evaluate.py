@@ -32,7 +32,9 @@ def usage() -> str:
 
 def run() -> None:
     """``python -m recsys_hdet.evaluate`` and the ``recsys-hdet-evaluate`` command."""
-    run_hydra_command(main, lambda: _composed, usage)
+    from data_tools.cli_args import DATA_ROOT_KEY
+
+    run_hydra_command(main, lambda: _composed, usage, DATA_ROOT_KEY)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""``python -m recsys_hdet.export run_dir=DIR out=MODEL_DIR`` (``recsys-hdet-export``): a completed run as
-a serving artifact that loads with torch alone (:mod:`recsys_hdet.serving.artifact`, docs/serving.md).
+"""``python -m recsys_hdet.export run_dir=DIR out=MODEL_DIR [data.root=DIR]`` (``recsys-hdet-export``): a
+completed run as a serving artifact that loads with torch alone (:mod:`recsys_hdet.serving.artifact`,
+docs/serving.md).
 Exit status 0 done, 2 a run or setting that cannot be exported (named), nothing written."""
 
 import sys
@@ -22,7 +23,7 @@ def main(cfg: DictConfig) -> None:
 
     quiet_library_warnings()
     try:
-        manifest = export_run(str(cfg.run_dir), str(cfg.out), cfg.data_root, bool(cfg.overwrite))
+        manifest = export_run(str(cfg.run_dir), str(cfg.out), cfg.data.root, bool(cfg.overwrite))
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(ExitStatus.USAGE)
@@ -33,7 +34,9 @@ def main(cfg: DictConfig) -> None:
 def run() -> None:
     from recsys_hdet.config import yaml_usage
 
-    run_hydra_command(main, lambda: _composed, lambda: yaml_usage("export", __doc__))
+    from data_tools.cli_args import DATA_ROOT_KEY
+
+    run_hydra_command(main, lambda: _composed, lambda: yaml_usage("export", __doc__), DATA_ROOT_KEY)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,19 @@ from recsys_hdet.config_values import at_least, fraction, is_number, positive, r
 
 
 @dataclass
+class DataRoot:
+    """``data.root=DIR``: a processed data set, spelled so in every command (the training config's key)."""
+    root: Optional[str] = None
+
+
+@dataclass
 class EvaluateConfig:
     """``python -m recsys_hdet.evaluate``: one run (``run_dir``) or a comparison (``runs``, ``out``)."""
     run_dir: Optional[str] = None
     runs: Optional[List[str]] = None
     out: Optional[str] = None
     days: Optional[List[Any]] = None        # held-out days YYYYMMDD
-    data_root: Optional[str] = None
+    data: DataRoot = field(default_factory=DataRoot)  # the run's data set, when it moved
     batch_size: int = 4096
     nproc: int = 1
     rescore: bool = False
@@ -59,7 +65,7 @@ class GateConfig:
 class RetrainConfig:
     """``python -m pipelines.retrain``: field meanings in conf/retrain.yaml."""
     registry: str = MISSING
-    data_root: Optional[str] = None          # the ``run`` command needs it; status and rollback do not
+    data: DataRoot = field(default_factory=DataRoot)  # data.root: ``run`` needs it; status and rollback do not
     experiment: str = "retrain_daily"
     cold_start_experiment: str = "retrain_daily"
     overrides: List[str] = field(default_factory=list)
@@ -74,6 +80,12 @@ class RetrainConfig:
     allow_config_change: bool = False
     run_dir: Optional[str] = None            # ``adopt``: the completed run to publish as version 1
     export_on_publish: bool = False
+    # The invocation's own options (not settings: never recorded in a version)
+    until: Optional[str] = None              # ``run``: train the missing days up to this one (YYYYMMDD)
+    dry_run: bool = False                    # ``run``: print the plan, write nothing
+    force: bool = False                      # ``run``: retrain a day a version was trained on
+    to: Optional[str] = None                 # ``rollback``: the version to repoint current to
+    json: bool = False                       # ``status``: one JSON object
 
     def __post_init__(self) -> None:
         if self.carry_lr_clamp is not None:
@@ -93,7 +105,7 @@ class ExportConfig:
     """``python -m recsys_hdet.export``: field meanings in conf/export.yaml."""
     run_dir: str = MISSING
     out: str = MISSING
-    data_root: Optional[str] = None
+    data: DataRoot = field(default_factory=DataRoot)  # the run's data set, when it moved
     overwrite: bool = False
 
 
@@ -101,8 +113,9 @@ class ExportConfig:
 class PredictConfig:
     """``python -m recsys_hdet.predict``: field meanings in conf/predict.yaml."""
     model_dir: str = MISSING
-    input: str = MISSING
-    day: Optional[Any] = None               # YYYYMMDD, with input=a processed data set's directory
+    data: DataRoot = field(default_factory=DataRoot)  # data.root: a processed data set to score a day of
+    log: Optional[str] = None               # or a file: a raw log CSV (with users, videos) or a processed day file
+    day: Optional[Any] = None               # YYYYMMDD, with data.root: the day to score
     out: str = MISSING
     users: Optional[str] = None
     videos: Optional[str] = None

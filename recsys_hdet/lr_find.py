@@ -1,7 +1,7 @@
-"""``python -m recsys_hdet.lr_find +experiment=NAME [overrides]``: max learning rates from LR range tests.
+"""``python -m recsys_hdet.lr_find +experiment=NAME [run_dir=DIR] [overrides]``: max learning rates from LR range tests.
 
 The LR range test (Smith 2017, arXiv 1506.01186; fastai's ``lr_find``, Lightning's ``Tuner.lr_find``),
-run as the recovery study's ``lr_finder`` contender runs it (docs/lr_recovery.md): one short plain run
+run as the recovery study's ``lr_finder`` contender runs it (docs/results/lr_recovery/lr_recovery.md): one short plain run
 per axis, first the embedding group, then the dense groups together. In a sweep the axis's groups
 rise geometrically from their max LR x ``low`` to x ``high`` over ``steps`` steps
 (``optim.schedule.range_test``: 100 steps, x0.001 to x10000 by default: seven decades, so that a suggestion
@@ -14,7 +14,7 @@ suggestion within one sweep step of an end of the range is flagged (``range_edge
 
 The command prints the overrides to train with (each group's max LR x its axis's multiplier: the dense
 groups keep their ratios) and writes ``lr_find.json`` into its run directory
-(``outputs/lr_find/<experiment>/<time>/``, the sweeps in ``sweep_embedding/`` and ``sweep_dense/``).
+(``run_dir``, default ``outputs/lr_find/<experiment>/<time>/``; the sweeps in ``sweep_embedding/`` and ``sweep_dense/``).
 
 Limits: the sweeps train the first ``steps`` steps of the pass on the config's data and layout, so
 their cost is 2 x ``steps`` steps (in the recovery study 200 steps beside a 960-step pass); rollback is
@@ -38,7 +38,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.components.range_rule import range_edge, suggest_multiplier
 from recsys_hdet.constants import LR_AXES
-from recsys_hdet.config import CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_hydra_command
+from recsys_hdet.config import (CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_dir_argument,
+                                run_hydra_command)
 from data_tools.exit_status import ExitStatus
 
 # How a sweep may end and still be read: stopped after its steps, or diverged where its loss exploded.
@@ -47,7 +48,7 @@ _config_composed = False
 
 
 def range_test_curve(metrics: Sequence[Dict[str, Any]]) -> tuple[List[int], List[float]]:
-    """A range-test run's logged curve from its ``metrics.jsonl`` records: the steps trained at each record
+    """A range-test run's logged curve from its ``RunDir.METRICS`` records: the steps trained at each record
     and the loss logged there (what :func:`suggest_multiplier` reads)."""
     logged = [m for m in metrics if "loss" in m and "step" in m]
     return [int(m["step"]) for m in logged], [m["loss"]["avg"] for m in logged]
@@ -74,13 +75,13 @@ def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
 
 def check_config(cfg: DictConfig) -> None:
     """Refuses what a range test of the one-cycle's max LRs cannot serve (ConfigError, exit 2)."""
-    if bool(cfg.hdet.get("enabled", False)):
+    if cfg.hdet.enabled:
         raise ConfigError("hdet.enabled=true: the LR range test sweeps a plain run; drop hdet=enabled "
                           "(HDET's controller moves the base itself)")
     dense = str(cfg.optim.dense.type)
     if dense not in ("adam", "adamw"):
         raise ConfigError(f"optim.dense.type={dense}: sets its own step size; the LR range test serves adam or adamw")
-    if str(cfg.optim.schedule.get("name", "one_cycle")) != "one_cycle":
+    if str(cfg.optim.schedule.name) != "one_cycle":
         raise ConfigError(f"optim.schedule.name={cfg.optim.schedule.name}: the suggestion is for the one-cycle "
                           "schedule's max LRs (leave optim.schedule.name at one_cycle)")
 
@@ -96,7 +97,7 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
     check_config(cfg)
     if os.path.exists(os.path.join(run_dir, "lr_find.json")) or any(
             os.path.exists(os.path.join(run_dir, f"sweep_{axis}")) for axis in LR_AXES):
-        raise ConfigError(f"hydra.run.dir={run_dir}: already holds an LR range test (lr_find.json or sweep_*); "
+        raise ConfigError(f"run_dir={run_dir}: already holds an LR range test (lr_find.json or sweep_*); "
                           "use another directory")
     rt = cfg.optim.schedule.range_test
     low, high = float(rt.low), float(rt.high)
@@ -163,13 +164,15 @@ def usage() -> str:
     return "\n".join([
         "python -m recsys_hdet.lr_find (recsys-hdet-lr-find): LR range tests (one per axis: embedding, dense) of a",
         "training config; prints the max LRs to train with and writes lr_find.json (docs/training.md).", "",
-        "usage: python -m recsys_hdet.lr_find [+experiment=PRESET] [overrides as for recsys_hdet.train]",
+        "usage: python -m recsys_hdet.lr_find [+experiment=PRESET] [run_dir=DIR] [overrides as for recsys_hdet.train]",
+        "  run_dir=DIR: where lr_find.json and the sweeps go (default outputs/lr_find/<experiment_name>/<date>_<time>)",
         "  optim.schedule.range_test.steps=100 .low=0.001 .high=10000: each sweep's length and range (x max LR)", "",
         "Exit status: 0 suggested, 1 a sweep gave no suggestion, 2 bad config or data."])
 
 
 def cli() -> None:
     """``python -m recsys_hdet.lr_find`` and the ``recsys-hdet-lr-find`` command."""
+    run_dir_argument()  # run_dir=DIR -> Hydra's hydra.run.dir=DIR
     overrides = sys.argv[1:]
     if not any(a.lstrip("+").startswith("hydra.run.dir=") for a in overrides):
         sys.argv.append("hydra.run.dir=outputs/lr_find/${experiment_name}/${now:%Y-%m-%d_%H-%M-%S}")

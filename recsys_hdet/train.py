@@ -1,4 +1,4 @@
-"""``python -m recsys_hdet.train +experiment=NAME [overrides]``: the training command.
+"""``python -m recsys_hdet.train +experiment=NAME [run_dir=DIR] [overrides]``: the training command.
 
 Hydra composes the config (once); :func:`recsys_hdet.api.train` validates it and the data
 (generating the built-in synthetic data set on first use), then starts ``trainer.nproc`` local
@@ -20,7 +20,8 @@ import torchrec  # noqa: F401 - before Hydra sets up logging: fbgemm logs each l
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from recsys_hdet.config import CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_hydra_command
+from recsys_hdet.config import (CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_dir_argument,
+                                run_hydra_command)
 from recsys_hdet.run_dir import RunDir
 from data_tools.exit_status import ExitStatus
 
@@ -80,7 +81,8 @@ def usage() -> str:
     fragments the presets share, not presets) and the config groups, read from conf/."""
     lines = ["python -m recsys_hdet.train (recsys-hdet-train): train the multi-task ranker on local workers or as one",
              "rank under torchrun; HDET when the config enables it. Writes a run directory (docs/outputs.md).",
-             "", "usage: python -m recsys_hdet.train [+experiment=PRESET] [group=option ...] [key=value ...]", "",
+             "", "usage: python -m recsys_hdet.train [+experiment=PRESET] [run_dir=DIR] [group=option ...] [key=value ...]",
+             "  run_dir=DIR: the run directory (default outputs/<experiment_name>/<date>/<time>)", "",
              "presets (+experiment=NAME):"]
     folder = os.path.join(CONF_DIR, "experiment")
     for name in sorted(n for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith("_")):
@@ -97,6 +99,7 @@ def usage() -> str:
 
 def cli() -> None:
     """``python -m recsys_hdet.train`` and the ``recsys-hdet-train`` command."""
+    run_dir_argument()  # run_dir=DIR -> Hydra's hydra.run.dir=DIR
     overrides = sys.argv[1:]
     if not any(a.startswith("-") for a in overrides):
         check_composition(overrides)

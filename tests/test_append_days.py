@@ -16,8 +16,9 @@ import data_tools.append as C
 from data_tools.append import append_days
 from data_tools.convert import main as convert_main
 from data_tools.errors import DataError
-from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
-                                 generate)
+from data_tools.synthetic import generate
+from data_tools.synthetic_config import GeneratorConfig
+from data_tools.synthetic_files import LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE
 from data_tools.generate import main as generate_main
 from data_tools.id_vocabs import resolve_min_count
 from data_tools.prepare import _existing, append_synthetic_days, ensure_dataset, load_oracle
@@ -148,7 +149,7 @@ def test_appending_two_days_twice_and_concurrently(tmp_path):
 
 def test_ensure_dataset_keeps_an_appended_data_set(tmp_path, capsys):
     root = _build(tmp_path)
-    assert generate_main(["--append-to", root, "--days", "2"]) == 0
+    assert generate_main([f"out={root}", "append=true", "days=2"]) == 0
     assert f"{DAY3}, {DAY4}" in capsys.readouterr().out
     mtime = os.path.getmtime(os.path.join(root, "meta.json"))
     for days in (2, 3, 4):  # generated 2 <= requested <= 2 + 2 appended: usable as it is
@@ -160,7 +161,7 @@ def test_ensure_dataset_keeps_an_appended_data_set(tmp_path, capsys):
     for over in (dict(days=1), dict(days=5), dict(seed=6)):
         assert _existing(root, GeneratorConfig(**dict(GEN, **over)), resolve_min_count({}))[0] is False, over
     with pytest.raises(SystemExit):
-        generate_main(["--append-to", root, "--seed", "3"])  # the data set's own config is used
+        generate_main([f"out={root}", "append=true", "seed=3"])  # the data set's own config is used
 
 
 # ---- convert.append_days ----------------------------------------------------------------------------
@@ -168,18 +169,18 @@ def test_convert_append_refuses_a_day_it_has_and_an_earlier_one(tmp_path, capsys
     root = _build(tmp_path)
     users, videos = _raw_inputs(root)
     day3, day4 = _day_log(tmp_path, 20220410, days=4), _day_log(tmp_path, 20220411, days=4)
-    assert convert_main(["--append-to", root, "--log", day4, "--users", users, "--videos", videos]) == 0
+    append = [f"data.root={root}", "append=true", f"users={users}", f"videos={videos}"]
+    assert convert_main([*append, f"log={day4}"]) == 0
     assert "appended" in capsys.readouterr().out
     before = _snapshot(root)
-    assert convert_main(["--append-to", root, "--log", day4, "--users", users, "--videos", videos]) == 2
+    assert convert_main([*append, f"log={day4}"]) == 2
     err = capsys.readouterr().err
     assert DAY4 in err and "already in this data set" in err
     with pytest.raises(DataError, match=f"day {DAY3} .* before the data set's last day {DAY4}"):
         append_days(day3, users, videos, root)
     assert _snapshot(root) == before
     with pytest.raises(SystemExit):  # the data set's vocabularies and min_count are kept
-        convert_main(["--append-to", root, "--log", day3, "--users", users, "--videos", videos,
-                      "--min-count", "user_id=2"])
+        convert_main([*append, f"log={day3}", "min_count.user_id=2"])
 
 
 def test_convert_append_keeps_string_codes_and_requires_oracle(tmp_path):

@@ -30,7 +30,7 @@ def test_the_installed_commands_read_the_checkouts_conf_from_any_directory(tmp_p
 
     bin_dir = os.path.dirname(sys.executable)
     proc = subprocess.run([os.path.join(bin_dir, "recsys-hdet-train"), "data=tiny", "+hdet.alpah=0.1",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
+                           f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     _assert_clean_failure(proc, tmp_path / "run", "hdet.alpah: unknown key", "did you mean hdet.alpha?")
     proc = subprocess.run([os.path.join(bin_dir, "recsys-hdet-retrain"), "status", f"registry={tmp_path / 'none'}"],
@@ -201,4 +201,4 @@ def test_own_row_groups_on_a_layout_1_data_set_is_named_with_the_command_that_re
     proc = run_train(tmp_path / "run", "data=tiny", "data.generator=null", "data.read=own_row_groups",
                      data_cache=cache, timeout=120)
     _assert_clean_failure(proc, tmp_path / "run", "data.read=own_row_groups", "layout version 1",
-                          f"python -m data_tools.relayout {root}")
+                          f"python -m data_tools.relayout data.root={root}")

@@ -19,11 +19,13 @@ from data_tools import schema as S
 from data_tools.convert import convert
 from data_tools.vocab import vocab_path
 from data_tools.errors import DataError
-from data_tools.synthetic import (LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE, GeneratorConfig,
-                                 generate)
+from data_tools.synthetic import generate
+from data_tools.synthetic_config import GeneratorConfig
+from data_tools.synthetic_files import LOG_FILE, ORACLE_FILE, USER_FILE, VIDEO_FILE
 from data_tools.prepare import ensure_dataset, load_oracle
 from data_tools.validate import main as validate_main
-from data_tools.validate import validate_processed, validate_raw
+from data_tools.validate import validate_processed
+from data_tools.validate_raw import validate_raw
 
 SMALL = dict(seed=1, n_users=300, n_videos=1000, n_authors=200, n_music=100, n_tags=50,
              days=3, impressions_per_day=4000, latent_dim=4)
@@ -273,17 +275,17 @@ def test_convert_without_oracle_and_cli(raw_copy, tmp_path):
     log, users, videos = _raw(raw_copy)
     _rewrite(log, lambda d: d.drop(list(S.ORACLE_COLUMNS)))
     out = str(tmp_path / "o")
-    assert convert_main(["--log", log, "--users", users, "--videos", videos, "--out", out,
-                         "--min-count", "user_id=1000000"]) == 0
+    assert convert_main([f"log={log}", f"users={users}", f"videos={videos}", f"data.root={out}",
+                         "min_count.user_id=1000000"]) == 0
     meta = validate_processed(out)
     # Every user below the threshold: they all share the out-of-vocabulary row.
     assert meta["has_oracle"] is False and meta["sparse"]["user_id"]["vocab"] == 2
     assert meta["ids"]["user_id"]["oov_ids"] == meta["ids"]["user_id"]["distinct_raw_ids"]
     df = pl.read_parquet(os.path.join(out, "day=20220408.parquet"))
     assert not any(c.startswith("oracle_") for c in df.columns)
-    assert validate_main([out]) == 0
-    # existing output is not overwritten without --overwrite
-    assert convert_main(["--log", log, "--users", users, "--videos", videos, "--out", out]) == 2
+    assert validate_main([f"data.root={out}"]) == 0
+    # existing output is not overwritten without overwrite=true
+    assert convert_main([f"log={log}", f"users={users}", f"videos={videos}", f"data.root={out}"]) == 2
 
 
 # ---- bad raw inputs -------------------------------------------------------------------------------
@@ -444,7 +446,7 @@ def test_processed_corrupt_parquet(proc_copy):
     with pytest.raises(DataError) as e:
         validate_processed(proc_copy)
     _assert_names(e, path, None)
-    assert validate_main([proc_copy]) == 2
+    assert validate_main([f"data.root={proc_copy}"]) == 2
 
 
 def test_processed_empty_day_partition(proc_copy):
@@ -629,9 +631,8 @@ def test_convert_multiple_log_files_glob(raw_copy, processed, tmp_path):
 
 def test_generate_cli(tmp_path, capsys):
     from data_tools.generate import main as generate_main
-    generate_main(["--out", str(tmp_path / "g"), "--n-users", "50", "--n-videos", "100",
-                   "--n-authors", "20", "--n-music", "10", "--n-tags", "10", "--days", "1",
-                   "--impressions-per-day", "500", "--seed", "4"])
+    generate_main([f"out={tmp_path / 'g'}", "n_users=50", "n_videos=100", "n_authors=20", "n_music=10", "n_tags=10",
+                   "days=1", "impressions_per_day=500", "seed=4"])
     assert "20220408" in capsys.readouterr().out
     with open(tmp_path / "g" / "generator_config.json") as f:
         assert json.load(f)["seed"] == 4
@@ -655,11 +656,11 @@ def test_feature_ints_written_as_floats_are_accepted(raw_copy, processed, tmp_pa
     _assert_names(e, videos, "music_id")
 
 
-@pytest.mark.parametrize("flag, value, field", [("--days", "-1", "days"), ("--rand-fraction", "2", "rand_fraction")])
-def test_generate_cli_refuses_bad_values_with_exit_2(tmp_path, capsys, flag, value, field):
+@pytest.mark.parametrize("arg, field", [("days=-1", "days"), ("rand_fraction=2", "rand_fraction")])
+def test_generate_cli_refuses_bad_values_with_exit_2(tmp_path, capsys, arg, field):
     from data_tools.generate import main as generate_main
 
-    assert generate_main(["--out", str(tmp_path / "g"), flag, value]) == 2
+    assert generate_main([f"out={tmp_path / 'g'}", arg]) == 2
     assert f"field '{field}'" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()
 

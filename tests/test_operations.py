@@ -12,7 +12,7 @@ from conftest import REPO
 def test_make_demo_trains_then_evaluates_the_same_run_directory():
     out = subprocess.run(["make", "-n", "demo", "DEMO_RUN=outputs/demo/x"], cwd=REPO, capture_output=True, text=True,
                          timeout=60).stdout
-    train = re.search(r"recsys_hdet\.train \+experiment=demo hydra\.run\.dir=(\S+)", out)
+    train = re.search(r"recsys_hdet\.train \+experiment=demo run_dir=(\S+)", out)
     evaluate = re.search(r"recsys_hdet\.evaluate run_dir=(\S+)", out)
     assert train and evaluate, out
     assert train.group(1) == evaluate.group(1) == "outputs/demo/x"

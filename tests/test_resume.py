@@ -137,14 +137,14 @@ def test_torchrun_max_restarts_resumes_and_completes(uninterrupted, tmp_path, da
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore",
            "RECSYS_HDET_FAULTS": "kill@step=10:rank=1"}
     cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc-per-node=2", "--max-restarts=1",
-           "-m", "recsys_hdet.train", *FAST, *LAYOUTS["plain"], f"hydra.run.dir={run_dir}"]
+           "-m", "recsys_hdet.train", *FAST, *LAYOUTS["plain"], f"run_dir={run_dir}"]
     proc = run_command(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _assert_same_run(uninterrupted["plain"], run_dir)
 
 
 def test_resume_refuses_a_config_that_changes_the_checkpoints_meaning(tmp_path):
-    from recsys_hdet.run_dir import config_changes
+    from recsys_hdet.resume import config_changes
 
     saved = {"model": {"embedding_dim": 16}, "trainer": {"log_every": 25, "nproc": 4}, "data": {"batch_size": 256}}
     now = {"model": {"embedding_dim": 32}, "trainer": {"log_every": 5, "nproc": 4}, "data": {"batch_size": 256}}

@@ -41,7 +41,7 @@ def _version(reg: Registry, tmp_path, name, status, parent, days, **manifest):
 
 
 def _cfg(**gate):
-    cfg = R.compose(["registry=/nonexistent", "data_root=/nonexistent"])
+    cfg = R.compose(["registry=/nonexistent", "data.root=/nonexistent"])
     for k, v in gate.items():
         OmegaConf.update(cfg, f"gate.{k}", v)
     return cfg
@@ -55,7 +55,7 @@ def test_plan_cold_start_then_one_day_at_a_time(tmp_path):
     assert P.plan_days(reg, DAYS[:3], None, force=False) == []  # idempotent: nothing new
     plans = P.plan_days(reg, DAYS, None, force=False)
     assert [(p.day, p.train_days, p.cold_start) for p in plans] == [(DAYS[3], [DAYS[3]], False)]
-    assert P.plan_days(reg, DAYS, DAYS[2], force=False) == []  # --until: later days wait
+    assert P.plan_days(reg, DAYS, DAYS[2], force=False) == []  # until=: later days wait
     (forced,) = P.plan_days(reg, DAYS[:3], None, force=True)
     assert forced.train_days == [DAYS[2]] and not forced.cold_start
     # A rejected day is not retried (unless forced); the next day follows it.
@@ -184,12 +184,12 @@ def test_a_damaged_registry_is_named(tmp_path):
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
     os.rename(reg.version_dir("v0001"), str(tmp_path / "moved"))
-    with pytest.raises(P.RetrainError, match="points at versions/v0001, which is missing.*rollback --to"):
+    with pytest.raises(P.RetrainError, match="points at versions/v0001, which is missing.*rollback to="):
         P.check_registry(reg)
 
 
 def _main(tmp_path, *args):
-    return R.main([*args, f"registry={tmp_path / 'registry'}", f"data_root={tmp_path / 'data'}"])
+    return R.main([*args, f"registry={tmp_path / 'registry'}", f"data.root={tmp_path / 'data'}"])
 
 
 def test_carried_lrs_stay_within_the_clamp_around_the_daily_preset():
@@ -208,15 +208,15 @@ def test_carried_lrs_stay_within_the_clamp_around_the_daily_preset():
 
 
 def test_command_line_errors_and_statuses(tmp_path, capsys):
-    assert R.main(["registry=/x"]) == 2  # data_root missing
-    assert "data_root: missing" in capsys.readouterr().err
-    assert R.main(["--bogus", "registry=/x", "data_root=/y"]) == 2
-    assert R.main(["registry=/x", "data_root=/y", "gate.calibration=[1.2,1.3]"]) == 2
-    assert R.main(["registry=/x", "data_root=/y", "carry_lr_clamp=0.5"]) == 2
+    assert R.main(["registry=/x"]) == 2  # data.root missing
+    assert "data.root: missing" in capsys.readouterr().err
+    assert R.main(["--bogus", "registry=/x", "data.root=/y"]) == 2
+    assert R.main(["registry=/x", "data.root=/y", "gate.calibration=[1.2,1.3]"]) == 2
+    assert R.main(["registry=/x", "data.root=/y", "carry_lr_clamp=0.5"]) == 2
     assert "carry_lr_clamp=0.5: must be a number >= 1 or null" in capsys.readouterr().err
     assert _main(tmp_path) == ExitStatus.FAILED  # no data set there
     assert "meta.json missing" in capsys.readouterr().err
-    # status and rollback read the registry only: no data_root needed
+    # status and rollback read the registry only: no data.root needed
     assert R.main(["status", f"registry={tmp_path / 'registry'}"]) == 2  # no registry at that path
     assert "no registry there" in capsys.readouterr().err
     os.makedirs(tmp_path / "registry")
@@ -227,13 +227,13 @@ def test_command_line_errors_and_statuses(tmp_path, capsys):
     _version(reg, tmp_path, "v0002", "published", "v0001", [DAYS[3]],
              lr_start={"embedding": 0.005, "transformer": 0.0001}, lr_preset={"embedding": 0.02, "transformer": 0.001})
     assert _main(tmp_path, "rollback") == ExitStatus.OK and reg.current() == "v0001"
-    assert _main(tmp_path, "rollback", "--to", "v0002") == ExitStatus.OK and reg.current() == "v0002"
-    assert _main(tmp_path, "rollback", "--to", "v0009") == ExitStatus.FAILED
+    assert _main(tmp_path, "rollback", "to=v0002") == ExitStatus.OK and reg.current() == "v0002"
+    assert _main(tmp_path, "rollback", "to=v0009") == ExitStatus.FAILED
     assert _main(tmp_path, "status") == ExitStatus.OK
     out = capsys.readouterr().out
     assert "* v0002 published parent=v0001" in out and "  v0001 published" in out
     assert "started from carried embedding=0.005 (x0.25 preset) transformer=0.0001 (x0.10 preset)" in out
-    assert R.main(["status", "--json", f"registry={tmp_path / 'registry'}"]) == ExitStatus.OK
+    assert R.main(["status", "json=true", f"registry={tmp_path / 'registry'}"]) == ExitStatus.OK
     status = json.loads(capsys.readouterr().out)
     assert status["current"] == "v0002" and status["damaged"] is None
     assert [(v["version"], v["parent"], v["current"]) for v in status["versions"]] == [
@@ -253,7 +253,7 @@ NPROC = 2
 def _job(tmp_path, name, data, *extra, env=None):
     demo = __import__("pipelines.retrain_demo", fromlist=["x"])
     # HDET on: the carried LRs are the controller's, and a killed HDET day must resume bit for bit too
-    cmd = [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={tmp_path / name}", f"data_root={data}",
+    cmd = [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={tmp_path / name}", f"data.root={data}",
            "overrides=[" + ",".join(f"'{o}'" for o in (*demo.DEMO_OVERRIDES, f"trainer.nproc={NPROC}", "hdet=enabled")) + "]"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, **(env or {})})
@@ -375,26 +375,26 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path, tiny_dataset, cap
 
     shutil.copytree(tiny_dataset, tmp_path / "data")
     days = sorted(json.loads((tmp_path / "data" / "meta.json").read_text())["days"])
-    assert _main(tmp_path, "--dry-run") == ExitStatus.OK  # there is work: a scheduler sees the run would train
+    assert _main(tmp_path, "dry_run=true") == ExitStatus.OK  # there is work: a scheduler sees the run would train
     assert f"would train day {days[-1]} on {days[0]}..{days[-1]} (cold start)" in capsys.readouterr().out
     assert not (tmp_path / "registry").exists()  # a dry run writes nothing, not even the registry
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, days[:1])
     listing = lambda: sorted(os.listdir(tmp_path / "registry"))  # no lock file either
     before = listing()
-    assert _main(tmp_path, "--dry-run", "--until", days[1]) == ExitStatus.OK
+    assert _main(tmp_path, "dry_run=true", f"until={days[1]}") == ExitStatus.OK
     out = capsys.readouterr().out
     assert f"would train day {days[1]} on {days[1]}..{days[1]} (warm start" in out and days[2] not in out
     assert listing() == before and reg.list_versions() == ["v0001"]
     _version(reg, tmp_path, "v0002", "published", "v0001", days[1:])
-    assert _main(tmp_path, "--dry-run") == ExitStatus.NOTHING_TO_DO  # every day trained on
+    assert _main(tmp_path, "dry_run=true") == ExitStatus.NOTHING_TO_DO  # every day trained on
     assert "nothing to do" in capsys.readouterr().out
     # "nothing to do" is the scheduler's choice (Airflow skips a task on 99); the other codes are taken
-    assert _main(tmp_path, "--dry-run", "nothing_to_do_exit=99") == 99
-    assert _main(tmp_path, "--dry-run", "nothing_to_do_exit=4") == ExitStatus.USAGE
+    assert _main(tmp_path, "dry_run=true", "nothing_to_do_exit=99") == 99
+    assert _main(tmp_path, "dry_run=true", "nothing_to_do_exit=4") == ExitStatus.USAGE
     assert "nothing_to_do_exit=4" in capsys.readouterr().err
-    assert _main(tmp_path, "--until", "20990101") == ExitStatus.FAILED
-    assert "--until 20990101: not a day of" in capsys.readouterr().err
+    assert _main(tmp_path, "until=20990101") == ExitStatus.FAILED
+    assert "until=20990101: not a day of" in capsys.readouterr().err
 
 
 def test_status_into_a_closed_pipe_ends_quietly(tmp_path):
@@ -421,7 +421,7 @@ def test_a_changed_setting_between_days_is_refused_naming_the_keys(tmp_path, tin
 
     shutil.copytree(tiny_dataset, tmp_path / "data")
     days = sorted(json.loads((tmp_path / "data" / "meta.json").read_text())["days"])
-    cfg = R.compose([f"registry={tmp_path / 'registry'}", f"data_root={tmp_path / 'data'}"])
+    cfg = R.compose([f"registry={tmp_path / 'registry'}", f"data.root={tmp_path / 'data'}"])
     cold = _day_config(cfg, P.DayPlan(days[0], days[:1], True), days, None)
     warm = _day_config(cfg, P.DayPlan(days[1], days[1:2], False), days, "/published/checkpoint")
     reg = Registry(str(tmp_path / "registry"))

@@ -46,7 +46,7 @@ def test_the_exported_model_scores_the_held_out_day_as_the_trained_model_did(hde
     assert manifest["commit"] != "" and manifest["exported_at"] and manifest["dense_normalization"]["days"] == manifest["train_days"]
     day, root = _held_out_day(hdet_run), tiny_dataset
     out = tmp_path / "scores.parquet"
-    proc = _cli("recsys_hdet.predict", f"model_dir={exported}", f"input={root}", f"day={day}", f"out={out}",
+    proc = _cli("recsys_hdet.predict", f"model_dir={exported}", f"data.root={root}", f"day={day}", f"out={out}",
                 data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "out-of-vocabulary row): none" in proc.stdout
@@ -83,7 +83,7 @@ print("loaded", sorted(m.split(".")[0] for m in sys.modules if m.split(".")[0] i
 def test_the_artifact_loads_and_runs_with_torch_alone(hdet_run, exported, tmp_path, tiny_dataset):
     import torch
 
-    from recsys_hdet.serving.artifact import read_manifest
+    from recsys_hdet.serving.manifest import read_manifest
     from recsys_hdet.serving.predict import check_processed, model_inputs
 
     manifest = read_manifest(str(exported))
@@ -172,7 +172,7 @@ def test_the_command_exits_2_on_bad_input(hdet_run, exported, tmp_path, data_cac
     DAMAGE[1][0](pl.read_parquet(os.path.join(tiny_dataset, f"day={_held_out_day(hdet_run)}.parquet")).head(20)) \
         .write_parquet(bad)
     out = tmp_path / "scores.parquet"
-    proc = _cli("recsys_hdet.predict", f"model_dir={exported}", f"input={bad}", f"out={out}", data_cache=data_cache)
+    proc = _cli("recsys_hdet.predict", f"model_dir={exported}", f"log={bad}", f"out={out}", data_cache=data_cache)
     assert proc.returncode == 2 and DAMAGE[1][1] in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not out.exists()
 
@@ -182,7 +182,7 @@ def test_export_refuses_what_it_cannot_export(hdet_run, exported, tmp_path, data
     assert proc.returncode == 2 and "not a recsys_hdet run directory" in proc.stderr, proc.stderr[-2000:]
     proc = _cli("recsys_hdet.export", f"run_dir={hdet_run}", f"out={exported}", data_cache=data_cache)
     assert proc.returncode == 2 and "already exists" in proc.stderr, proc.stderr[-2000:]
-    proc = _cli("recsys_hdet.predict", f"model_dir={tmp_path}", f"input={tmp_path}", f"out={tmp_path / 's.parquet'}",
+    proc = _cli("recsys_hdet.predict", f"model_dir={tmp_path}", f"data.root={tmp_path}", f"out={tmp_path / 's.parquet'}",
                 data_cache=data_cache)
     assert proc.returncode == 2 and "is not an exported model" in proc.stderr, proc.stderr[-2000:]
 

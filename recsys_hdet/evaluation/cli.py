@@ -111,19 +111,20 @@ def compare_runs(run_dirs: Sequence[str], out: str, labels: Optional[Sequence[st
 def main(cfg: DictConfig) -> None:
     """The command's body, given the composed ``conf/evaluate.yaml`` (``recsys_hdet/evaluate.py``
     is the Hydra entry point: Hydra finds ``conf/`` relative to it)."""
-    from recsys_hdet.config_schema import check
+    from omegaconf import OmegaConf
+
     from recsys_hdet.config_values import ConfigError
     from recsys_hdet.evaluation import EvaluationError
     from recsys_hdet.distributed import quiet_library_warnings
 
     quiet_library_warnings()
-    common = dict(days=list(cfg.days) if cfg.days else None, data_root=cfg.data_root,
+    common = dict(days=list(cfg.days) if cfg.days else None, data_root=cfg.data.root,
                   batch_size=int(cfg.batch_size), nproc=int(cfg.nproc), rescore=bool(cfg.rescore))
     try:
         if (cfg.run_dir is None) == (cfg.runs is None):
             raise EvaluationError("give exactly one of run_dir=DIR or runs=[DIR,...]")
         try:
-            check(cfg)  # the schema's value checks (recsys_hdet/config_schema.py)
+            OmegaConf.to_object(cfg)  # the schema's value checks (recsys_hdet/job_schema.py)
         except ConfigError as e:
             raise EvaluationError(str(e)) from None
         if cfg.run_dir is not None:

@@ -5,7 +5,7 @@ the file can be mailed or attached to a review as it is. Every figure is an ``<i
 sets ``data-figures`` on ``<body>`` to their count, which the rendering test checks against the
 images the browser actually decoded.
 
-Inputs are the run's artifacts only (``summary.json``, ``metrics.jsonl``, ``hdet.jsonl``,
+Inputs are the run's artifacts only (``RunDir.SUMMARY``, ``RunDir.METRICS``, ``hdet.jsonl``,
 ``eval.json``), so a report can be rebuilt without rescoring.
 """
 

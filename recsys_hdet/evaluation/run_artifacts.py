@@ -1,4 +1,4 @@
-"""A run's artifacts as the reports read them (``summary.json``, ``eval.json``, ``metrics.jsonl``,
+"""A run's artifacts as the reports read them (``RunDir.SUMMARY``, ``eval.json``, ``RunDir.METRICS``,
 ``hdet.jsonl``, read through :class:`~recsys_hdet.run_dir.RunDir`), under a label: a report is rebuilt
 from them without rescoring."""
 

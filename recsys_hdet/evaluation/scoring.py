@@ -101,7 +101,7 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
     quiet_library_warnings()
     import torch.distributed as dist
 
-    from recsys_hdet.components.model_checkpoint import load_model
+    from recsys_hdet.components.model_checkpoint import META_FILE, load_model
     from recsys_hdet.components.dataset import DenseNormalization
     from recsys_hdet.components.dataloader import ParquetBatchStream
     from recsys_hdet.components.hparam_bindings import set_temperature
@@ -123,7 +123,7 @@ def _score_worker(cfg_dict: Dict[str, Any], checkpoint: str, days: List[str], ba
         # The dense inputs are standardized as in training (the training days' statistics).
         normalization = DenseNormalization.from_checkpoint(checkpoint)
         if normalization is None:
-            raise RuntimeError(f"{checkpoint}/meta.json: no dense_normalization (a checkpoint from before the "
+            raise RuntimeError(f"{os.path.join(checkpoint, META_FILE)}: no dense_normalization (a checkpoint from before the "
                                "format-2 data sets): retrain the run")
         stream = ParquetBatchStream(meta, days, batch_size, pgs.layout.rank, world, 0,
                                     shuffle_within_day=False, pad_last=True, normalization=normalization,

@@ -92,7 +92,7 @@ def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Opti
     root = os.path.abspath(str(data_root or cfg.data.root))
     if not has_meta(root):
         raise EvaluationError(f"{meta_path(root)}: the run's data set is not there "
-                              "(pass data_root=DIR)")
+                              "(pass data.root=DIR)")
     meta = DatasetMeta.load(root)
     try:
         train_days, eval_days = split_for(meta, cfg.data)
@@ -101,7 +101,7 @@ def load_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: Opti
     if days:
         unknown = [str(d) for d in days if str(d) not in meta.days]
         if unknown:
-            raise EvaluationError(f"days={list(days)}: {unknown} not in {root}/meta.json (days: {list(meta.days)})")
+            raise EvaluationError(f"days={list(days)}: {unknown} not in {meta_path(root)} (days: {list(meta.days)})")
         eval_days = [str(d) for d in days]
     return RunInfo(run_dir, cfg, summary, meta, train_days, eval_days)
 

@@ -14,10 +14,7 @@ Written into ``MODEL_DIR.tmp-*`` and renamed into place: a failed export leaves 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
-import shutil
-import tempfile
 from typing import Any, Dict, Optional
 
 import polars as pl
@@ -25,17 +22,9 @@ import torch
 
 # vocab/<feature>.parquet as in a processed data set: predict converts raw logs with the model
 # directory as the data set whose vocabularies it extends
+from data_tools.fileio import staged_directory, write_manifest
 from data_tools.vocab import VOCAB_DIR, vocab_path
-
-FORMAT = "recsys-hdet-serving"
-FORMAT_VERSION = 1
-PROGRAM_FILE = "model.pt2"
-MANIFEST_FILE = "manifest.json"
-
-
-class ArtifactError(ValueError):
-    """A run that cannot be exported, or a directory that is not a serving artifact (named)."""
-
+from recsys_hdet.serving.manifest import FORMAT, FORMAT_VERSION, MANIFEST_FILE, PROGRAM_FILE, ArtifactError
 
 def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrite: bool = False) -> Dict[str, Any]:
     """Exports a completed run's ``checkpoint/`` into ``out``; returns the manifest."""
@@ -43,7 +32,7 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
 
     from recsys_hdet.components.dataset import DenseNormalization
     from recsys_hdet.components.hparam_bindings import set_temperature
-    from recsys_hdet.components.model_checkpoint import read_meta
+    from recsys_hdet.components.model_checkpoint import META_FILE, read_meta
     from recsys_hdet.evaluation import EvaluationError, load_run
     from recsys_hdet.evaluation.scoring import final_temperature
     from recsys_hdet.models.ranker import build_model
@@ -60,7 +49,7 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
     ckpt_meta = read_meta(run.checkpoint)
     normalization = DenseNormalization.from_checkpoint(run.checkpoint)
     if normalization is None:
-        raise ArtifactError(f"{run.checkpoint}/meta.json: no dense_normalization (a checkpoint from before the "
+        raise ArtifactError(f"{os.path.join(run.checkpoint, META_FILE)}: no dense_normalization (a checkpoint from before the "
                             "format-2 data sets): retrain the run")
     tables = ckpt_meta.get("model_inputs", {}).get("sparse") or {n: int(s["vocab"]) for n, s in run.meta.sparse.items()}
     meta = run.meta
@@ -76,10 +65,7 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
     module = ServingRanker(ranker, meta.single_features, meta.multi_features, normalization.mean, normalization.std)
     program = export_program(module)
 
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
-    try:
+    with staged_directory(out, replace=overwrite) as tmp:
         torch.export.save(program, os.path.join(tmp, PROGRAM_FILE))
         os.makedirs(os.path.join(tmp, VOCAB_DIR))
         vocabularies = {}
@@ -113,32 +99,5 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
             "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "torch_version": torch.__version__,
         }
-        with open(os.path.join(tmp, MANIFEST_FILE), "w") as f:
-            json.dump(manifest, f, indent=1)
-        os.chmod(tmp, 0o755)
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
-
-
-def read_manifest(model_dir: str) -> Dict[str, Any]:
-    """The artifact's manifest (ArtifactError naming the file when it is not one)."""
-    path = os.path.join(os.path.abspath(model_dir), MANIFEST_FILE)
-    try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except FileNotFoundError:
-        raise ArtifactError(f"{path}: missing; model={model_dir} is not an exported model "
-                            "(python -m recsys_hdet.export run_dir=... out=...)") from None
-    except (OSError, ValueError) as e:
-        raise ArtifactError(f"{path}: not readable JSON ({e})") from None
-    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{path}: format {manifest.get('format')!r} version {manifest.get('format_version')!r}; "
-                            f"this code reads {FORMAT!r} version {FORMAT_VERSION}")
-    if not os.path.isfile(os.path.join(os.path.dirname(path), manifest["program"])):
-        raise ArtifactError(f"{os.path.join(os.path.dirname(path), manifest['program'])}: missing")
+        write_manifest(tmp, MANIFEST_FILE, manifest)
     return manifest

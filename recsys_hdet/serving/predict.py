@@ -1,7 +1,8 @@
-"""``python -m recsys_hdet.predict model_dir=MODEL_DIR input=FILE out=scores.parquet``: scores rows with an
-exported model (:mod:`recsys_hdet.serving.artifact`).
+"""``python -m recsys_hdet.predict model_dir=MODEL_DIR data.root=DIR|log=FILE out=scores.parquet``: scores rows
+with an exported model (:mod:`recsys_hdet.serving.artifact`).
 
-``input`` is either
+What :func:`predict` scores (``input``; on the command line ``data.root=`` for a directory, ``log=`` for a file)
+is either
 - a processed data set's directory, with ``day=YYYYMMDD`` (default: its last day), or
 - a processed day file (``day=YYYYMMDD.parquet``, DATA_CONTRACT.md) of the model's data set or of one
   that extended its vocabularies: its rows are scored in file order; or
@@ -30,7 +31,7 @@ import torch
 
 from data_tools import contract
 from data_tools.vocab import OOV_ROW  # string categoricals have no out-of-vocabulary row (0: missing)
-from recsys_hdet.serving.artifact import read_manifest
+from recsys_hdet.serving.manifest import read_manifest
 
 KEEP = contract.SOURCE_COLUMNS  # each row's source ids and time, copied into the scores
 
@@ -111,7 +112,7 @@ def day_file(root: str, day: Optional[str]) -> str:
     try:
         days = contract.read_meta(root)["days"]
     except (OSError, ValueError, KeyError) as e:
-        raise PredictError(f"input={root}: a directory, but not a processed data set ({contract.meta_path(root)}: "
+        raise PredictError(f"data.root={root}: not a processed data set ({contract.meta_path(root)}: "
                            f"{type(e).__name__}: {e})") from None
     day = str(day) if day is not None else max(days)
     if day not in days:
@@ -127,9 +128,9 @@ def predict(model_dir: str, input: str, out: str, users: Optional[str] = None, v
     if os.path.isdir(input):
         input = day_file(input, day)
     elif day is not None:
-        raise PredictError(f"day={day}: only with input=a processed data set's directory (input={input} is a file)")
+        raise PredictError(f"day={day}: only with data.root=DIR, a processed data set ({input} is a file)")
     if not os.path.isfile(input):
-        raise PredictError(f"input={input}: no such file")
+        raise PredictError(f"{input}: no such file or directory")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".predict-", dir=os.path.dirname(out)) as scratch:
         if input.endswith(".parquet"):
@@ -139,8 +140,9 @@ def predict(model_dir: str, input: str, out: str, users: Optional[str] = None, v
                 raise PredictError(f"{input}: not a readable Parquet file ({type(e).__name__}: {e})") from None
         else:
             if users is None or videos is None:
-                raise PredictError(f"input={input}: a raw log needs users=USER_FEATURES.csv and "
-                                   f"videos=VIDEO_FEATURES.csv (or give a processed {contract.day_file('YYYYMMDD')})")
+                raise PredictError(f"log={input}: a raw log needs users=USER_FEATURES.csv and "
+                                   f"videos=VIDEO_FEATURES.csv (or give a processed data set: data.root=DIR "
+                                   "day=YYYYMMDD)")
             df = _convert_raw(manifest, model_dir, input, users, videos, scratch)
         check_processed(df, input, manifest)
         df, unknown = to_model_rows(df, manifest)

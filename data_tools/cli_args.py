@@ -1,0 +1,199 @@
+"""One command-line convention for every command of the project: Hydra's ``key=value``, no dashes.
+
+The data set is ``data.root=DIR``, a run directory ``run_dir=DIR``, what a command writes ``out=PATH``;
+every other option is a key with underscores (``chunk_rows=N``, ``overwrite=true``, ``log=[a.csv,b.csv]``,
+``min_count.user_id=5``). The Hydra commands (train, lr_find, evaluate, export, predict, the retraining
+job) get this from Hydra; the other commands (``data_tools.convert``, ``validate``, ``relayout``,
+``generate``) from :func:`parse`: a typed dataclass per command, the arguments parsed with Hydra's override
+grammar (the same quoting as the Hydra commands) and merged into ``OmegaConf.structured``. An unknown
+key, a wrong type or a missing required key is one line and exit status 2, as in the Hydra commands.
+
+An old spelling (``--out DIR``, a positional path, ``data_root=``, ``hydra.run.dir=``, ...) is refused by
+:func:`refuse_old_spellings`: exit status 2 and one line naming the new spelling.
+
+Here, in the bottom package (it imports nothing of the project but the exit statuses), so that the data
+tools, the library and the jobs share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import typing
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Type, TypeVar
+
+from data_tools.exit_status import ExitStatus
+
+T = TypeVar("T")
+
+HELP = ("-h", "--help")
+
+# The old spellings every command refuses, and the new one each names (a key ends with "=").
+DATA_ROOT_KEY = {"data_root=": "data.root=DIR"}
+RUN_DIR_KEY = {"hydra.run.dir=": "run_dir=DIR"}
+
+
+def usage_error(message: str) -> NoReturn:
+    """``error: message`` on stderr, exit status 2 (:attr:`ExitStatus.USAGE`)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(ExitStatus.USAGE)
+
+
+def opt(default: Any = dataclasses.MISSING, help: str = "", metavar: Optional[str] = None,
+        factory: Any = dataclasses.MISSING, shown: Optional[str] = None) -> Any:
+    """A field of a command's arguments: its default (``"???"``: required), its ``--help`` line, the
+    placeholder of its value (``DIR``, ``N``) and what ``--help`` says of its default (``shown``: default
+    the default)."""
+    meta = {"help": help, "metavar": metavar, "shown": shown}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass
+class DataSet:
+    """``data.root=DIR``: a processed data set (the directory holding its meta file)."""
+    root: str = opt("???", metavar="DIR")
+
+
+def _fields(schema: type, prefix: str = "", help: str = "") -> List[tuple]:
+    """``(key, field, help)`` of every leaf field, nested dataclasses flattened to ``parent.key``."""
+    out = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        kind = hints.get(f.name)
+        text = f.metadata.get("help") or help
+        if dataclasses.is_dataclass(kind):
+            out += _fields(kind, f"{prefix}{f.name}.", text)
+        else:
+            out.append((f"{prefix}{f.name}", f, text))
+    return out
+
+
+def _placeholder(key: str, f: dataclasses.Field) -> str:
+    if f.metadata.get("metavar"):
+        return f.metadata["metavar"]
+    if f.type in (bool, "bool") or isinstance(f.default, bool):
+        return "true"
+    return "VALUE"
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default == "???"
+
+
+def usage(prog: str, doc: str, schema: type) -> str:
+    """A command's ``--help``: its docstring, then each key with its default and meaning."""
+    lines = [doc.strip(), "", f"usage: {prog} key=value ...", "", "keys:"]
+    for key, f, text in _fields(schema):
+        left = f"  {key}={_placeholder(key, f)}"
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
+        if _required(f):
+            note = "(required)"
+        elif f.metadata.get("shown"):
+            note = f"({f.metadata['shown']})"
+        elif default is None:
+            note = "(optional)"
+        else:
+            note = f"(default {str(default).lower() if isinstance(default, bool) else default})"
+        lines.append(f"{left:<34} " + " ".join(x for x in (text, note) if x))
+    lines += ["", "Values use Hydra's override grammar (as python -m recsys_hdet.train): a list [a,b], a mapping "
+              "{a:1},", "a quoted string for a value with '=' or ',' in it ('DIR/day=20220410.parquet')."]
+    return "\n".join(lines)
+
+
+def old_spelling(argv: Sequence[str], renamed: Mapping[str, str], positional: Optional[str] = None,
+                 keys: Mapping[str, str] = {}) -> Optional[str]:
+    """The refusal line for the first argument spelled the old way, or None.
+
+    ``renamed``: an old option (``--out``) or key (``data_root=``, ending with ``=``) -> the spelling to use
+    now (``data.root=DIR``); ``positional``: the spelling a bare argument (no ``=``) now takes; ``keys``: the
+    command's keys (key -> its value's placeholder), so that any other ``--some-key`` names ``some_key=``."""
+    for a in argv:
+        if a in HELP:
+            continue
+        if a.startswith("-"):  # an option (Hydra's own flags, -m or --cfg, are not in ``renamed``: left alone)
+            name = a.split("=", 1)[0]
+            if name in renamed:
+                return f"{name} is no longer accepted; use {renamed[name]}"
+            key = name.lstrip("-").replace("-", "_")
+            if key in keys:
+                return f"{name} is no longer accepted; use {key}={keys[key]}"
+            continue
+        bare = a.lstrip("+~")
+        for old, new in renamed.items():
+            if old.endswith("=") and bare.startswith(old):
+                return f"{old} is no longer accepted; use {new}"
+        if positional is not None and "=" not in a:
+            return f"a positional argument ({a}) is no longer accepted; use {positional}"
+    return None
+
+
+def refuse_old_spellings(argv: Sequence[str], renamed: Mapping[str, str], positional: Optional[str] = None,
+                         keys: Mapping[str, str] = {}) -> None:
+    """Exit 2 with one line naming the new spelling when an argument is spelled the old way
+    (:func:`old_spelling`)."""
+    message = old_spelling(argv, renamed, positional, keys)
+    if message:
+        usage_error(message)
+
+
+def _unknown_key(key: str, schema: type) -> str:
+    keys = [k for k, _, _ in _fields(schema)]
+    close = difflib.get_close_matches(key, keys, n=1)
+    return (f"config {key}: unknown key (the command has no such setting)"
+            + (f"; did you mean {close[0]}?" if close else "") + f". Keys: {', '.join(keys)}")
+
+
+def _parse_values(argv: Sequence[str]) -> Dict[str, Any]:
+    """``key=value`` arguments as key -> value, with Hydra's override grammar."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    values: Dict[str, Any] = {}
+    for a in argv:
+        if "=" not in a or a.startswith("-"):
+            usage_error(f"{a}: expected key=value (--help lists the keys)")
+        try:
+            o = parser.parse_override(a)
+        except HydraException as e:
+            usage_error(f"{a}: cannot parse ({str(e).splitlines()[0]}); quote a value with '=' or ',' in it")
+        if o.is_sweep_override():
+            usage_error(f"{a}: several values; give a list [a,b] (or quote a value with ',' in it)")
+        if str(o.input_line).startswith(("+", "~")):
+            usage_error(f"{a}: give key=value (no + or ~)")
+        values[o.key_or_group] = o.value()
+    return values
+
+
+def parse(argv: Optional[Sequence[str]], schema: Type[T], prog: str, doc: str,
+          renamed: Mapping[str, str] = {}, positional: Optional[str] = None) -> T:
+    """The command's arguments (``argv``, default ``sys.argv[1:]``) as an instance of the dataclass
+    ``schema``. ``-h``/``--help`` prints :func:`usage` and exits 0; an old spelling (``renamed``,
+    ``positional``: :func:`old_spelling`), an argument that is not ``key=value``, an unknown key, a wrong
+    type, a missing required key or a value the schema's own checks refuse exits 2 with one line."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in HELP for a in args):
+        print(usage(prog, doc, schema))
+        sys.exit(ExitStatus.OK)
+    fields = {k: f for k, f, _ in _fields(schema)}
+    refuse_old_spellings(args, renamed, positional, {k: _placeholder(k, f) for k, f in fields.items()})
+    cfg = OmegaConf.structured(schema)
+    for key, value in _parse_values(args).items():
+        try:
+            OmegaConf.update(cfg, key, value, merge=True)
+        except (ConfigAttributeError, ConfigKeyError):
+            usage_error(_unknown_key(key, schema))
+        except ValidationError as e:
+            usage_error(f"config {key}: {str(e.msg).splitlines()[0]}")
+    for key in sorted(OmegaConf.missing_keys(cfg), key=list(fields).index):
+        usage_error(f"config {key}: missing (pass {key}={_placeholder(key, fields[key])})")
+    try:
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except (ValueError, TypeError) as e:  # the schema's own checks (__post_init__)
+        usage_error(str(e))
