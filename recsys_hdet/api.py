@@ -2,7 +2,7 @@
 
 The command (``python -m recsys_hdet.train``), the retraining job and the studies all train through
 :func:`train`; a job that wants a process of its own for isolation runs ``python -m recsys_hdet.api
-CONFIG_FILE RUN_DIR`` on a resolved config file and reads the run's ``summary.json`` (:meth:`TrainResult.load`),
+CONFIG_FILE RUN_DIR`` on a resolved config file and reads the run's ``RunDir.SUMMARY`` (:meth:`TrainResult.load`),
 never the console.
 
 :func:`train` validates the config, prepares the data and the warm start (ConfigError / DataError: bad
@@ -23,15 +23,18 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.config import ConfigError, validate_config
+from recsys_hdet.config_schema import TrainConfig
+from recsys_hdet.config_values import plain
 from data_tools.exit_status import ExitStatus
 from data_tools.fileio import abs_path
 from recsys_hdet.job_inputs import prepare_data, stale_warm_start
-from recsys_hdet.run_dir import FINISHED, RunDir, RunDirInUse, resolve_branch, resolve_resume, run_dir_lock
+from recsys_hdet.resume import FINISHED, resolve_branch, resolve_resume
+from recsys_hdet.run_dir import RunDir, RunDirInUse, run_dir_lock
 
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What a training job left: its run directory, exit status and ``summary.json`` (None when the
+    """What a training job left: its run directory, exit status and ``RunDir.SUMMARY`` (None when the
     job ended without one: a failure, or a usage error after the run directory was taken)."""
 
     run_dir: str
@@ -54,11 +57,11 @@ class TrainResult:
 
     @property
     def metrics(self) -> Dict[str, Dict[str, float]]:
-        """The held-out metrics per task (``summary.json``'s ``eval``; empty unless completed)."""
+        """The held-out metrics per task (``RunDir.SUMMARY``'s ``eval``; empty unless completed)."""
         return dict((self.summary or {}).get("eval") or {})
 
     def lr_trajectories(self) -> Dict[str, List[tuple]]:
-        """Each parameter group's LR over the pass, ``[(step, lr), ...]``, from ``metrics.jsonl``."""
+        """Each parameter group's LR over the pass, ``[(step, lr), ...]``, from ``RunDir.METRICS``."""
         out: Dict[str, List[tuple]] = {}
         for record in self.files.metrics():
             for group, lr in (record.get("lr") or {}).items():
@@ -67,11 +70,13 @@ class TrainResult:
 
     @classmethod
     def load(cls, run_dir: str, exit_status: int) -> "TrainResult":
-        """The result of a job that trained into ``run_dir`` (in another process): its summary.json."""
+        """The result of a job that trained into ``run_dir`` (in another process): its RunDir.SUMMARY."""
         return cls(os.path.abspath(run_dir), int(exit_status), RunDir(run_dir).summary())
 
 
-def worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
+def worker(cfg: TrainConfig, record: Dict[str, Any], run_dir: str, job_start: float) -> int:
+    """One rank of the job: ``cfg`` the typed config, ``record`` its plain values as each checkpoint's
+    manifest records them (``trainer.resume_from`` included: the checkpoint this attempt resumes)."""
     from recsys_hdet.distributed import quiet_library_warnings
 
     quiet_library_warnings()
@@ -81,11 +86,10 @@ def worker(cfg_dict: Dict[str, Any], run_dir: str, job_start: float) -> int:
     from recsys_hdet.distributed import init_process_groups, threads_per_worker
     from recsys_hdet.trainer import Trainer
 
-    cfg = OmegaConf.create(cfg_dict)
-    torch.set_num_threads(threads_per_worker(cfg.trainer.get("threads_per_worker"), int(os.environ["LOCAL_WORLD_SIZE"])))
+    torch.set_num_threads(threads_per_worker(cfg.trainer.threads_per_worker, int(os.environ["LOCAL_WORLD_SIZE"])))
     pgs = init_process_groups(int(cfg.trainer.sharding_group_size), float(cfg.trainer.collective_timeout_s))
     try:
-        return Trainer(cfg, run_dir, pgs, job_start).run()
+        return Trainer(cfg, record, run_dir, pgs, job_start).run()
     finally:
         dist.destroy_process_group()
 
@@ -115,14 +119,14 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
     from recsys_hdet.distributed import launch, torchrun_follower, under_torchrun
 
     job_start = time.time() if job_start is None else job_start
-    validate_config(cfg)
-    root = abs_path(cfg.data.root) if torchrun_follower() else prepare_data(cfg)
-    warm_start = ensure_warm_start(cfg)
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # plain values for the workers
-    cfg_dict["data"]["root"] = root
-    cfg_dict["trainer"]["warm_start"] = warm_start
-    if cfg_dict["trainer"].get("branch_from"):
-        cfg_dict["trainer"]["branch_from"] = resolve_branch(cfg_dict)
+    typed = validate_config(cfg)  # the config typed once: the workers read its sections
+    root = abs_path(typed.data.root) if torchrun_follower() else prepare_data(typed)
+    warm_start = ensure_warm_start(typed)
+    cfg_dict = plain(cfg)  # the same values as the checkpoints' manifests record them
+    cfg_dict["data"]["root"] = typed.data.root = root
+    cfg_dict["trainer"]["warm_start"] = typed.trainer.warm_start = warm_start
+    if typed.trainer.branch_from:
+        cfg_dict["trainer"]["branch_from"] = typed.trainer.branch_from = resolve_branch(cfg_dict)
     os.makedirs(run_dir, exist_ok=True)
     if not torchrun_follower():
         _record_config(cfg, run_dir, root, warm_start)
@@ -136,7 +140,7 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
     code = 0
     with lock or contextlib.nullcontext(), console:
         print(f"run directory: {run_dir}", flush=True)
-        max_restarts = 0 if under_torchrun() else int(cfg.trainer.max_restarts)  # torchrun restarts on its own
+        max_restarts = 0 if under_torchrun() else int(typed.trainer.max_restarts)  # torchrun restarts on its own
         for attempt in range(max_restarts + 1):
             try:
                 resume_from = resolve_resume(cfg_dict, run_dir)
@@ -146,7 +150,7 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
             if resume_from == FINISHED:
                 break
             cfg_dict["trainer"]["resume_from"] = resume_from
-            code = launch(worker, (cfg_dict, run_dir, job_start), int(cfg.trainer.nproc))
+            code = launch(worker, (typed, cfg_dict, run_dir, job_start), int(typed.trainer.nproc))
             if code in (0, ExitStatus.DIVERGED, ExitStatus.USAGE) or attempt == max_restarts:
                 break
             print(f"the job failed (exit status {code}): restart {attempt + 1} of trainer.max_restarts={max_restarts}, "
@@ -154,17 +158,17 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
     return TrainResult.load(run_dir, code)
 
 
-def ensure_warm_start(cfg: DictConfig) -> str | None:
+def ensure_warm_start(cfg: TrainConfig) -> str | None:
     """The absolute warm-start checkpoint path; trains it first with ``trainer.warm_start_preset``
     when it is missing (once: concurrent jobs wait on a lock), so a preset is self-contained."""
     from data_tools.fileio import file_lock
 
     from recsys_hdet.distributed import launch, under_torchrun
 
-    if not cfg.trainer.get("warm_start"):
+    if not cfg.trainer.warm_start:
         return None
     path = abs_path(cfg.trainer.warm_start)
-    preset = cfg.trainer.get("warm_start_preset")
+    preset = cfg.trainer.warm_start_preset
     stale = stale_warm_start(path, str(cfg.data.root))
     if stale and preset and not under_torchrun():
         # A checkpoint the preset trained on an earlier version of the data set (its inputs differ):
@@ -186,15 +190,15 @@ def ensure_warm_start(cfg: DictConfig) -> str | None:
     with file_lock(run_dir + ".lock"):
         if ready():
             return path
-        pre = compose_config([f"+experiment={preset}", *cfg.trainer.get("warm_start_overrides", [])])
-        if pre.trainer.get("warm_start"):
+        pre = compose_config([f"+experiment={preset}", *cfg.trainer.warm_start_overrides])
+        if pre.trainer.warm_start:
             raise ConfigError(f"config trainer.warm_start_preset={preset}: that preset needs a warm start itself")
-        validate_config(pre)
-        pre_dict = OmegaConf.to_container(pre, resolve=True, enum_to_str=True)
-        pre_dict["data"]["root"] = prepare_data(pre)
+        pre_typed = validate_config(pre)
+        pre_dict = plain(pre)
+        pre_dict["data"]["root"] = pre_typed.data.root = prepare_data(pre_typed)
         print(f"warm start {path} is missing: training it first with +experiment={preset}", flush=True)
         os.makedirs(run_dir, exist_ok=True)
-        code = launch(worker, (pre_dict, run_dir, time.time()), int(pre.trainer.nproc))
+        code = launch(worker, (pre_typed, pre_dict, run_dir, time.time()), int(pre_typed.trainer.nproc))
         if code or not ready():
             raise ConfigError(f"config trainer.warm_start_preset={preset}: the pre-training run into {run_dir} "
                               f"failed (exit status {code})")
@@ -214,8 +218,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     """``python -m recsys_hdet.api CONFIG_FILE RUN_DIR``: trains a resolved config file (a job's own
     process); the exit status is the run's (docs/operations.md)."""
     from data_tools.errors import DataError
-
-    from recsys_hdet.config_schema import TrainConfig
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:

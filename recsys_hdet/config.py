@@ -15,7 +15,7 @@ import difflib
 import os
 import sys
 import typing
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,11 +31,11 @@ def probe_rows(cfg: DictConfig) -> int:
     """Rows reserved from each training day (never trained on): ``data.reserve_rows`` when set (so that
     plain and HDET runs train on the same rows), else HDET's probe rows when the probe signal is on,
     else 0 (every other run, alpha = 0 with the default signal included, trains on every row)."""
-    reserved = cfg.data.get("reserve_rows")
+    reserved = cfg.data.reserve_rows
     if reserved is not None:
         return int(reserved)
     h = cfg.hdet
-    return int(h.probe_rows) if h.enabled and h.get("signal") in PROBE_SIGNALS and not h.range_test.steps else 0
+    return int(h.probe_rows) if h.enabled and h.signal in PROBE_SIGNALS and not h.range_test.steps else 0
 
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -87,12 +87,12 @@ def compose_error(exc: BaseException, schema: type = config_schema.TrainConfig) 
     return None
 
 
-def validate_config(cfg: DictConfig) -> None:
+def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
     """Unknown ``+`` keys, every group's own checks (the schema's ``__post_init__``), then the checks
-    that span groups (raises :class:`ConfigError`)."""
+    that span groups (raises :class:`ConfigError`). Returns the typed config (:func:`config_schema.check`)."""
     check_known_keys(cfg)
     try:
-        config_schema.check(cfg)
+        typed = config_schema.check(cfg)
     except ConfigError:
         raise
     except ValueError as e:  # the HDET engine's own checks, run by the schema (ValueError: it knows no config)
@@ -122,6 +122,7 @@ def validate_config(cfg: DictConfig) -> None:
                  "exploring weight decay needs decoupled weight decay: set optim.dense.type=adamw")
         _require(float(cfg.optim.dense.weight_decay) > 0, "optim.dense.weight_decay", cfg.optim.dense.weight_decay,
                  "exploring weight decay (multiplicatively) needs a starting value > 0")
+    return typed
 
 
 def check_range_test(cfg: DictConfig) -> None:
@@ -199,15 +200,36 @@ def check_composition(overrides: List[str]) -> None:
             sys.exit(ExitStatus.USAGE)
 
 
-def run_hydra_command(main: Callable[[], None], composed: Callable[[], bool], usage: Callable[[], str]) -> None:
-    """Runs a ``@hydra.main`` entry point as a command: ``-h``/``--help`` prints ``usage()``; Hydra's
-    own exit 1 before the config was composed (it printed why: an unknown key, a wrong type, a
-    missing preset) becomes the usage status, 2. ``composed()``: whether ``main``'s body was entered."""
+def run_dir_argument() -> None:
+    """``run_dir=DIR``, the run directory's one spelling in every command, becomes Hydra's ``hydra.run.dir=DIR``
+    in the training commands' ``sys.argv`` before Hydra parses it (the composed config has no such key: the
+    recorded config is unchanged). Exit 2 naming it for the old spelling ``hydra.run.dir=``, and for
+    ``run_dir=`` in a multirun (each of its runs goes under ``hydra.sweep.dir``)."""
+    from data_tools.cli_args import RUN_DIR_KEY, refuse_old_spellings, usage_error
+
+    args = sys.argv[1:]
+    refuse_old_spellings(args, RUN_DIR_KEY)
+    given = [i for i, a in enumerate(args) if a.startswith("run_dir=")]
+    if given and any(a in ("-m", "--multirun") for a in args):
+        usage_error("run_dir= names one run; a multirun writes each of its runs under hydra.sweep.dir=DIR")
+    for i in given:
+        sys.argv[i + 1] = "hydra.run.dir=" + args[i][len("run_dir="):]
+
+
+def run_hydra_command(main: Callable[[], None], composed: Callable[[], bool], usage: Callable[[], str],
+                      renamed: Mapping[str, str] = {}) -> None:
+    """Runs a ``@hydra.main`` entry point as a command: ``-h``/``--help`` prints ``usage()``; an argument
+    spelled the old way (``renamed``: old -> new, :func:`data_tools.cli_args.old_spelling`) exits 2 naming
+    the new one; Hydra's own exit 1 before the config was composed (it printed why: an unknown key, a
+    wrong type, a missing preset) becomes the usage status, 2. ``composed()``: whether ``main``'s body was
+    entered."""
+    from data_tools.cli_args import refuse_old_spellings
     from data_tools.exit_status import ExitStatus
 
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(usage())
         return
+    refuse_old_spellings(sys.argv[1:], renamed)
     try:
         main()
     except SystemExit as e:

@@ -39,8 +39,9 @@ from recsys_hdet.job_schema import EvaluateConfig, ExportConfig, PredictConfig, 
 
 @dataclass
 class HoldoutConfig:
-    fraction: float = 0.0
-    seed: int = 0
+    """Rows never trained on: a fixed random slice of every day (by file position, drawn per day from ``seed``)."""
+    fraction: float = 0.0   # > 0: held-out metrics score this slice of the last eval_days days, which are then
+    seed: int = 0           # training days too (their other rows)
 
     def __post_init__(self) -> None:
         fraction("data.holdout.fraction", self.fraction)
@@ -50,17 +51,27 @@ class HoldoutConfig:
 class DataConfig:
     name: str = MISSING
     root: str = MISSING
-    generator: Optional[Dict[str, Any]] = None   # null for a data set converted from real logs
+    generator: Optional[Dict[str, Any]] = None   # the synthetic set's parameters; null for a data set converted
+                                                 # from real logs (data_tools.convert): never generated
+    # Impressions an id needs for an embedding row of its own, per id feature (user_id, video_id, author_id,
+    # music_id, tab, tag; default 1; rarer ids share the out-of-vocabulary row). The generator's only:
+    # convert's min_count={NAME:N} sets a real data set's.
     min_count: Dict[str, int] = field(default_factory=dict)
-    eval_days: int = 1
-    skip_days: int = 0
-    train_days: Optional[int] = None
-    until: Optional[str] = None                  # a day YYYYMMDD
+    eval_days: int = 1                           # held-out days after the training days
+    skip_days: int = 0                           # days at the start not trained on (e.g. a warm start's pre-training)
+    train_days: Optional[int] = None             # null: every day before the held-out ones
+    until: Optional[str] = None                  # a day YYYYMMDD: the data set as it was that day (later days ignored)
     holdout: HoldoutConfig = field(default_factory=HoldoutConfig)
+    # all: every impression; standard: drop the random-exposure ones (is_rand = 1), e.g. when the random log
+    # (log_random_*) was converted in too (docs/data.md)
     train_exposure: TrainExposure = TrainExposure.all
+    # Rows at the end of each training day never trained on (null: hdet.probe_rows with a probe signal, else 0);
+    # set, plain and HDET runs train on the same rows.
     reserve_rows: Optional[int] = None
-    batch_size: int = 512
+    batch_size: int = 512                        # per rank
     shuffle_within_day: bool = True
+    # whole_day: every rank decodes the whole day; own_row_groups: each rank reads only the row groups dealt
+    # to it (layout 2, docs/data.md)
     read: DayRead = DayRead.whole_day
 
     def __post_init__(self) -> None:
@@ -82,8 +93,15 @@ class ModelConfig:
     trunk: List[int] = field(default_factory=lambda: [256, 128])
     tower: List[int] = field(default_factory=lambda: [64])
     dropout: float = 0.0
-    attention_temperature: float = 1.0
+    attention_temperature: float = 1.0   # divides the attention logits (1.0: standard attention)
+    # torch.compile the dense modules (attention block, trunk, towers); compile time is paid at the first steps
+    # of every process (BENCHMARKS.md)
     compile_dense: bool = False
+    # Sharding types the planner may choose from. On CPU, table_wise and column_wise train with the fused
+    # embedding optimizer (the planner's data_parallel tables would bypass it). table_wise only by default: our
+    # dim-16 tables gain nothing from column splits, which only add all-to-all traffic, and with column_wise
+    # allowed the planner's choice varied between runs (BENCHMARKS.md, Profiling); add column_wise for tables
+    # too big for one rank.
     sharding_types: List[ShardingType] = field(default_factory=lambda: [ShardingType.table_wise])
 
     def __post_init__(self) -> None:
@@ -98,6 +116,8 @@ class ModelConfig:
 
 @dataclass
 class LearningRates:
+    """Peak (max) learning rate per parameter group: the schedule starts at max / div_factor, rises to max over
+    pct_start of the pass, then anneals to max / div_factor / final_div_factor."""
     embedding: float = 0.05
     transformer: float = 0.002
     non_embedding: float = 0.002
@@ -107,16 +127,25 @@ class LearningRates:
         for group, lr in vars(self).items():
             positive(f"optim.lr.{group}", lr)
 
+    def __getitem__(self, group: str) -> float:
+        """``optim.lr[group]``: a group's max LR by name (as the saved config's node reads it)."""
+        return getattr(self, group)
+
 
 @dataclass
 class DenseOptimizerConfig:
+    """The optimizer of the dense groups (transformer, non_embedding, no_decay)."""
+    # adam | adamw | prodigy (the groups' LRs are then multipliers of its estimated step size: 1.0) |
+    # schedulefree_adamw (the dense groups train at their max LR, no decay schedule, with the optimizer's own
+    # warm-up; plain runs only)
     type: DenseOptimizer = DenseOptimizer.adam
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1.0e-8
-    weight_decay: float = 0.0
-    fused: bool = True
-    d0: float = 1.0e-6
-    warmup_steps: Optional[int] = None   # schedulefree_adamw's own warm-up; null: the one-cycle's rise
+    weight_decay: float = 0.0            # never applied to the no_decay group
+    fused: bool = True                   # torch's fused Adam kernel (CPU and CUDA); false: the per-tensor loop
+                                         # (adam, adamw)
+    d0: float = 1.0e-6                   # prodigy: the initial step-size estimate (its default)
+    warmup_steps: Optional[int] = None   # schedulefree_adamw: its own warm-up in steps; null: the schedule's rise
 
     def __post_init__(self) -> None:
         require(len(self.betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in self.betas), "optim.dense.betas",
@@ -132,6 +161,9 @@ class DenseOptimizerConfig:
 
 @dataclass
 class RangeTestConfig:
+    """``optim.schedule.name=range_test``: the LR from max x ``low`` to max x ``high``, geometrically, over ``steps``
+    steps, for ``groups`` (the others constant at their max LR); seven decades by default, so that fastai's
+    suggestion (smoothed minimum / 10) can reach x1000 (:mod:`recsys_hdet.lr_find`)."""
     steps: int = 100
     low: float = 0.001
     high: float = 10000.0
@@ -149,7 +181,9 @@ class RangeTestConfig:
 
 @dataclass
 class EmbeddingOptimizerConfig:
-    type: EmbeddingOptimizer = EmbeddingOptimizer.rowwise_adagrad
+    """The embedding group's TorchRec fused optimizer (updates inside backward)."""
+    type: EmbeddingOptimizer = EmbeddingOptimizer.rowwise_adagrad   # CPU fbgemm kernels: rowwise_adagrad | adagrad |
+                                                                    # sgd; CUDA adds adam
     eps: float = 1.0e-8
 
     def __post_init__(self) -> None:
@@ -165,13 +199,15 @@ class EmbeddingOptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
+    # one_cycle: torch.optim.lr_scheduler.OneCycleLR, per group; range_test: the LR range test (plain runs; end it
+    # with trainer.stop_at_step; see range_test)
     name: Schedule = Schedule.one_cycle
     pct_start: float = 0.3
     anneal_strategy: AnnealStrategy = AnnealStrategy.cos
     div_factor: float = 25.0
     final_div_factor: float = 10000.0
     three_phase: bool = False
-    cycle_momentum: bool = True
+    cycle_momentum: bool = True          # cycles Adam's beta1 between base_momentum and max_momentum
     base_momentum: float = 0.85
     max_momentum: float = 0.95
     range_test: RangeTestConfig = field(default_factory=RangeTestConfig)
@@ -192,8 +228,9 @@ class OptimConfig:
 
 @dataclass
 class RollbackConfig:
-    max_rollbacks: int = 3
-    lr_factor: float = 0.5
+    """A failed divergence check restores the last state that passed one, instead of ending the run."""
+    max_rollbacks: int = 3    # then the next failed check ends the run as "diverged" (exit 3); 0: off
+    lr_factor: float = 0.5    # at each rollback every learning rate (schedule or HDET base) is multiplied by this
 
     def __post_init__(self) -> None:
         at_least("trainer.rollback.max_rollbacks", self.max_rollbacks, 0)
@@ -203,6 +240,9 @@ class RollbackConfig:
 
 @dataclass
 class CollapseConfig:
+    """A divergence check also fails when the model collapsed to the base-rate predictor: every task's training
+    NE over the interval >= ``ne`` (null: no such check), after an interval whose mean NE was below
+    ``armed_below`` (a model that learned something and lost it; not the first steps)."""
     ne: Optional[float] = 0.999
     armed_below: float = 0.99
 
@@ -215,9 +255,12 @@ class CollapseConfig:
 
 @dataclass
 class PeriodicCheckpointConfig:
-    every_steps: int = 250
-    keep_last: int = 2
-    async_save: bool = False
+    """Resumable checkpoints in checkpoint/step-<N>/ while the run trains (removed at its end)."""
+    every_steps: int = 250    # 0: off
+    keep_last: int = 2        # older ones are deleted once a newer one is complete
+    async_save: bool = False  # true: write in a background thread (DCP async_save), stall only for the copy
+    # Fractions of the pass (e.g. [0.25, 0.5, 0.75]) whose checkpoints are also written and kept after the run
+    # (at the nearest multiple of log_every), to branch runs from.
     keep_at: List[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -229,8 +272,9 @@ class PeriodicCheckpointConfig:
 
 @dataclass
 class ProfileConfig:
-    steps: int = 0
-    skip: int = 20
+    """torch.profiler on rank 0 for a few steps -> profile.txt in the run directory."""
+    steps: int = 0    # 0: off
+    skip: int = 20    # steps to run before recording (warm-up)
 
     def __post_init__(self) -> None:
         at_least("trainer.profile.steps", self.steps, 0)
@@ -239,28 +283,39 @@ class ProfileConfig:
 
 @dataclass
 class TrainerConfig:
-    nproc: int = 4
-    sharding_group_size: int = 4
-    embedding_sync_every: int = 1
-    train_pipeline: TrainPipeline = TrainPipeline.sparse_dist
+    nproc: int = 4                    # local workers when not under torchrun (world size)
+    sharding_group_size: int = 4      # ranks per embedding sharding group; must divide the world size
+    embedding_sync_every: int = 1     # with several sharding groups: average the embedding replicas every N steps
+    train_pipeline: TrainPipeline = TrainPipeline.sparse_dist   # TorchRec's train pipeline (TrainPipeline's members)
+    # allreduce: DDP averages every step's dense gradient over the world; local: none (each rank's dense replica
+    # follows its own gradient, local SGD) and the HDET syncs average the replicas (needs hdet.enabled; docs/hdet.md)
     dense_gradients: DenseGradients = DenseGradients.allreduce
-    threads_per_worker: Optional[int] = None
-    log_every: int = 25
-    diverge_loss: float = 2.0
+    threads_per_worker: Optional[int] = None   # null: the cores this job may use (CPU affinity) / local workers, >= 1
+    log_every: int = 25               # steps per RunDir.METRICS record (and divergence check)
+    diverge_loss: float = 2.0         # a check fails when the interval's avg task loss exceeds this (or none is finite)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     rollback: RollbackConfig = field(default_factory=RollbackConfig)
     eval_batch_size: int = 2048
-    checkpoint: bool = True
+    checkpoint: bool = True           # write checkpoint/ (the final model) at the end
     periodic_checkpoint: PeriodicCheckpointConfig = field(default_factory=PeriodicCheckpointConfig)
+    # auto: continue from the newest complete checkpoint/step-<N> in the run directory; never: refuse a run
+    # directory that holds a run; or the path of a step-<N> checkpoint
     resume: str = "auto"
-    collective_timeout_s: float = 300.0
-    max_restarts: int = 0
-    tensorboard: bool = True
+    collective_timeout_s: float = 300.0   # a collective that waits longer for a peer fails (a dead or hung worker)
+    max_restarts: int = 0             # without torchrun: relaunch the workers this many times after one dies
+                                      # (resume=auto)
+    tensorboard: bool = True          # rank 0 writes RunDir.METRICS's and hdet.jsonl's figures as TensorBoard scalars
+                                      # into tensorboard/
+    # A checkpoint/step-<N> of another run to continue its pass from (model, optimizer state, data position, RNG,
+    # loop) with this config's LRs and HDET settings (studies: what a changed LR does from a point of a pass);
+    # data, model, layout and seed must match.
     branch_from: Optional[str] = None
+    # End the pass early at this step (status "stopped": no evaluation, no final checkpoint).
     stop_at_step: Optional[int] = None
-    warm_start: Optional[str] = None
-    warm_start_preset: Optional[str] = None
-    warm_start_overrides: List[str] = field(default_factory=list)
+    warm_start: Optional[str] = None      # path to a checkpoint/ directory to start from
+    warm_start_preset: Optional[str] = None   # experiment that produces warm_start when missing (trained on first use)
+    warm_start_overrides: List[str] = field(default_factory=list)   # extra Hydra overrides for that run,
+                                                                    # e.g. ['data=tiny','trainer.nproc=2']
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     def __post_init__(self) -> None:
@@ -292,7 +347,7 @@ class TaskConfig:
 
 @dataclass
 class LossConfig:
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.0   # BCE targets become y (1 - s) + s / 2
 
     def __post_init__(self) -> None:
         fraction("loss.label_smoothing", self.label_smoothing)
@@ -330,9 +385,14 @@ def register() -> None:
     cs.store(name="predict_schema", node=PredictConfig)
 
 
-def check(cfg: DictConfig) -> None:
-    """Runs every group's ``__post_init__`` checks on a composed config (raises :class:`ConfigError`)."""
-    OmegaConf.to_object(cfg)
+def check(cfg: DictConfig) -> "TrainConfig":
+    """The composed config as the typed :class:`TrainConfig` (every group's ``__post_init__`` checks run:
+    raises :class:`ConfigError`). What the training job passes on: components read its typed sections,
+    with the defaults declared here and nowhere else. A config built without the schema (a plain container,
+    ``OmegaConf.create``) is merged onto it first."""
+    if OmegaConf.get_type(cfg) is not TrainConfig:
+        cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
+    return OmegaConf.to_object(cfg)
 
 
 register()

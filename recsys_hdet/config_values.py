@@ -11,6 +11,18 @@ from enum import StrEnum
 from typing import Any
 
 
+def plain(node: Any) -> Any:
+    """A config section (a typed dataclass of the schema, or an OmegaConf node) as plain Python values:
+    dicts and lists, enums as their names, interpolations resolved (what a record or a log holds)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.is_config(node):
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        node = OmegaConf.create(node)
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+
+
 class ConfigError(ValueError):
     """A config value that cannot run; the message names the key, the value and what is allowed."""
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data_tools.fileio import abs_path
 from recsys_hdet.config import ConfigError
+from recsys_hdet.config_values import DayRead, plain
 
 
 def prepare_data(cfg: DictConfig) -> str:
@@ -20,8 +21,8 @@ def prepare_data(cfg: DictConfig) -> str:
     from data_tools.validate import validate_processed
 
     root = abs_path(cfg.data.root)
-    if cfg.data.get("generator") is not None:
-        ensure_dataset(root, OmegaConf.to_container(cfg.data.generator), OmegaConf.to_container(cfg.data.min_count))
+    if cfg.data.generator is not None:
+        ensure_dataset(root, plain(cfg.data.generator), plain(cfg.data.min_count))
     validate_processed(root)
     check_days_and_steps(cfg, root)
     return root
@@ -32,9 +33,9 @@ def check_days_and_steps(cfg: DictConfig, root: str) -> None:
     from recsys_hdet.components.dataset import DatasetMeta, RowHoldout, day_rows, split_for
 
     meta = DatasetMeta.load(root)
-    exposure = str(cfg.data.get("train_exposure", "all"))
+    exposure = str(cfg.data.train_exposure)
     try:
-        if str(cfg.data.get("read", "whole_day")) == "own_row_groups":
+        if cfg.data.read == DayRead.own_row_groups:
             meta.require_row_groups()
         train_days, _ = split_for(meta, cfg.data)
         # "standard": the rows without random exposure; data.holdout: the rows not held out

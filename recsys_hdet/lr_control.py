@@ -75,7 +75,7 @@ class ScheduledLR:
     def __init__(self, optimizer: Any, schedules: Mapping[str, Any], cycle_momentum: bool, total_steps: int,
                  embedding_sync_every: int, record: Optional[Mapping[str, Any]] = None) -> None:
         self.optimizer = optimizer
-        self.record = dict(record or {})  # what summary.json says of how the max LRs were chosen
+        self.record = dict(record or {})  # what RunDir.SUMMARY says of how the max LRs were chosen
         self.scheduler = GroupLRScheduler(optimizer.groups, schedules, cycle_momentum)
         self.total_steps = total_steps
         self.embedding_sync_every = embedding_sync_every
@@ -125,8 +125,7 @@ def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_e
 
     def plain(max_lrs: Mapping[str, float], record: Optional[Mapping[str, Any]] = None) -> ScheduledLR:
         """The plain run's control with each group's max LR from ``max_lrs`` (the config's elsewhere)."""
-        optim = {**cfg.optim, "lr": {**cfg.optim.lr, **max_lrs}}
-        return ScheduledLR(optimizer, build_schedules(optim, groups, total_steps),
+        return ScheduledLR(optimizer, build_schedules(cfg.optim, groups, total_steps, max_lrs),
                            bool(cfg.optim.schedule.cycle_momentum), total_steps, plain_embedding_sync_every, record)
 
     if bool(cfg.hdet.enabled) and int(cfg.hdet.range_test.steps) > 0:

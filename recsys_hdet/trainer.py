@@ -1,7 +1,7 @@
 """The training job on one rank: build, train one pass, evaluate, checkpoint, summarize.
 
 Read top to bottom: :meth:`Trainer.run` is the whole job. Rank 0 writes the artifacts of
-product.md (``metrics.jsonl``, ``summary.json``, ``checkpoint/``); every rank trains.
+product.md (``RunDir.METRICS``, ``RunDir.SUMMARY``, ``checkpoint/``); every rank trains.
 Exit statuses: 0 completed, 3 diverged (see :attr:`ExitStatus.DIVERGED`).
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from recsys_hdet.config_schema import TrainConfig
 
 from recsys_hdet.components.checkpoint import CheckpointManager, build_checkpoints
 from recsys_hdet.components.model_checkpoint import load_model, save_model
@@ -74,7 +74,8 @@ class Job:
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, run_dir: str, pgs: ProcessGroups, job_start: float) -> None:
+    def __init__(self, cfg: TrainConfig, record: Dict[str, Any], run_dir: str, pgs: ProcessGroups,
+                 job_start: float) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.files = RunDir(run_dir)
@@ -85,7 +86,7 @@ class Trainer:
         self.tasks: List[str] = list(cfg.tasks)
         self.task_weights = torch.tensor([float(cfg.tasks[t].weight) for t in self.tasks])
         self.loss_settings = LossSettings(float(cfg.loss.label_smoothing))
-        self.cfg_container = OmegaConf.to_container(cfg, resolve=True)  # recorded in each checkpoint's manifest
+        self.cfg_container = record  # recorded in each checkpoint's manifest
 
     def log(self, msg: str) -> None:
         if self.rank == 0:
@@ -113,22 +114,20 @@ class Trainer:
         self.holdout = RowHoldout.from_config(cfg.data)
         # Dense inputs standardized with the training days' statistics; a warm start keeps the
         # normalization its weights were trained with.
-        warm = cfg.trainer.get("warm_start")
+        warm = cfg.trainer.warm_start
         self.normalization = (DenseNormalization.from_checkpoint(str(warm)) if warm else None) or \
             DenseNormalization.from_days(meta, train_days)
         stream = ParquetBatchStream(
             meta, train_days, int(cfg.data.batch_size), self.rank, self.world, int(cfg.seed),
             shuffle_within_day=bool(cfg.data.shuffle_within_day), reserve_rows=probe_rows(cfg),
-            exposure=str(cfg.data.get("train_exposure", "all")), normalization=self.normalization,
-            holdout=self.holdout, read=str(cfg.data.get("read", "whole_day")),
+            exposure=str(cfg.data.train_exposure), normalization=self.normalization,
+            holdout=self.holdout, read=str(cfg.data.read),
         )
         total_steps = len(stream)
         train_rows = sum(stream.rows_in_day(d) for d in train_days)
-        if total_steps < 1:
-            raise ValueError(
-                f"data: {train_rows} training rows cannot fill one global "
-                f"batch of {stream.examples_per_step} (data.batch_size x trainer.nproc)"
-            )
+        if total_steps < 1:  # checked before the workers start too (job_inputs.check_days_and_steps)
+            raise ValueError(f"data: {train_rows} training rows cannot fill one global batch of "
+                             f"{stream.examples_per_step} (data.batch_size x trainer.nproc)")
         if self.holdout is not None:
             self.log(f"data.holdout: {sum(int(meta.days[d]['rows']) for d in train_days) - train_rows} rows of the "
                      f"training days are held out (fraction {self.holdout.fraction}, seed {self.holdout.seed}); "
@@ -186,8 +185,8 @@ class Trainer:
             cfg.trainer, self.run_dir, total_steps, self.rank, self.world, self.log,
             {"model": model_state, "schedule": lr_control, "loader": TrainedPosition(stream, lambda: loop.step),
              "rng": RNGState(), "loop": loop, "rollback": rollback})
-        resume_from = cfg.trainer.get("resume_from")
-        branch_from = cfg.trainer.get("branch_from")
+        resume_from = self.cfg_container["trainer"].get("resume_from")  # set by the job (api.train), not a config key
+        branch_from = cfg.trainer.branch_from
         if branch_from and not resume_from:
             # Another run's state at its step; this run's LR control takes over from that step.
             checkpoints.load(str(branch_from), pieces=("model", "loader", "rng", "loop"))
@@ -220,13 +219,13 @@ class Trainer:
         """One pass, from ``loop.step`` (0, or the step of the checkpoint a resumed run loaded).
         Returns (status, mean train loss per task and avg, train seconds)."""
         cfg, loop, lr_control = self.cfg.trainer, job.loop, job.lr_control
-        total_steps, log_every, stop_at = job.total_steps, int(cfg.log_every), cfg.get("stop_at_step")
+        total_steps, log_every, stop_at = job.total_steps, int(cfg.log_every), cfg.stop_at_step
         logger = MetricLogger(self.files.path(RunDir.METRICS), total_steps, start_step=loop.step) \
             if self.rank == 0 else None
         # TensorBoard scalars (rank 0); a resumed run continues its curves from its step.
         tensorboard = build_tensorboard(self.cfg, self.run_dir, self.rank, start_step=loop.step)
         lr_control.open_logs(loop.step, tensorboard)
-        profiler = StepProfiler.from_config(cfg.get("profile"), self.run_dir) if self.rank == 0 else None
+        profiler = StepProfiler.from_config(cfg.profile, self.run_dir) if self.rank == 0 else None
         faults = faults_from_env(self.rank, self.run_dir)
         status, clock = "completed", TrainClock(loop.train_seconds)
         job.rollback.snapshot(loop.step)  # the state to come back to before the first check
@@ -298,7 +297,7 @@ class Trainer:
     def _end_interval(self, job: Job, seconds: float, forced: str):
         """The logging interval's record and divergence check, from one small all-reduce, so every
         rank takes the same decision. ``forced``: the LR control's reason to fail the check.
-        Returns (why the interval diverged or '', the metrics.jsonl record: rank 0 writes it, the
+        Returns (why the interval diverged or '', the RunDir.METRICS record: rank 0 writes it, the
         interval's all-reduced sums for LoopState.end_interval)."""
         loop, examples_per_step, num_tasks = job.loop, job.stream.examples_per_step, len(self.tasks)
         train_metrics = job.train_metrics.compute()  # ne, calibration, auc: {task: value} on rank 0 (a collective)
@@ -377,7 +376,7 @@ class Trainer:
         return out
 
     def finish(self, job: Job, summary: Dict[str, Any]) -> None:
-        """Writes summary.json (rank 0), then removes the periodic checkpoints."""
+        """Writes RunDir.SUMMARY (rank 0), then removes the periodic checkpoints."""
         if job.resume_from:
             summary["resumed_from_step"] = int(str(job.resume_from).rstrip("/").rsplit("-", 1)[-1])
         ckpt = job.checkpoints
@@ -397,5 +396,5 @@ class Trainer:
             write_json_atomic(self.files.path(RunDir.SUMMARY), summary)
             log_final(self.cfg, self.run_dir, self.rank, summary)  # held-out metrics and hparams (TensorBoard)
             print_summary(summary)
-        # Only now: a job killed before summary.json was written resumes from them.
+        # Only now: a job killed before RunDir.SUMMARY was written resumes from them.
         ckpt.remove_all()

@@ -65,12 +65,13 @@ def spawn(fn, world, *args, timeout_s=600.0):
 
 def tiny_sharded_model(pgs, lr=0.1):
     from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.distributed import shard_model
 
     torch.manual_seed(0)
     model = MultiTaskRanker(FEATURES, NUM_DENSE, ["a", "b"], embedding_dim=8, device="meta")
-    model = shard_model(model, pgs, fused_params({"type": "rowwise_adagrad"}, lr), ["table_wise", "column_wise"])
-    opt = GroupedOptimizer(model, {"type": "adam"}, {g: lr for g in ("embedding", "transformer", "non_embedding", "no_decay")})
+    model = shard_model(model, pgs, fused_params(EmbeddingOptimizerConfig(type="rowwise_adagrad"), lr), ["table_wise", "column_wise"])
+    opt = GroupedOptimizer(model, DenseOptimizerConfig(type="adam"), {g: lr for g in ("embedding", "transformer", "non_embedding", "no_decay")})
     return model, opt
 
 

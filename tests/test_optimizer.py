@@ -28,13 +28,14 @@ class _EmbeddingOnly(nn.Module):
 def _worker():
     from recsys_hdet.components.lr_scheduler import GroupLRScheduler, OneCycle
     from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.components.replicas import tbe_kernels
     from recsys_hdet.distributed import init_process_groups, shard_model
 
     pgs = init_process_groups(sharding_group_size=2)
-    model = shard_model(_EmbeddingOnly(), pgs, fused_params({"type": "sgd"}, 0.123), ["table_wise"])
+    model = shard_model(_EmbeddingOnly(), pgs, fused_params(EmbeddingOptimizerConfig(type="sgd"), 0.123), ["table_wise"])
     groups = ["embedding", "transformer", "non_embedding", "no_decay"]
-    opt = GroupedOptimizer(model, {"type": "adam"}, {g: 0.5 for g in groups})
+    opt = GroupedOptimizer(model, DenseOptimizerConfig(type="adam"), {g: 0.5 for g in groups})
     schedule = OneCycle(max_lr=0.4, total_steps=12, pct_start=0.5)
     scheduler = GroupLRScheduler(opt.groups, {g: schedule for g in groups}, cycle_momentum=False)
     opt.apply_hparams()
@@ -68,6 +69,7 @@ def test_fused_embedding_update_uses_the_lr_scheduled_for_that_step():
 def _hdet_worker():
     """Two embedding replicas (one sharding group per rank) at different HDET learning rates."""
     from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.components.replicas import tbe_kernels
     from recsys_hdet.distributed import init_process_groups, shard_model
     from recsys_hdet.hdet.config import HDETConfig
@@ -75,9 +77,9 @@ def _hdet_worker():
     from recsys_hdet.hdet.hparams import ReplicaAxis
 
     pgs = init_process_groups(sharding_group_size=1)
-    model = shard_model(_EmbeddingOnly(), pgs, fused_params({"type": "sgd"}, 0.123), ["table_wise"])
+    model = shard_model(_EmbeddingOnly(), pgs, fused_params(EmbeddingOptimizerConfig(type="sgd"), 0.123), ["table_wise"])
     groups = ["embedding", "transformer", "non_embedding", "no_decay"]
-    opt = GroupedOptimizer(model, {"type": "adam"}, {g: 0.5 for g in groups})
+    opt = GroupedOptimizer(model, DenseOptimizerConfig(type="adam"), {g: 0.5 for g in groups})
     sched = HDETOneCycleLR(opt, max_lr=0.4, total_steps=12, pct_start=0.5, cycle_momentum=False,
                            hdet=HDETConfig(alpha=0.5, sync_every=3, controller_start=0),
                            replica_axes={"embedding": ReplicaAxis.per_block(2, 1)}, on_change=opt.apply_hparams)
@@ -113,6 +115,7 @@ def _anchor_worker():
     is switched to its evaluation point inside eval_weights() and back to its training point after;
     Adam's eval_weights() changes nothing."""
     from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
+    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.distributed import init_process_groups, shard_model
 
     pgs = init_process_groups(sharding_group_size=2)
@@ -120,8 +123,8 @@ def _anchor_worker():
     kjt = KeyedJaggedTensor(keys=["items"], values=torch.tensor([3]), lengths=torch.tensor([1], dtype=torch.int32))
     for kind in ("adam", "prodigy", "schedulefree_adamw"):
         torch.manual_seed(0)
-        model = shard_model(_EmbeddingOnly(), pgs, fused_params({"type": "sgd"}, 0.1), ["table_wise"])
-        opt = GroupedOptimizer(model, {"type": kind, "d0": 1e-6}, {g: 1.0 if kind == "prodigy" else 0.01 for g in groups})
+        model = shard_model(_EmbeddingOnly(), pgs, fused_params(EmbeddingOptimizerConfig(type="sgd"), 0.1), ["table_wise"])
+        opt = GroupedOptimizer(model, DenseOptimizerConfig(type=kind, d0=1e-6), {g: 1.0 if kind == "prodigy" else 0.01 for g in groups})
         head = model.module.head.weight if hasattr(model.module, "head") else model.module.module.head.weight
         for _ in range(5):
             (model.module.head(model(kjt)) if hasattr(model.module, "head") else model(kjt)).sum().backward()

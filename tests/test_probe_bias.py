@@ -25,7 +25,7 @@ def test_probe_slopes_recover_each_group_s_planted_effect(tmp_path):
                 loss += planted[g] * per_rank  # log2(value / base) = u
             loss += rng.normal(0, 2e-5, 4)
             f.write(json.dumps({"step": step, "losses": loss.tolist(), "hparams": hp}) + "\n")
-    from recsys_hdet.components.metrics_log import read_jsonl
+    from data_tools.fileio import read_jsonl
 
     for half in probe_slopes(read_jsonl(str(tmp_path / "hdet.jsonl"))):
         for g in GROUPS:

@@ -139,12 +139,13 @@ def test_bad_train_exposure_is_named(value):
         assert needle in message, message
 
 
-def test_every_data_config_declares_the_default_exposure():
-    from omegaconf import OmegaConf
+def test_every_data_config_trains_on_every_exposure():
+    """The default (DataConfig's) is all, and no data preset changes it."""
+    from recsys_hdet.config import compose
 
     folder = os.path.join(REPO, "conf", "data")
     for name in os.listdir(folder):
-        assert OmegaConf.load(os.path.join(folder, name)).get("train_exposure") == "all", name
+        assert compose("config", [f"data={name[:-5]}"]).data.train_exposure == "all", name
 
 
 # ----------------------------------------------------------------------------------------------

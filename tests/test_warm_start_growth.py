@@ -160,10 +160,11 @@ def _local_chunks(state):
 
 def _sharded(pgs, vocab, types, dim, seed):
     from recsys_hdet.components.optimizer import fused_params
+    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.distributed import shard_model
 
     torch.manual_seed(seed)
-    return shard_model(_ranker(vocab, dim=dim, device="meta"), pgs, fused_params({"type": "rowwise_adagrad"}, 0.1),
+    return shard_model(_ranker(vocab, dim=dim, device="meta"), pgs, fused_params(EmbeddingOptimizerConfig(type="rowwise_adagrad"), 0.1),
                        types)
 
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from data_tools.fileio import publish_directory, write_manifest
 from recsys_hdet.components.model_checkpoint import STEP_PREFIX
 from recsys_hdet.run_dir import RunDir
 
@@ -242,12 +243,8 @@ class CheckpointManager:
                 files = sorted(f for f in os.listdir(tmp) if not f.startswith("."))
                 body = {**manifest, "step": step, "world_size": self.world, "run_dir": os.path.abspath(self.run_dir),
                         "files": files, "sizes": {f: os.path.getsize(os.path.join(tmp, f)) for f in files}}
-                with open(os.path.join(tmp, MANIFEST), "w") as f:
-                    json.dump(body, f, indent=1)
-                    f.flush()
-                    os.fsync(f.fileno())
-                shutil.rmtree(final, ignore_errors=True)
-                os.replace(tmp, final)
+                write_manifest(tmp, MANIFEST, body)
+                publish_directory(tmp, final, replace=True)
                 self.last_bytes = sum(body["sizes"].values())
                 rotated = [(s, p) for s, p in step_checkpoints(self.directory) if s not in self.keep_steps]
                 for _, old in rotated[:-self.keep_last]:
@@ -280,9 +277,9 @@ def build_checkpoints(trainer: Any, run_dir: str, total_steps: int, rank: int, w
     ``pieces`` registered by name (the order is the manifest's). ``keep_at`` fractions of the pass are
     rounded to a divergence check (a multiple of ``trainer.log_every``), where rollback's copy is taken too."""
     spec, log_every = trainer.periodic_checkpoint, int(trainer.log_every)
-    keep_steps = [round(float(f) * total_steps / log_every) * log_every for f in spec.get("keep_at") or []]
+    keep_steps = [round(float(f) * total_steps / log_every) * log_every for f in spec.keep_at]
     manager = CheckpointManager(RunDir(run_dir).path(RunDir.CHECKPOINT), run_dir, int(spec.every_steps), int(spec.keep_last),
-                                rank, world, say=say, async_save=bool(spec.get("async_save", False)),
+                                rank, world, say=say, async_save=bool(spec.async_save),
                                 keep_steps=tuple(s for s in keep_steps if 0 < s < total_steps))
     for name, piece in pieces.items():
         manager.register(name, piece)

@@ -29,12 +29,12 @@ def interval_failure(avg_loss: float, non_finite: bool, ne: Mapping[str, float],
     diverge_loss = float(trainer.diverge_loss)
     if avg_loss > diverge_loss:
         return f"average loss {avg_loss:.3g} above trainer.diverge_loss={diverge_loss}"
-    spec = trainer.get("collapse") or {}
-    if spec.get("ne") is None or not ne:
+    spec = trainer.collapse
+    if spec.ne is None or not ne:
         return ""
-    if loop.learned and all(v >= float(spec["ne"]) for v in ne.values()):
+    if loop.learned and all(v >= float(spec.ne) for v in ne.values()):
         each = ", ".join(f"{t} {v:.4f}" for t, v in ne.items())
-        return f"collapsed to the base-rate predictor (training NE {each} >= trainer.collapse.ne={spec['ne']})"
-    if sum(ne.values()) / len(ne) < float(spec["armed_below"]):
+        return f"collapsed to the base-rate predictor (training NE {each} >= trainer.collapse.ne={spec.ne})"
+    if sum(ne.values()) / len(ne) < float(spec.armed_below):
         loop.learned = True
     return ""

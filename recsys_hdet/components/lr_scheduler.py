@@ -134,19 +134,21 @@ class RangeTest:
         return self.max_lr * self.multiplier(step), None
 
 
-def build_schedules(optim_cfg: Mapping[str, Any], groups: Iterable[str], total_steps: int) -> Dict[str, Any]:
+def build_schedules(optim_cfg: Any, groups: Iterable[str], total_steps: int,
+                    max_lrs: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
     """Each group's schedule for a plain run, from ``optim``: the one-cycle (``optim.schedule.name=one_cycle``),
     except the dense groups under Schedule-Free AdamW (:class:`Constant`); or, with
-    ``optim.schedule.name=range_test``, :class:`RangeTest` for the groups it names, the others constant."""
-    schedule = optim_cfg["schedule"]
-    dense_type = str(optim_cfg["dense"]["type"])
+    ``optim.schedule.name=range_test``, :class:`RangeTest` for the groups it names, the others constant.
+    ``max_lrs``: the groups whose max LR is not ``optim.lr``'s (a range test's or HDET's committed ones)."""
+    schedule = optim_cfg.schedule
+    dense_type = str(optim_cfg.dense.type)
     out: Dict[str, Any] = {}
     for g in groups:
-        max_lr = float(optim_cfg["lr"][g])
-        if str(schedule.get("name", "one_cycle")) == "range_test":
-            rt = schedule["range_test"]
-            out[g] = (RangeTest(max_lr, int(rt["steps"]), float(rt["low"]), float(rt["high"]))
-                      if g in list(rt["groups"]) else Constant(max_lr))
+        max_lr = float((max_lrs or {}).get(g, getattr(optim_cfg.lr, g)))
+        if str(schedule.name) == "range_test":
+            rt = schedule.range_test
+            out[g] = (RangeTest(max_lr, int(rt.steps), float(rt.low), float(rt.high))
+                      if g in list(rt.groups) else Constant(max_lr))
         elif g != "embedding" and dense_type == "schedulefree_adamw":
             out[g] = Constant(max_lr)
         else:
@@ -154,18 +156,19 @@ def build_schedules(optim_cfg: Mapping[str, Any], groups: Iterable[str], total_s
     return out
 
 
-def build_one_cycle(schedule_cfg: Mapping[str, Any], max_lr: float, total_steps: int) -> OneCycle:
-    return OneCycle(
-        max_lr=float(max_lr),
-        total_steps=int(total_steps),
-        pct_start=float(schedule_cfg.get("pct_start", 0.3)),
-        anneal_strategy=str(schedule_cfg.get("anneal_strategy", "cos")),
-        div_factor=float(schedule_cfg.get("div_factor", 25.0)),
-        final_div_factor=float(schedule_cfg.get("final_div_factor", 1e4)),
-        three_phase=bool(schedule_cfg.get("three_phase", False)),
-        base_momentum=float(schedule_cfg.get("base_momentum", 0.85)),
-        max_momentum=float(schedule_cfg.get("max_momentum", 0.95)),
-    )
+def build_one_cycle(schedule_cfg: Any, max_lr: float, total_steps: int) -> OneCycle:
+    """The one-cycle of ``optim.schedule`` (the typed ``ScheduleConfig``, or a run's saved config node) at
+    ``max_lr`` over ``total_steps``: the one builder every caller uses (the trainer, the LR control, studies)."""
+    return OneCycle(max_lr=float(max_lr), total_steps=int(total_steps), **one_cycle_shape(schedule_cfg))
+
+
+def one_cycle_shape(schedule_cfg: Any) -> Dict[str, Any]:
+    """The one-cycle's shape from ``optim.schedule`` (all but the max LR and the pass length), as
+    :class:`OneCycle` and HDET's one-cycle (``hdet.scheduler.HDETOneCycleLR``) take it."""
+    return dict(pct_start=float(schedule_cfg.pct_start), anneal_strategy=str(schedule_cfg.anneal_strategy),
+                div_factor=float(schedule_cfg.div_factor), final_div_factor=float(schedule_cfg.final_div_factor),
+                three_phase=bool(schedule_cfg.three_phase), base_momentum=float(schedule_cfg.base_momentum),
+                max_momentum=float(schedule_cfg.max_momentum))
 
 
 class GroupLRScheduler:

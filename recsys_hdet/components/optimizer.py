@@ -41,27 +41,27 @@ def fused_params(embedding_cfg: Mapping[str, Any], initial_lr: float) -> Dict[st
     """The ``fused_params`` for TorchRec's sharder, from ``optim.embedding``."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    name = embedding_cfg["type"]
+    name = str(embedding_cfg.type)
     if name not in EMBEDDING_OPTIMIZERS:
         raise ValueError(f"optim.embedding.type={name!r}: choose one of {sorted(EMBEDDING_OPTIMIZERS)}")
     params: Dict[str, Any] = {
         "optimizer": getattr(EmbOptimType, EMBEDDING_OPTIMIZERS[name]),
         "learning_rate": initial_lr,
-        "eps": float(embedding_cfg.get("eps", 1e-8)),
+        "eps": float(embedding_cfg.eps),
     }
-    if name == "adam":
-        params["beta1"], params["beta2"] = (float(b) for b in embedding_cfg.get("betas", (0.9, 0.999)))
+    if name == "adam":  # fbgemm's own betas (optim.embedding declares none)
+        params["beta1"], params["beta2"] = 0.9, 0.999
     return params
 
 
 def schedulefree_warmup(optim_cfg: Mapping[str, Any], total_steps: int) -> int:
     """Schedule-Free AdamW's own warm-up in steps: ``optim.dense.warmup_steps``, or by default (null) the
     one-cycle's rise, ``pct_start x total_steps`` (0 for every other optimizer)."""
-    dense = optim_cfg["dense"]
-    if str(dense["type"]) != "schedulefree_adamw":
+    dense = optim_cfg.dense
+    if str(dense.type) != "schedulefree_adamw":
         return 0
-    steps = dense.get("warmup_steps")
-    return int(steps) if steps is not None else round(float(optim_cfg["schedule"]["pct_start"]) * total_steps)
+    steps = dense.warmup_steps
+    return int(steps) if steps is not None else round(float(optim_cfg.schedule.pct_start) * total_steps)
 
 
 class GroupedOptimizer:
@@ -69,6 +69,12 @@ class GroupedOptimizer:
 
     ``groups[name]`` is a list of param_group dicts (the fused optimizer has one per sharded
     kernel). Schedules write ``lr`` (and ``betas``) into them, then call :meth:`apply_hparams`.
+
+    Not TorchRec's ``CombinedOptimizer``/``KeyedOptimizer``: those key state by parameter name for
+    checkpointing and step every optimizer alike, while the schedules, HDET and rollback address the four
+    LR groups by name across the dense optimizer's and the fused kernels' param_groups, and a fused kernel
+    takes a new LR only when it is pushed (:meth:`apply_hparams`; written late, it reaches the kernel a
+    step late). The model's state (the fused optimizer's included) is checkpointed by DCP, not here.
     """
 
     def __init__(self, model: nn.Module, dense_cfg: Mapping[str, Any], initial_lrs: Mapping[str, float],
@@ -79,27 +85,27 @@ class GroupedOptimizer:
         self.fused = fused
         named = {n: p for n, p in model.named_parameters() if p.requires_grad}
         dense_groups = dense_parameter_groups(named)
-        kind = dense_cfg["type"]
-        betas = tuple(float(b) for b in dense_cfg.get("betas", (0.9, 0.999)))
+        kind = str(dense_cfg.type)
+        betas = tuple(float(b) for b in dense_cfg.betas)
         groups = [
             {"params": params, "name": name, "lr": initial_lrs[name], "weight_decay": float(wd)}
             for name, params in dense_groups.items()
             if params
-            for wd in [0.0 if name == "no_decay" else dense_cfg.get("weight_decay", 0.0)]
+            for wd in [0.0 if name == "no_decay" else dense_cfg.weight_decay]
         ]
-        common = dict(lr=initial_lrs["transformer"], betas=betas, eps=float(dense_cfg.get("eps", 1e-8)))
+        common = dict(lr=initial_lrs["transformer"], betas=betas, eps=float(dense_cfg.eps))
         if kind in ("adam", "adamw"):
             # One fused kernel over all tensors: ~2x faster per step than the per-tensor loop on CPU
             # for this many small tensors (benchmarks/run.py, BENCHMARKS.md).
             opt_cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
-            self.dense = opt_cls(groups, **common, fused=bool(dense_cfg.get("fused", True)))
+            self.dense = opt_cls(groups, **common, fused=bool(dense_cfg.fused))
         elif kind == "prodigy":
             from prodigyopt import Prodigy
 
             # decouple: AdamW-style weight decay; safeguard_warmup: the warm-up's small LR does not
             # inflate the distance estimate (the authors' advice with a warm-up).
             self.dense = Prodigy(groups, **common, decouple=True, safeguard_warmup=True,
-                                 d0=float(dense_cfg.get("d0", 1e-6)))
+                                 d0=float(dense_cfg.d0))
         elif kind == "schedulefree_adamw":
             from schedulefree import AdamWScheduleFree
 

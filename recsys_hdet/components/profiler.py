@@ -20,9 +20,10 @@ class StepProfiler:
 
     @classmethod
     def from_config(cls, spec, run_dir: str) -> Optional["StepProfiler"]:
-        if not spec or int(spec.get("steps", 0)) <= 0:
+        """``trainer.profile``: None when its ``steps`` is 0."""
+        if int(spec.steps) <= 0:
             return None
-        return cls(int(spec.get("skip", 20)), int(spec["steps"]), RunDir(run_dir).path(RunDir.PROFILE))
+        return cls(int(spec.skip), int(spec.steps), RunDir(run_dir).path(RunDir.PROFILE))
 
     def before_step(self, step: int) -> None:
         if step == self.skip:

@@ -15,7 +15,7 @@ diverged (exit 3), as without rollback.
 Why a copy in memory rather than the last periodic checkpoint: the copy is taken where the check
 has just passed, so a rollback loses one log interval at most (a checkpoint, every
 ``periodic_checkpoint.every_steps``, ten intervals by default), and it costs one host copy of the
-model per interval (``summary.json``'s ``rollback.snapshot_seconds``) against a DCP read from disk
+model per interval (``RunDir.SUMMARY``'s ``rollback.snapshot_seconds``) against a DCP read from disk
 per rollback. The price is one more copy of the model in host memory (``snapshot_bytes``): for
 tables too large for that, the periodic checkpoint is the place to restore from (not built).
 
@@ -116,8 +116,7 @@ class Rollback:
         self.events = json.loads(state["events"])
 
 
-def build_rollback(spec: Mapping[str, Any], model_state: ModelState, averager: ReplicaAverager,
+def build_rollback(spec: Any, model_state: ModelState, averager: ReplicaAverager,
                    lr_control: Any) -> Rollback:
     """From ``trainer.rollback``: ``max_rollbacks`` (0: off) and ``lr_factor``."""
-    return Rollback(model_state, averager, lr_control, int(spec.get("max_rollbacks", 0)),
-                    float(spec.get("lr_factor", 0.5)))
+    return Rollback(model_state, averager, lr_control, int(spec.max_rollbacks), float(spec.lr_factor))

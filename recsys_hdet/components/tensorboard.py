@@ -1,4 +1,4 @@
-"""TensorBoard scalars for a run, written beside ``metrics.jsonl`` and ``hdet.jsonl``.
+"""TensorBoard scalars for a run, written beside ``RunDir.METRICS`` and ``hdet.jsonl``.
 
 Design (as torchtitan's metrics logger and Lightning's ``TensorBoardLogger`` do it):
 
@@ -7,7 +7,7 @@ Design (as torchtitan's metrics logger and Lightning's ``TensorBoardLogger`` do 
   (``SummaryWriter``'s event-file thread lives in the rank-0 worker). ``trainer.tensorboard: false``
   and every other rank get :class:`NullTensorBoard`, whose methods do nothing.
 - The scalars are the JSON-lines records themselves, turned into tags, so the two never disagree:
-  a ``metrics.jsonl`` record gives ``loss/<task>`` (and ``loss/avg``), ``lr/<group>`` and
+  a ``RunDir.METRICS`` record gives ``loss/<task>`` (and ``loss/avg``), ``lr/<group>`` and
   ``throughput/examples_per_s``; an ``hdet.jsonl`` record gives, per explored hyperparameter
   (``lr/embedding``, ..., ``dropout``), ``hdet/<hparam>/base`` (the window's base),
   ``hdet/<hparam>/replica<k>`` (each replica's value) and its other numbers (``next_base``,
@@ -16,12 +16,12 @@ Design (as torchtitan's metrics logger and Lightning's ``TensorBoardLogger`` do 
   ``hdet/excluded_replicas`` (how many were non-finite). The x axis is the optimizer step, as in
   the JSON records.
 - Every record is flushed when written (one small write per logging interval or sync, as
-  ``metrics.jsonl`` is), so a crashed or diverged run leaves its event files complete up to its
+  ``RunDir.METRICS`` is), so a crashed or diverged run leaves its event files complete up to its
   last record without depending on ``close()`` being reached.
 - Resume: ``start_step`` is the number of steps already done when this attempt starts (0 for a
   fresh run, the checkpoint's step for a resumed one). Records carry the step count after the
   step, so this attempt's first record is at a step above ``start_step``, and the records an
-  earlier attempt wrote up to ``start_step`` stay valid (``metrics.jsonl`` and ``hdet.jsonl``
+  earlier attempt wrote up to ``start_step`` stay valid (``RunDir.METRICS`` and ``hdet.jsonl``
   keep them too). The writer is opened with ``purge_step=start_step + 1``, which writes a
   ``SessionLog.START`` event at that step into a new event file. TensorBoard's Python reader
   (``EventAccumulator``, what ``tensorboard --load_fast=false`` and the tests use) then drops every
@@ -30,7 +30,7 @@ Design (as torchtitan's metrics logger and Lightning's ``TensorBoardLogger`` do 
   ignores the ``SessionLog`` event but reaches the same result its own way: a point whose step is
   not above a time series' last one discards that series' points at and after its step. A fresh
   run purges from step 1: a run directory reused by a new run shows the new run only, as its
-  ``metrics.jsonl`` (rewritten) does; the old event files stay on disk.
+  ``RunDir.METRICS`` (rewritten) does; the old event files stay on disk.
 
 Limits:
 
@@ -83,7 +83,7 @@ class NullTensorBoard:
 
 
 class TensorBoardWriter(NullTensorBoard):
-    """Writes ``metrics.jsonl`` and ``hdet.jsonl`` records as TensorBoard scalars (see the module)."""
+    """Writes ``RunDir.METRICS`` and ``hdet.jsonl`` records as TensorBoard scalars (see the module)."""
 
     def __init__(self, log_dir: str, start_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -99,7 +99,7 @@ class TensorBoardWriter(NullTensorBoard):
             self._writer.add_scalar(tag, v, global_step=step)
 
     def log_metrics(self, record: Mapping[str, Any]) -> None:
-        """One ``metrics.jsonl`` record: step, examples, loss {task: v, avg}, lr {group: v}, ne, calibration
+        """One ``RunDir.METRICS`` record: step, examples, loss {task: v, avg}, lr {group: v}, ne, calibration
         and auc {task: v}, examples_per_sec."""
         step = int(record["step"])
         for task, v in (record.get("loss") or {}).items():
@@ -139,7 +139,7 @@ HELD_OUT_METRICS = ("ne", "auc", "logloss", "calibration")
 def run_hparams(cfg: DictConfig) -> Dict[str, Any]:
     """The run's scalar settings for the HParams tab: every leaf of ``optim``, ``model`` and ``hdet``,
     and the experiment, seed, data set, batch size and layout (lists and nulls as text)."""
-    from omegaconf import OmegaConf
+    from recsys_hdet.config_values import plain
 
     out: Dict[str, Any] = {"experiment": str(cfg.experiment_name), "seed": int(cfg.seed), "data": str(cfg.data.name),
                            "data.batch_size": int(cfg.data.batch_size), "trainer.nproc": int(cfg.trainer.nproc),
@@ -153,7 +153,7 @@ def run_hparams(cfg: DictConfig) -> Dict[str, Any]:
             out[prefix] = node if isinstance(node, (bool, int, float, str)) else str(node)
 
     for section in ("optim", "model", "hdet"):
-        leaves(OmegaConf.to_container(cfg[section], resolve=True), section)
+        leaves(plain(getattr(cfg, section)), section)
     return out
 
 
@@ -161,7 +161,7 @@ def log_final(cfg: DictConfig, run_dir: str, rank: int, summary: Mapping[str, An
     """The held-out metrics and the HParams row of a completed run (see the module); nothing on other
     ranks, with ``trainer.tensorboard: false``, or without held-out metrics."""
     evaluation = summary.get("eval") or {}
-    if rank != 0 or not bool(cfg.trainer.get("tensorboard", True)) or not evaluation:
+    if rank != 0 or not cfg.trainer.tensorboard or not evaluation:
         return
     from torch.utils.tensorboard import SummaryWriter
 
@@ -184,7 +184,7 @@ def build_tensorboard(cfg: DictConfig, run_dir: str, rank: int, start_step: int 
     rank 0 when ``trainer.tensorboard`` is true (the default), else a :class:`NullTensorBoard`.
     ``start_step``: the steps already done, i.e. the step of the checkpoint a resumed run continues
     from (0: a fresh run); what an earlier attempt wrote after it is purged."""
-    if rank != 0 or not bool(cfg.trainer.get("tensorboard", True)):
+    if rank != 0 or not cfg.trainer.tensorboard:
         return NullTensorBoard()
     return TensorBoardWriter(RunDir(run_dir).path(RunDir.TENSORBOARD), int(start_step))
 

@@ -46,22 +46,39 @@ FIT_SCORES = ("regression", *SLOPE_SCORES)  # those that pool the joint fit of t
 
 @dataclass
 class HDETConfig:
+    # The spread: multipliers 1 + alpha u (space linear) or (1 + alpha)^u (space log), u evenly spaced in [-1, 1]
+    # over the replicas.
     alpha: float = 1 / 9
-    sync_every: int = 1000  # T
-    controller_start: int = 100_000  # S_warm, in steps
-    beta: float = 0.9
-    sigma: float = 0.1
-    lam: float = 0.5  # lambda
-    autolr: bool = True
-    seed: int = 0
-    decay: HDETDecay = HDETDecay.schedule  # linear space: how the base decays with no signal
-    space: HDETSpace = HDETSpace.linear  # how learning rates spread and are controlled
-    score: HDETScore = HDETScore.softmax  # softmax (paper: absolute sigma), or a scale-free score
-    log_step: Optional[float] = None  # log space: step in natural-log units per sync (None: from travel_decades)
+    sync_every: int = 1000  # T: steps between averaging the replicas (the paper's, for a 30 h run)
+    # S_warm: steps before the auto-LR controller starts (0: from the first sync, through the warm-up, so that a
+    # too-high LR is pulled down before it diverges)
+    controller_start: int = 100_000
+    beta: float = 0.9  # momentum of the controller's signal
+    sigma: float = 0.1  # softmax temperature on window-loss differences, in loss units
+    lam: float = 0.5  # lambda: step size of the base update
+    autolr: bool = True  # false: spread + converge only (the base follows the schedule)
+    seed: int = 0  # seeds the permutation generator (the same on every rank); hdet=enabled sets the run's seed
+    # No-signal decay of the controlled base (linear space): schedule keeps the base schedule's shape to its floor;
+    # geometric: one constant ratio per sync to the floor.
+    decay: HDETDecay = HDETDecay.schedule
+    # linear: the paper's spread and base update (sigma, lam, decay, ceiling_multiple); log: geometric spread, the
+    # base = schedule x a controlled factor, moved in log units.
+    space: HDETSpace = HDETSpace.linear
+    # softmax: the paper's weights, absolute sigma in loss units. zscore | rank: scale-free (the correlation of
+    # -loss, or of its ranks, with the spread). regression: scale-free, one joint fit of the losses on every
+    # group's offset, pooled over syncs (each group's partial correlation; log space). effect: the same fit,
+    # moving by the slope's size (effect_scale, min_t, trust_region), resting where it is not told apart from zero.
+    # aimd: the same fit; up by aimd_up each sync unless it shows harm (aimd_down). rprop: the same fit's sign; a
+    # step that grows while it repeats.
+    score: HDETScore = HDETScore.softmax
+    # log space: step per sync in natural-log units (None: from travel_decades and the number of controlled syncs)
+    log_step: Optional[float] = None
     travel_decades: float = 2.0  # log space: how far a consistent signal moves the base over the run
-    range_decades: List[float] = field(default_factory=lambda: [-2.0, 2.0])  # log space: bounds of base / schedule
+    # log space: the base stays within these decades of the schedule
+    range_decades: List[float] = field(default_factory=lambda: [-2.0, 2.0])
     # score="effect" (log space): moves by the estimated loss change per ln LR, relative to the loss
-    effect_scale: float = 0.005  # the relative slope that takes a whole trust-region step
+    effect_scale: float = 0.005  # the relative slope that takes a whole trust-region step (NE differences are
+                                 # relative loss differences)
     min_t: float = 2.0  # a slope within min_t standard errors of zero moves nothing (the base rests)
     trust_region: Optional[float] = None  # largest move per sync in ln units (None: ln(1 + alpha), the spread)
     # The pooled fit (scores regression, effect, aimd, rprop): "raw" pools every sync's losses in loss units, so the
@@ -84,9 +101,9 @@ class HDETConfig:
     rprop_up: float = 1.2
     rprop_down: float = 0.5
     rprop_max_step: float = 1.0
-    # Explore-then-commit (log space): the first explore_rounds x explore_steps steps are rounds in which each
-    # spread group's replicas train apart (no averaging inside a round) at a wide spread, explore_decades
-    # between the extreme replicas in the first round, explore_narrow times that in each next one; at a
+    # Explore-then-commit (log space; recsys_hdet/hdet/rounds.py): the first explore_rounds x explore_steps steps
+    # are rounds in which each spread group's replicas train apart (no averaging inside a round) at a wide spread,
+    # explore_decades between the extreme replicas in the first round, explore_narrow times that in each next one; at a
     # round's end the replicas are averaged and the base moves to the best replica's value; after the
     # last round the spread is 0 (the plain run from there, syncs every sync_every steps) and the
     # controller moves nothing. 0 rounds: off (the controller of `score` runs throughout).
@@ -178,8 +195,10 @@ class AveragedTensors(StrEnum):
 
 @dataclass
 class AveragedProbeConfig:
-    fraction: float = 0.5
-    tensors: AveragedTensors = AveragedTensors.all
+    """``signal=averaged_probe``: the probe rows scored at the window's averaged iterate."""
+    fraction: float = 0.5   # the iterates of this last part of each window are averaged
+    tensors: AveragedTensors = AveragedTensors.all   # dense: the dense parameters only; all: the embedding rows too
+                                                     # (one more copy)
 
     def __post_init__(self) -> None:
         fraction("hdet.averaged_probe.fraction", self.fraction, low_open=True, high_open=False)
@@ -187,7 +206,9 @@ class AveragedProbeConfig:
 
 @dataclass
 class AnnealProbeConfig:
-    steps: int = 4
+    """``signal=anneal_probe``: the probe rows scored after a short cooldown to LR 0."""
+    steps: int = 4   # cooldown steps, LR x (steps - i) / (steps + 1), on the first steps x data.batch_size reserved
+                     # rows; the probe scores the rest
 
     def __post_init__(self) -> None:
         at_least("hdet.anneal_probe.steps", self.steps, 1)
@@ -195,8 +216,9 @@ class AnnealProbeConfig:
 
 @dataclass
 class DiscountedCreditConfig:
-    mu: float = 0.9
-    fraction: float = 0.5
+    """``signal=discounted_credit``."""
+    mu: float = 0.9         # discount of past windows' displacements (0: greedy)
+    fraction: float = 0.5   # the iterates of this last part of each window are averaged
 
     def __post_init__(self) -> None:
         require(is_number(self.mu) and 0 <= self.mu < 1, "hdet.discounted_credit.mu", self.mu, "must be in [0, 1)")
@@ -208,10 +230,12 @@ class ExploreConfig:
     """Scalar hyperparameters beyond LR, steered like the LRs; null: not explored. Each a mapping:
     ``spread`` and its bounds (``max``; ``max_multiple`` for weight decay; ``min``/``max`` for the
     attention temperature)."""
-    dropout: Optional[Dict[str, float]] = None
+    dropout: Optional[Dict[str, float]] = None           # additive, e.g. {spread: 0.05, max: 0.7}
+    # multiplicative, decoupled (needs optim.dense.type=adamw), e.g. {spread: 0.5, max_multiple: 1.0}
     weight_decay: Optional[Dict[str, float]] = None
-    temperature: Optional[Dict[str, float]] = None
-    label_smoothing: Optional[Dict[str, float]] = None
+    temperature: Optional[Dict[str, float]] = None       # multiplicative attention temperature, e.g.
+                                                         # {spread: 0.2, min: 0.25, max: 4.0}
+    label_smoothing: Optional[Dict[str, float]] = None   # additive, e.g. {spread: 0.02, max: 0.2}
 
     def __post_init__(self) -> None:
         for name, spec in vars(self).items():
@@ -225,9 +249,11 @@ class ExploreConfig:
 
 @dataclass
 class ReplicaRangeTestConfig:
-    """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test`): ``steps`` > 0 turns the form on.
-    Each replica sweeps one axis from max LR x ``low`` to x ``high`` over ``steps`` steps, the other axis held
-    at x ``low``; the run commits each axis's suggestion and trains plain from the step-0 state."""
+    """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test`; docs/hdet.md): ``steps`` > 0 turns
+    the form on. Before the pass each replica sweeps one axis (the embedding; the dense groups together) from max
+    LR x ``low`` to x ``high`` over ``steps`` steps, the other axis held at x ``low``; the run commits each axis's
+    suggestion (fastai's rule) and trains plain from the step-0 state at the committed max LRs (cost: these
+    steps, in parallel)."""
     steps: int = 0
     low: float = 0.001
     high: float = 10000.0
@@ -242,7 +268,7 @@ class ReplicaRangeTestConfig:
 
 @dataclass
 class WarmInitConfig:
-    nu: float = 0.0
+    nu: float = 0.0   # > 0: perturb each replica by nu x RMS per tensor after trainer.warm_start
 
     def __post_init__(self) -> None:
         require(is_number(self.nu) and self.nu >= 0, "hdet.warm_init.nu", self.nu, "must be >= 0")
@@ -251,18 +277,34 @@ class WarmInitConfig:
 @dataclass
 class HDETConfigGroup(HDETConfig):
     """conf/hdet/: the controller's fields are :class:`recsys_hdet.hdet.config.HDETConfig`'s (declared,
-    defaulted and checked there, once; conf/hdet/enabled.yaml sets the product's values), plus the
-    job's own HDET fields below (their meanings: conf/hdet/enabled.yaml)."""
-    enabled: bool = False
+    defaulted, explained and checked there, once), plus the job's own HDET fields below. Every default and
+    meaning is here; conf/hdet/enabled.yaml holds only the values where the product's measured form differs
+    from these defaults (the paper's form)."""
+    enabled: bool = False   # false: plain data-parallel training (every replica the same hyperparameters)
+    # null: the embedding replicas (sharding groups) are averaged at every sync when the embedding LR is spread,
+    # else every trainer.embedding_sync_every steps as in a plain run (alpha = 0 is the plain run); N: every N
+    # steps regardless
     embedding_sync_every: Optional[int] = None
-    ceiling_multiple: float = 2.0
+    ceiling_multiple: float = 2.0   # the controlled base stays within [schedule floor, this x max_lr]
+    # The replicas' loss signal. train: the training loss. serving: the loss as the model serves (no dropout or
+    # smoothing) on the batch about to be trained: a held-out estimate in one pass; one extra forward per step.
+    # probe: at each sync every replica scores the same rows, reserved from the day being trained (differences
+    # come from parameters, not data). averaged_probe: the same rows, scored at the window's averaged iterate.
+    # anneal_probe: the same rows, scored after a short cooldown to LR 0 from a copy of the replica's state,
+    # which is then restored. discounted_credit: the same rows, scored at the replicas' averaged iterate moved
+    # along each group's discounted sum of past displacements by the replica's offset (MARTHE's hypergradient
+    # read from the spread).
     signal: HDETSignal = HDETSignal.anneal_probe
-    probe_rows: int = 4096
+    probe_rows: int = 4096   # probe signals: rows reserved (never trained on) from each training day
     averaged_probe: AveragedProbeConfig = field(default_factory=AveragedProbeConfig)
     anneal_probe: AnnealProbeConfig = field(default_factory=AnnealProbeConfig)
     discounted_credit: DiscountedCreditConfig = field(default_factory=DiscountedCreditConfig)
-    probe_mix: Any = 1.0     # a number in (0, 1], or "replicas"
-    explore: ExploreConfig = field(default_factory=ExploreConfig)
+    # Probe signals (not discounted_credit): each replica scores avg + c (own - avg), avg being the replicas'
+    # average: 1.0 scores the replica itself; "replicas" uses c = 1 / (replicas on the group's axis), which weighs
+    # a replica's own noise as the averaged model feels it (the replica alone shows N x its noise; docs/hdet.md).
+    # A number in (0, 1], or "replicas".
+    probe_mix: Any = 1.0
+    explore: ExploreConfig = field(default_factory=ExploreConfig)   # hyperparameters beyond LR (null: not explored)
     warm_init: WarmInitConfig = field(default_factory=WarmInitConfig)
     range_test: ReplicaRangeTestConfig = field(default_factory=ReplicaRangeTestConfig)
 

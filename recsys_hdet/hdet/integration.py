@@ -20,7 +20,7 @@ Everything the job does for HDET lives here, so the training loop never branches
   layout);
 - the **warm-start noise** each replica adds to warm-started weights (method section 4);
 - the **logs**: ``hdet.jsonl`` (a sync record per sync; rollback events as ``"event"`` lines),
-  TensorBoard, the console line; ``summary.json``'s ``hdet`` (time in HDET's hooks).
+  TensorBoard, the console line; ``RunDir.SUMMARY``'s ``hdet`` (time in HDET's hooks).
 
 It talks to the model only through the :class:`~recsys_hdet.components.replicas.ReplicaAverager`
 (averaging, finiteness), the optimizer's named param groups, the explored hyperparameters'
@@ -34,9 +34,10 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
-from omegaconf import OmegaConf
 
 from recsys_hdet.components.job_handles import JobHandles
+from recsys_hdet.components.lr_scheduler import one_cycle_shape
+from recsys_hdet.config_values import plain
 from recsys_hdet.components.train_metrics import weighted_task_mean
 from recsys_hdet.components.replicas import ReplicaAverager, all_finite, average_, mixed_replica_loss
 from recsys_hdet.components.train_state import ModelState
@@ -231,7 +232,7 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain
     served_loss, train_outside = handles.served_loss, handles.train_outside
     h, sched = cfg.hdet, cfg.optim.schedule
     groups = list(optimizer.groups)
-    if cfg.trainer.get("warm_start") and float(h.warm_init.nu) > 0:
+    if cfg.trainer.warm_start and float(h.warm_init.nu) > 0:
         nu, seed = float(h.warm_init.nu), int(h.seed)
         perturb_(averager.dense_tensors, nu, torch.Generator().manual_seed(seed * 100_003 + layout.rank))
         # Embedding replicas are the sharding groups; each rank perturbs the shards it holds.
@@ -241,8 +242,8 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain
         log("HDET: one sharding group, so no embedding replicas: the embedding group follows the base "
             "schedule (use trainer.sharding_group_size < trainer.nproc to explore it)")
 
-    controller = HDETConfig.from_mapping(OmegaConf.to_container(h, resolve=True))
-    signal = str(h.get("signal", "train"))
+    controller = HDETConfig.from_mapping(plain(h))
+    signal = str(h.signal)
     replica_signal = _build_signal(signal, h, cfg, controller, optimizer=optimizer, model=model, averager=averager,
                                    stream=stream, layout=layout, task_weights=task_weights, log=log,
                                    served_loss=served_loss, train_outside=train_outside,
@@ -263,14 +264,8 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain
         optimizer,
         max_lr={g: float(cfg.optim.lr[g]) for g in groups},
         total_steps=total_steps,
-        pct_start=float(sched.pct_start),
-        anneal_strategy=str(sched.anneal_strategy),
         cycle_momentum=bool(sched.cycle_momentum),
-        base_momentum=float(sched.base_momentum),
-        max_momentum=float(sched.max_momentum),
-        div_factor=float(sched.div_factor),
-        final_div_factor=float(sched.final_div_factor),
-        three_phase=bool(sched.three_phase),
+        **one_cycle_shape(sched),
         hdet=controller,
         ceiling_multiple=float(h.ceiling_multiple),
         replica_axes={"embedding": ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size)},
@@ -280,7 +275,7 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain
         process_group=process_group,
         signal=replica_signal,
         extra_hparams=build_explored_hparams(
-            h.get("explore") or {},
+            plain(h.explore),
             starts={"dropout": float(cfg.model.dropout), "weight_decay": float(cfg.optim.dense.weight_decay),
                     "temperature": float(cfg.model.attention_temperature),
                     "label_smoothing": float(cfg.loss.label_smoothing)},
@@ -290,7 +285,7 @@ def build_hdet_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain
     # When the embedding replicas are averaged: with their LR spread, at every sync (converge), so
     # each replica follows its own LR for a window; with no spread (alpha = 0), at the plain
     # cadence, as the plain run; hdet.embedding_sync_every forces a cadence (to measure the window).
-    override = h.get("embedding_sync_every")
+    override = h.embedding_sync_every
     if override is not None:
         every = int(override)
     elif scheduler.is_spread("embedding"):
@@ -319,7 +314,7 @@ def _build_signal(signal: str, h: Any, cfg: Any, controller: HDETConfig, *, opti
     eval_batch, train_batch = int(cfg.trainer.eval_batch_size), int(cfg.data.batch_size)
     cooldown_steps = int(h.anneal_probe.steps) if signal == "anneal_probe" else 0
     skip = cooldown_steps * train_batch  # the cooldown trains on the first reserved rows, the probe scores the rest
-    mix = h.get("probe_mix", 1.0)
+    mix = h.probe_mix
     dense_mix = 1.0 / layout.world_size if mix == "replicas" else float(mix)
     emb_mix = 1.0 / layout.replicas if mix == "replicas" else float(mix)
     score = lambda: weighted_task_mean(served_loss(stream.reserved_batches(eval_batch, trained_steps(), skip)),

@@ -57,7 +57,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
         optimizer.apply_hparams()  # the fused embedding kernels take an LR only when pushed
 
     def train_step(batch: Any) -> torch.Tensor:
-        return handles.train_outside(batch) / weights.sum()  # the task-weighted mean, as metrics.jsonl's loss
+        return handles.train_outside(batch) / weights.sum()  # the task-weighted mean, as RunDir.METRICS's loss
 
     def gather(curve: torch.Tensor) -> torch.Tensor:
         curves = [torch.empty_like(curve) for _ in range(layout.world_size)]

@@ -12,7 +12,7 @@ scored right after a window, a replica with a higher learning rate carries more 
 noise in its weights (its oscillation across the valley), so a lower LR looks better over one
 window even where a higher one ends the pass better (short-horizon bias; Wu et al. 2018). Two
 ways to take the oscillation out before comparing, both measured on the harness's scorecard
-(docs/lr_truth.md):
+(docs/results/lr_truth/lr_truth.md):
 
 - :class:`AveragedIterateProbe`: the replica is scored at the average of its iterates over the
   last part of the window (iterate averaging stands in for the LR decay: Sandler et al. 2023);
@@ -37,6 +37,8 @@ import io
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence
 
 import torch
+
+from recsys_hdet.hdet.config import HDETSignal
 
 
 class ReplicaSignal(Protocol):
@@ -321,4 +323,4 @@ def snapshot(state: Any) -> Dict[str, Any]:
     return copy(state.state_dict())
 
 
-SIGNALS = ("train", "serving", "probe", "averaged_probe", "anneal_probe", "discounted_credit")
+SIGNALS = tuple(str(s) for s in HDETSignal)  # hdet.signal's choices: the config's enum

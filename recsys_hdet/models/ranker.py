@@ -216,7 +216,7 @@ def build_model(cfg, meta, device: str = "meta", training: Optional[Mapping[str,
         device=device,
         **(training or {}),
     )
-    if m.get("compile_dense", False):
+    if m.compile_dense:
         # torch.compile of the dense modules in place (nn.Module.compile: parameter names, checkpoints
         # and groups unchanged); the embedding collection stays eager (TorchRec shards it). The
         # attention temperature is a Python float the compiled block guards on: an HDET run exploring
