@@ -1,4 +1,4 @@
-"""Which code produced an artifact: the checkout's commit, recorded by training runs (``summary.json``
+"""Which code produced an artifact: the checkout's commit, recorded by training runs (``RunDir.SUMMARY``
 ``code``), exported models (``manifest.json``) and the retraining job's registry."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The training job's records: the metrics.jsonl logger, JSON(-lines) reading and atomic writing,
-peak memory. The metrics themselves live in :mod:`recsys_hdet.evaluation.task_metrics`.
+"""The training job's records: the metrics log (``RunDir.METRICS``) and its console lines, the summary's LR
+trajectory, peak memory. The metrics themselves live in :mod:`recsys_hdet.evaluation.task_metrics`.
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, IO, List, Mapping, Optional, Sequence
+from typing import Any, Dict, IO, Mapping, Sequence
 
 from data_tools.fileio import write_text_atomic
 
 
 class MetricLogger:
-    """Writes ``metrics.jsonl`` (one object per logging interval) and a console line.
+    """Writes ``RunDir.METRICS`` (one object per logging interval) and a console line.
 
     Only rank 0 constructs one. The console line: step/total, examples/s, loss and NE per task, ETA.
     """
@@ -65,27 +65,6 @@ def truncate_jsonl(path: str, last_step: int) -> int:
     return len(lines) - len(kept)
 
 
-def read_json(path: str) -> Optional[Any]:
-    """A JSON artifact, or None when the file does not exist."""
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    """A JSON-lines artifact (metrics.jsonl, hdet.jsonl); empty when the file does not exist."""
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def sync_records(path: str) -> List[Dict[str, Any]]:
-    """``hdet.jsonl``'s sync records, without its event lines (a rollback: ``"event": "rollback"``)."""
-    return [r for r in read_jsonl(path) if "event" not in r]
-
-
 def peak_rss_mb() -> float:
     import resource
 
@@ -94,8 +73,8 @@ def peak_rss_mb() -> float:
 
 
 def lr_trajectory(metrics: Sequence[Mapping[str, Any]], max_lr: Mapping[str, float]) -> Dict[str, Any]:
-    """``summary.json``'s ``lr``: each group's configured max LR, its LR at every logged step (``metrics``: the
-    run's ``metrics.jsonl`` records, complete after a resume too) and the last one: what a later job needs of
+    """``RunDir.SUMMARY``'s ``lr``: each group's configured max LR, its LR at every logged step (``metrics``: the
+    run's ``RunDir.METRICS`` records, complete after a resume too) and the last one: what a later job needs of
     this run's learning rates."""
     records = [r for r in metrics if r.get("lr")]
     groups = list(records[-1]["lr"]) if records else []
@@ -105,7 +84,7 @@ def lr_trajectory(metrics: Sequence[Mapping[str, Any]], max_lr: Mapping[str, flo
 
 
 def print_summary(s: Mapping[str, Any]) -> None:
-    """The run's closing console lines, from its ``summary.json``."""
+    """The run's closing console lines, from its ``RunDir.SUMMARY``."""
     print(f"{s['experiment']}: {s['status']} after {s['steps']} steps, {s['examples']} examples, "
           f"{s['examples_per_sec']:.0f} ex/s, {s['wall_seconds']:.1f} s wall", flush=True)
     print("train loss: " + " ".join(f"{k}={v:.4f}" for k, v in s["train_loss"].items()))

@@ -7,7 +7,7 @@ what makes the final model usable both for evaluation and as a warm start. The c
 written into ``checkpoint.tmp/`` and renamed to ``checkpoint/`` by rank 0 after every rank is
 done, so a crash never leaves a directory that looks complete.
 
-Saved: the model's state (``model``) and a small ``meta.json`` (steps, examples, experiment). A warm
+Saved: the model's state (``model``) and a small meta file (:data:`META_FILE`: steps, examples, experiment). A warm
 start into a model whose tables grew (a vocabulary that gained ids) loads the saved rows into the
 first rows of each grown table (:func:`grown_tables`).
 """
@@ -25,12 +25,14 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from data_tools import contract
+
 STEP_PREFIX = "step-"  # checkpoint/step-<N>: a periodic checkpoint (CheckpointManager)
-META_FILE = "meta.json"  # the checkpoint's own meta (steps, model inputs, normalization); not the data set's
+META_FILE = contract.META_FILE  # the checkpoint's own meta (steps, model inputs, normalization), named as a data set's
 
 
 def read_meta(directory: str) -> Dict[str, Any]:
-    """The ``meta.json`` :func:`save_model` wrote into the checkpoint ``directory`` (OSError, ValueError:
+    """The meta file :func:`save_model` wrote into the checkpoint ``directory`` (OSError, ValueError:
     unreadable)."""
     with open(os.path.join(directory, META_FILE)) as f:
         return json.load(f)
@@ -48,7 +50,7 @@ def save_model(model: nn.Module, directory: str, meta: Mapping[str, Any]) -> Non
             json.dump(dict(meta), f, indent=2)
         if os.path.exists(directory):
             # Periodic checkpoints of the run (checkpoint/step-<N>) move along: they are removed
-            # only once summary.json is written.
+            # only once RunDir.SUMMARY is written.
             for name in os.listdir(directory):
                 if name.startswith(STEP_PREFIX):
                     os.replace(os.path.join(directory, name), os.path.join(tmp, name))
@@ -154,7 +156,7 @@ class _GrowingLoadPlanner(dcp.DefaultLoadPlanner):
 
 def load_model(model: nn.Module, directory: str, say=None) -> Dict[str, Any]:
     """Loads a checkpoint written by :func:`save_model` into ``model`` (any layout); returns its
-    meta.json.
+    meta file.
 
     When every shape matches: a plain ``dcp.load``. When some embedding tables of the model have
     MORE rows than the checkpoint's (same feature, same dimension: the data set's vocabularies grew

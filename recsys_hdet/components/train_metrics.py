@@ -14,7 +14,7 @@ cost 6.6 ms a step on one CPU thread (512 rows, 4 tasks: per task and metric a d
 window buffer); one update and compute of a 100-step interval take about 90 ms, under 1 ms a step.
 ``compute()`` (every ``log_every`` steps and at forced checks, on every rank: it is a collective)
 reduces the states over the process group, so the figures are exactly those of the interval's rows,
-however long the interval. These are what a dashboard shows (``metrics.jsonl``, TensorBoard, the console); the held-out evaluation (``summary.json``'s ``eval``)
+however long the interval. These are what a dashboard shows (``RunDir.METRICS``, TensorBoard, the console); the held-out evaluation (``RunDir.SUMMARY``'s ``eval``)
 is computed separately, on rows never trained on.
 
 Limits: under HDET the replicas' predictions are pooled, so the figures are those of the ensemble

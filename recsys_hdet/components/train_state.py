@@ -6,7 +6,7 @@ schedules, the HDET engine and the loader (which carry their own ``state_dict``)
 - :class:`RNGState`: every random generator that affects training on this rank (torch's, which
   drives dropout; numpy's; python's).
 - :class:`LoopState`: the training loop's position and accumulators (step, the loss sums behind
-  metrics.jsonl and summary.json, the training time so far).
+  RunDir.METRICS and RunDir.SUMMARY, the training time so far).
 - :class:`TrainClock`: the training time, without checkpoint stalls (not checkpointed: a resumed
   job starts it from ``LoopState.train_seconds``).
 
