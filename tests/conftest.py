@@ -21,7 +21,9 @@ def tiny_dataset(data_cache):
     """The conf/data/tiny.yaml data set, generated once per session. Returns its root."""
     from data_tools.prepare import ensure_dataset
 
-    cfg = OmegaConf.load(os.path.join(REPO, "conf", "data", "tiny.yaml"))
+    from recsys_hdet.config import compose
+
+    cfg = compose("config", ["data=tiny"]).data  # the preset over the schema's defaults
     root = os.path.join(data_cache, "tiny")
     ensure_dataset(root, OmegaConf.to_container(cfg.generator), OmegaConf.to_container(cfg.min_count))
     return root
@@ -45,7 +47,7 @@ def run_command(cmd, *, timeout, cwd=REPO, env=None):
 def run_train(run_dir, *overrides, data_cache, timeout=300):
     """Runs ``python -m recsys_hdet.train`` as a user would; returns the CompletedProcess."""
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "recsys_hdet.train", f"hydra.run.dir={run_dir}", *overrides]
+    cmd = [sys.executable, "-m", "recsys_hdet.train", f"run_dir={run_dir}", *overrides]
     return run_command(cmd, env=env, timeout=timeout)
 
 
@@ -55,13 +57,36 @@ def run_evaluate(*args, data_cache, timeout=300):
     return run_command([sys.executable, "-m", "recsys_hdet.evaluate", *args], env=env, timeout=timeout)
 
 
+# A plain run on two sharding groups of one rank (two embedding replicas, averaged every step), a check
+# every 5 steps: trained once per session (plain_run), the run whose artifacts tests/test_train.py checks and
+# the un-spiked reference of tests/test_rollback.py, whose runs add only a planted fault to these overrides.
+PLAIN_2X1 = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.sharding_group_size=1",
+             "experiment_name=two_proc"]
+
+# HDET on 2 sharding groups x 2 ranks, spread but not controlled (autolr=false: the signal changes nothing in
+# training), 2048 reserved probe rows: hdet_run is this with the last-iterate probe (hdet.signal=probe), and
+# tests/test_hdet_signals.py's runs are this with another signal, which must train it bit for bit.
+HDET_2X2 = ["data=tiny", "trainer.log_every=10", "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+            "hdet.alpha=0.25", "hdet.sync_every=5", "hdet.autolr=false", "hdet.probe_rows=2048",
+            "hdet.anneal_probe.steps=3", "trainer.tensorboard=false"]
+
+
+@pytest.fixture(scope="session")
+def plain_run(tmp_path_factory, tiny_dataset, data_cache):
+    """PLAIN_2X1's finished run: (run directory, the command's CompletedProcess)."""
+    run_dir = tmp_path_factory.mktemp("plain") / "run"
+    proc = run_train(run_dir, *PLAIN_2X1, data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc
+
+
 @pytest.fixture(scope="session")
 def hdet_run(tmp_path_factory, tiny_dataset, data_cache):
-    """A finished tiny HDET run (4 workers, 2 sharding groups x 2), evaluated with 2 workers: its
-    ``predictions.parquet`` is what the evaluation and the exported model are checked against."""
+    """A finished tiny HDET run (HDET_2X2 with hdet.signal=probe: 4 workers, 2 sharding groups x 2), evaluated
+    with 2 workers: its ``predictions.parquet`` is what the evaluation and the exported model are checked
+    against, and its training what every probing signal's run must reproduce (tests/test_hdet_signals.py)."""
     run_dir = tmp_path_factory.mktemp("eval") / "hdet"
-    proc = run_train(run_dir, "data=tiny", "trainer.log_every=10", "trainer.nproc=4", "trainer.sharding_group_size=2",
-                     "hdet=enabled", "hdet.sync_every=5", "hdet.controller_start=10", data_cache=data_cache)
+    proc = run_train(run_dir, *HDET_2X2, "hdet.signal=probe", data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ev = run_evaluate(f"run_dir={run_dir}", "nproc=2", "batch_size=1000", data_cache=data_cache)
     assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-3000:]

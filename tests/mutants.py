@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (67; see docs/contributing.md for the last full run's time)
+    .venv/bin/python tests/mutants.py            # every mutant (68; see docs/contributing.md for the last full run's time)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
@@ -59,7 +59,7 @@ MUTANTS = (
            "",
            ["tests/test_hdet_train.py::test_a_non_finite_replica_in_a_real_run_is_excluded_restored_and_training_goes_on"]),
     Mutant("G", "warm-init noise never applied", "recsys_hdet/hdet/integration.py",
-           "if cfg.trainer.get(\"warm_start\") and float(h.warm_init.nu) > 0:",
+           "if cfg.trainer.warm_start and float(h.warm_init.nu) > 0:",
            "if False:",
            ["tests/test_hdet_train.py::test_warm_start_is_pretrained_on_first_use_and_each_replica_gets_its_own_noise"]),
     Mutant("H", "hdet.signal=serving ignored (the training loss scored)", "recsys_hdet/hdet/integration.py",
@@ -72,12 +72,12 @@ MUTANTS = (
            ["tests/test_hdet_train.py::test_probe_signal_scores_every_replica_on_the_same_rows"]),
     Mutant("J", "data.train_exposure=standard ignored by the trainer (random-exposure rows trained on)",
            "recsys_hdet/trainer.py",
-           "exposure=str(cfg.data.get(\"train_exposure\", \"all\")),",
+           "exposure=str(cfg.data.train_exposure),",
            "exposure=\"all\",",
            ["tests/test_random_exposure.py::test_train_on_standard_exposure_then_evaluate_the_random_slice"]),
-    Mutant("K", "the loader reads is_rand but keeps the random-exposure rows", "recsys_hdet/components/dataloader.py",
-           "df = df.filter(standard_rows).drop(RAND_COLUMN)",
-           "df = df.drop(RAND_COLUMN)",
+    Mutant("K", "the loader reads is_rand but keeps the random-exposure rows", "recsys_hdet/components/day_arrays.py",
+           "standard = df.select(standard_rows).to_series().to_numpy()",
+           "standard = np.ones(df.height, dtype=bool)",
            ["tests/test_random_exposure.py::test_standard_exposure_drops_the_random_rows_from_the_stream"]),
     Mutant("L", "the random-exposure slice scored on every held-out row", "recsys_hdet/evaluation/segments.py",
            "part = df.filter(pl.col(RAND_COLUMN) == 1)",
@@ -176,19 +176,20 @@ MUTANTS = (
            "self.register_buffer(\"dense_mean\", torch.tensor(list(dense_mean), dtype=torch.float64))",
            "self.register_buffer(\"dense_mean\", torch.tensor(list(dense_mean), dtype=torch.float32))",
            ["tests/test_serving.py::test_the_exported_program_standardizes_in_float64_as_the_loader_does"]),
-    Mutant("S8", "a failed export leaves its staging directory (cleanup skipped)", "recsys_hdet/serving/artifact.py",
-           "shutil.rmtree(tmp, ignore_errors=True)",
-           "pass",
+    Mutant("S8", "a failed export leaves its staging directory (cleanup skipped)", "data_tools/fileio.py",
+           "    except BaseException:\n        shutil.rmtree(stage, ignore_errors=True)\n        raise\n",
+           "    except BaseException:\n        raise\n",
            ["tests/test_serving.py::test_an_export_that_fails_after_staging_leaves_nothing_behind"]),
-    Mutant("S9", "an export cleans up only after its own ArtifactError (an OSError leaves the staging dir)",
-           "recsys_hdet/serving/artifact.py",
-           "except BaseException:",
-           "except ArtifactError:",
+    Mutant("S9", "a failed publish with overwrite=true leaves the old model renamed aside (not put back)",
+           "data_tools/fileio.py",
+           "        os.rename(aside, final)  # the old one back",
+           "        pass  # the old one back",
            ["tests/test_serving.py::test_an_export_that_fails_after_staging_leaves_nothing_behind"]),
     Mutant("S10", "overwrite=true deletes the existing model before the new one is written",
            "recsys_hdet/serving/artifact.py",
-           "    os.makedirs(parent, exist_ok=True)\n",
-           "    if overwrite:\n        shutil.rmtree(out, ignore_errors=True)\n    os.makedirs(parent, exist_ok=True)\n",
+           "    with staged_directory(out, replace=overwrite) as tmp:\n",
+           "    if overwrite:\n        __import__('shutil').rmtree(out, ignore_errors=True)\n"
+           "    with staged_directory(out, replace=overwrite) as tmp:\n",
            ["tests/test_serving.py::test_an_export_that_fails_after_staging_leaves_nothing_behind"]),
     # (end of serving mutants)
     # Issue 50, operations and data: the gate, the registry, the settings check, row groups, conversion.
@@ -233,16 +234,16 @@ MUTANTS = (
            ["tests/test_registry.py::test_a_repoint_that_fails_midway_leaves_current_on_the_old_complete_version"]),
     Mutant("P10", "the settings check leaves out optim.lr only when LRs are NOT carried (flipped)",
            "pipelines/settings.py",
-           "skip = JOB_KEYS + ((\"optim.lr\",) if cfg.carry_lr else ())",
-           "skip = JOB_KEYS + ((\"optim.lr\",) if not cfg.carry_lr else ())",
+           "skip = JOB_KEYS + ((\"optim.lr\",) if carry_lr else ())",
+           "skip = JOB_KEYS + ((\"optim.lr\",) if not carry_lr else ())",
            ["tests/test_retrain.py::test_the_max_lrs_are_left_out_of_the_settings_check_only_when_they_are_carried"]),
     Mutant("P11", "the settings check always leaves out optim.lr (a changed max LR passes)", "pipelines/settings.py",
-           "skip = JOB_KEYS + ((\"optim.lr\",) if cfg.carry_lr else ())",
+           "skip = JOB_KEYS + ((\"optim.lr\",) if carry_lr else ())",
            "skip = JOB_KEYS + (\"optim.lr\",)",
            ["tests/test_retrain.py::test_the_max_lrs_are_left_out_of_the_settings_check_only_when_they_are_carried"]),
     Mutant("P12", "the settings check leaves out every key that merely starts like a job key", "pipelines/settings.py",
-           "if any(key == s or key.startswith(s + \".\") for s in skip):",
-           "if any(key.startswith(s) for s in skip):",
+           "return any(key == s or key.startswith(s + \".\") for s in skip)",
+           "return any(key.startswith(s) for s in skip)",
            ["tests/test_retrain.py::test_the_max_lrs_are_left_out_of_the_settings_check_only_when_they_are_carried"]),
     Mutant("P13", "every day's row groups dealt in the same order (the day dropped from the seed)",
            "recsys_hdet/components/dataset.py",
@@ -314,6 +315,9 @@ MUTANTS = (
     Mutant("RT9", "the sweep's dense gradients averaged over the world (the replicas' sweeps share a gradient)",
            "recsys_hdet/hdet/range_test_job.py", "within(handles.sharding_group)", "within(handles.process_group)",
            ["tests/test_hdet_range_test.py::test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_bit"]),
+    Mutant("CL1", "the resource tracker started under train.log's pipes (every run's command ends 10 s late)",
+           "recsys_hdet/components/console_log.py", "        resource_tracker.ensure_running()\n", "",
+           ["tests/test_train.py::test_the_console_log_closes_without_waiting_on_the_resource_tracker"]),
 )
 
 

@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-from conftest import read_json, read_jsonl, run_train
+from conftest import HDET_2X2, read_json, read_jsonl, run_train
 from recsys_hdet.hdet.signals import AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe
-from test_hdet_train import FAST, _checkpoint_tensors
+from test_hdet_train import _checkpoint_tensors
 
 # A noisy quadratic (Wu et al. 2018's short-horizon bias): a steep direction whose gradient is noisy
 # (the iterate oscillates there with a variance that grows with the LR) and a flat one the pass must
@@ -260,45 +260,42 @@ def test_discounted_credit_resumes_from_its_state_exactly():
 
 def _two_by_two(run_dir, data_cache, signal):
     # Spread but not controlled (autolr=false): the signal changes nothing in training, so a run that
-    # measures it must train what the probe run trains, bit for bit.
-    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
-                     "hdet.alpha=0.25", "hdet.sync_every=5", "hdet.autolr=false", f"hdet.signal={signal}",
-                     "hdet.probe_rows=2048", "hdet.anneal_probe.steps=3", "trainer.tensorboard=false",
-                     data_cache=data_cache)
+    # measures it must train what the probe run (the session's hdet_run: HDET_2X2 with hdet.signal=probe)
+    # trains, bit for bit.
+    proc = run_train(run_dir, *HDET_2X2, f"hdet.signal={signal}", data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
 def _assert_same_training(tmp_path, a, b):
-    ta = _checkpoint_tensors(tmp_path / a / "checkpoint", tmp_path / f"{a}.pt")
-    tb = _checkpoint_tensors(tmp_path / b / "checkpoint", tmp_path / f"{b}.pt")
+    """Run directories a and b trained the same model, losses and held-out metrics; their signals differ."""
+    ta = _checkpoint_tensors(a / "checkpoint", tmp_path / "a.pt")
+    tb = _checkpoint_tensors(b / "checkpoint", tmp_path / "b.pt")
     assert ta.keys() == tb.keys() and len(ta) > 10
     for k in ta:
         assert torch.equal(ta[k], tb[k]), k
-    sa, sb = read_json(tmp_path / a / "summary.json"), read_json(tmp_path / b / "summary.json")
+    sa, sb = read_json(a / "summary.json"), read_json(b / "summary.json")
     assert sa["train_loss"] == sb["train_loss"] and sa["eval"] == sb["eval"]
-    ra, rb = read_jsonl(tmp_path / a / "hdet.jsonl"), read_jsonl(tmp_path / b / "hdet.jsonl")
+    ra, rb = read_jsonl(a / "hdet.jsonl"), read_jsonl(b / "hdet.jsonl")
     assert [r["train_losses"] for r in ra] == [r["train_losses"] for r in rb]
     assert [r["losses"] for r in ra] != [r["losses"] for r in rb]  # the signals differ: each measured its own
 
 
-def test_anneal_then_probe_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, tiny_dataset):
+def test_anneal_then_probe_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, hdet_run):
     """4 ranks, 2 sharding groups x 2: the cooldown trains every replica (fused embedding updates in
     backward, the dense optimizer's state, dropout's generator) and restores it; the run then trains
-    exactly what the last-iterate probe run trains (weights, embedding rows, optimizer state in the
-    final checkpoint; losses; held-out metrics)."""
-    _two_by_two(tmp_path / "probe", data_cache, "probe")
+    exactly what the last-iterate probe run (hdet_run) trains (weights, embedding rows, optimizer state in
+    the final checkpoint; losses; held-out metrics)."""
     proc = _two_by_two(tmp_path / "anneal", data_cache, "anneal_probe")
     assert "after 3 cooldown steps" in proc.stdout
-    _assert_same_training(tmp_path, "probe", "anneal")
+    _assert_same_training(tmp_path, hdet_run, tmp_path / "anneal")
 
 
-@pytest.mark.slow  # one more 4-rank pair each; `make test-all` runs them
+@pytest.mark.slow  # one more 4-rank run each (beside hdet_run); `make test-all` runs them
 @pytest.mark.parametrize("signal, log_line", [("averaged_probe", "at the average of its iterates"),
                                               ("discounted_credit", "moved along each group's sum of past displacements")])
-def test_a_probing_signal_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, tiny_dataset,
+def test_a_probing_signal_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, hdet_run,
                                                                             signal, log_line):
-    _two_by_two(tmp_path / "probe", data_cache, "probe")
     proc = _two_by_two(tmp_path / signal, data_cache, signal)
     assert log_line in proc.stdout
-    _assert_same_training(tmp_path, "probe", signal)
+    _assert_same_training(tmp_path, hdet_run, tmp_path / signal)

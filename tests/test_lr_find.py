@@ -66,12 +66,12 @@ def test_the_widened_default_range_suggests_above_x10_where_the_loss_still_falls
 
 def _lr_find(run_dir, data_cache, *overrides):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "recsys_hdet.lr_find", f"hydra.run.dir={run_dir}", "data=tiny", *overrides]
+    cmd = [sys.executable, "-m", "recsys_hdet.lr_find", f"run_dir={run_dir}", "data=tiny", *overrides]
     return run_command(cmd, env=env, timeout=300)
 
 
 def test_lr_find_sweeps_each_axis_and_prints_the_suggested_max_lrs(tmp_path, tiny_dataset, data_cache):
-    from recsys_hdet.components.metrics_log import read_jsonl
+    from data_tools.fileio import read_jsonl
 
     run_dir = tmp_path / "find"
     proc = _lr_find(run_dir, data_cache, "trainer.nproc=1", "trainer.sharding_group_size=1",

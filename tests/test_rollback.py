@@ -4,10 +4,11 @@ import os
 
 import pytest
 
-from conftest import read_json, read_jsonl, run_train
+from conftest import PLAIN_2X1, read_json, read_jsonl, run_train
 
-# Two sharding groups of one rank: embedding replicas, averaged every step as in a plain run.
-PLAIN = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.sharding_group_size=1"]
+# Two sharding groups of one rank: embedding replicas, averaged every step as in a plain run. The un-spiked
+# reference is the session's plain_run (these overrides, no fault).
+PLAIN = PLAIN_2X1
 
 
 def _run(run_dir, faults, data_cache, *overrides):
@@ -18,20 +19,20 @@ def _run(run_dir, faults, data_cache, *overrides):
         del os.environ["RECSYS_HDET_FAULTS"]
 
 
-def test_a_planted_divergence_is_rolled_back_and_the_run_completes(tmp_path, data_cache, tiny_dataset):
-    ref = run_train(tmp_path / "ref", *PLAIN, data_cache=data_cache)
+def test_a_planted_divergence_is_rolled_back_and_the_run_completes(tmp_path, data_cache, plain_run):
+    ref_dir, ref = plain_run
     # Steps 12-14 train with every LR x1000: the check at step 15 fails, the state of step 10 comes back.
     proc = _run(tmp_path / "spike", "lr_spike@step=12:steps=3", data_cache)
     assert ref.returncode == 0 and proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ROLLBACK 1/3 at step 15" in proc.stdout and "restored the state of step 10" in proc.stdout
-    s, r = read_json(tmp_path / "spike" / "summary.json"), read_json(tmp_path / "ref" / "summary.json")
+    s, r = read_json(tmp_path / "spike" / "summary.json"), read_json(ref_dir / "summary.json")
     assert s["status"] == "completed" and s["steps"] == r["steps"]  # the data position moved on: same pass
     assert s["rollback"]["count"] == 1 and s["rollback"]["snapshot_bytes"] > 0
     event = s["rollback"]["events"][0]
     assert (event["step"], event["restored_step"], event["lr_scale"]) == (15, 10, 0.5)
     assert "above trainer.diverge_loss" in event["reason"]
     records = {m["step"]: m for m in read_jsonl(tmp_path / "spike" / "metrics.jsonl")}
-    ref_records = {m["step"]: m for m in read_jsonl(tmp_path / "ref" / "metrics.jsonl")}
+    ref_records = {m["step"]: m for m in read_jsonl(ref_dir / "metrics.jsonl")}
     assert records[15]["rollback"] == event and records[15]["loss"]["avg"] > 2.0
     assert all("rollback" not in m for step, m in records.items() if step != 15)
     # Up to the last good check the runs are the same run; after the rollback every LR is halved.

@@ -1,23 +1,22 @@
 """Real multi-process training runs (gloo), started the way a user starts them."""
 import math
 import os
+import sys
 
 import pytest
 
-from conftest import assert_tensorboard_matches_records, read_json, read_jsonl, run_train
+from conftest import assert_tensorboard_matches_records, read_json, read_jsonl, run_command, run_train
 
 TASKS = ("contribution", "like", "long_dwell")
 FAST = ["data=tiny", "trainer.log_every=10"]
 
 
 @pytest.fixture(scope="module")
-def two_proc_run(tmp_path_factory, data_cache, tiny_dataset):
-    run_dir = tmp_path_factory.mktemp("run") / "r"
-    # Two sharding groups of one rank: each holds full tables (two embedding replicas, averaged).
-    proc = run_train(run_dir, *FAST, "trainer.nproc=2", "trainer.sharding_group_size=1", "experiment_name=two_proc",
-                     data_cache=data_cache)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run_dir, proc
+def two_proc_run(plain_run):
+    # conftest's PLAIN_2X1, trained once per session (tests/test_rollback.py compares its spiked run with it):
+    # two sharding groups of one rank, each holding full tables (two embedding replicas, averaged),
+    # experiment_name=two_proc.
+    return plain_run
 
 
 def test_two_process_run_writes_the_artifact_contract(two_proc_run):
@@ -68,6 +67,31 @@ def test_two_process_run_writes_the_artifact_contract(two_proc_run):
     assert not os.path.exists(run_dir / "checkpoint.tmp")
     assert "held-out" in proc.stdout and "ex/s" in proc.stdout
     assert "2 embedding replicas" in proc.stdout
+
+
+# The launcher's console copy (ConsoleLog) closed with a spawned child's multiprocessing resource tracker
+# alive, as at the end of every run: the tracker, started by the first spawn, keeps the descriptors 1 and 2 it
+# started with until the launcher exits.
+_CLOSE_AFTER_A_SPAWN = """
+import multiprocessing, sys, time
+from recsys_hdet.components.console_log import ConsoleLog
+log = ConsoleLog(sys.argv[1])
+print("before the spawn", flush=True)
+multiprocessing.get_context("spawn").Lock()  # a named semaphore: starts the resource tracker, as a spawn does
+start = time.monotonic()
+log.close()
+print(f"closed in {time.monotonic() - start:.3f} s")
+"""
+
+
+def test_the_console_log_closes_without_waiting_on_the_resource_tracker(tmp_path):
+    """Mutant: the tracker started under the log's pipes holds their write ends, and close() waits out its
+    5 s timeout on each copy (a run's command then ended 10 s after its last line)."""
+    proc = run_command([sys.executable, "-c", _CLOSE_AFTER_A_SPAWN, str(tmp_path / "train.log")], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "train.log").read_text() == "before the spawn\n"
+    closed = float(proc.stdout.split("closed in ")[1].split(" s")[0])
+    assert closed < 2.5, proc.stdout
 
 
 def test_tensorboard_scalars_are_the_metrics_records(two_proc_run):

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import threading
+from multiprocessing import resource_tracker
 from typing import List, Optional
 
 
@@ -35,6 +36,11 @@ class ConsoleLog:
         self._saved: List[int] = []
         self._threads: List[threading.Thread] = []
         _drop_file_handlers(path)  # Hydra's handler on the same file would write over the copy
+        # The multiprocessing resource tracker (one per process, started by the first spawned worker) keeps
+        # the descriptors 1 and 2 it started with until this process exits: started under the pipes, it
+        # would hold their write ends open, and close() would wait out its timeout on each copy (10 s at the
+        # end of every run). Started first, it keeps the console.
+        resource_tracker.ensure_running()
         for fd in (1, 2):
             if _writes_to(fd, path):  # already redirected there (a job that runs this one, e.g. retrain)
                 continue
