@@ -216,6 +216,17 @@ def run_dir_argument() -> None:
         sys.argv[i + 1] = "hydra.run.dir=" + args[i][len("run_dir="):]
 
 
+def require_given(cfg: DictConfig, placeholders: Mapping[str, str]) -> None:
+    """A Hydra command's mandatory keys (``???`` in its YAML) that were not given: one line naming the first, exit
+    status 2, as the commands without Hydra (:func:`data_tools.cli_args.parse`). ``placeholders``: key -> what
+    to pass (``{"out": "MODEL_DIR"}``)."""
+    from data_tools.cli_args import usage_error
+
+    for key, placeholder in placeholders.items():
+        if OmegaConf.is_missing(cfg, key):
+            usage_error(f"config {key}: missing (pass {key}={placeholder})")
+
+
 def run_hydra_command(main: Callable[[], None], composed: Callable[[], bool], usage: Callable[[], str],
                       renamed: Mapping[str, str] = {}) -> None:
     """Runs a ``@hydra.main`` entry point as a command: ``-h``/``--help`` prints ``usage()``; an argument

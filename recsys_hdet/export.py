@@ -18,8 +18,11 @@ _composed = False
 def main(cfg: DictConfig) -> None:
     global _composed
     _composed = True
+    from recsys_hdet.config import require_given
     from recsys_hdet.distributed import quiet_library_warnings
     from recsys_hdet.serving.artifact import ArtifactError, export_run
+
+    require_given(cfg, {"run_dir": "DIR", "out": "MODEL_DIR"})
 
     quiet_library_warnings()
     try:

@@ -20,9 +20,11 @@ def main(cfg: DictConfig) -> None:
     global _composed
     _composed = True
     from data_tools.errors import DataError
+    from recsys_hdet.config import require_given
     from recsys_hdet.serving.manifest import ArtifactError
     from recsys_hdet.serving.predict import PredictError, predict
 
+    require_given(cfg, {"model_dir": "MODEL_DIR", "out": "SCORES.parquet"})
     try:
         predict(str(cfg.model_dir), rows_to_score(cfg), str(cfg.out), cfg.users, cfg.videos, int(cfg.batch_size),
                 cfg.day)
