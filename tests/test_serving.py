@@ -341,7 +341,7 @@ def test_the_exported_program_standardizes_in_float64_as_the_loader_does(tiny_da
     assert np.abs(got - want).max() < 1e-6, np.abs(got - want).max()
 
 
-@pytest.mark.parametrize("fails_at, existing", [("save", False), ("rename", False), ("save", True)])
+@pytest.mark.parametrize("fails_at, existing", [("save", False), ("rename", False), ("save", True), ("rename", True)])
 def test_an_export_that_fails_after_staging_leaves_nothing_behind(hdet_run, exported, tmp_path, tiny_dataset,
                                                                  monkeypatch, fails_at, existing):
     """export_run fails once its staging directory (``.model.tmp-*`` beside ``out``) exists: writing the
@@ -365,7 +365,7 @@ def test_an_export_that_fails_after_staging_leaves_nothing_behind(hdet_run, expo
         pass
 
     def staged(path):
-        staging = [n for n in os.listdir(parent) if n.startswith(".model.tmp-")]
+        staging = [n for n in os.listdir(parent) if n.startswith(".model.tmp-") and not n.endswith(".old")]
         seen.append((staging, sorted(os.listdir(parent / staging[0])) if staging else None, os.path.dirname(path)))
 
     if fails_at == "save":
@@ -377,7 +377,8 @@ def test_an_export_that_fails_after_staging_leaves_nothing_behind(hdet_run, expo
         real_rename = os.rename
 
         def failing_rename(src, dst, *args, **kwargs):
-            if os.path.abspath(dst) != str(out):
+            # the new model cannot be moved into place; the old one (renamed aside first) can be put back
+            if os.path.abspath(dst) != str(out) or str(src).endswith(".old"):
                 return real_rename(src, dst, *args, **kwargs)
             staged(str(src) + "/x")
             raise Planted("rename refused")
