@@ -50,8 +50,8 @@ def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], for
 
 
 def check_registry(registry: Registry) -> None:
-    """RetrainError for a damaged registry: ``current`` pointing at a missing or incomplete version,
-    or an unreadable manifest."""
+    """RetrainError for a damaged registry: ``current`` pointing at a missing or incomplete version, or at
+    one whose manifest is damaged (:meth:`Registry.damage`); the message names the file and the rollback."""
     if os.path.lexists(registry.current_link) and not os.path.islink(registry.current_link):
         raise RetrainError(f"{registry.current_link}: not a symlink; the registry is damaged (remove it, then "
                            f"run rollback to=VERSION)")
@@ -61,6 +61,13 @@ def check_registry(registry: Registry) -> None:
                            f"the registry is damaged: repoint it with `python -m pipelines.retrain rollback to="
                            f"VERSION registry={registry.root}` (versions: "
                            f"{registry.list_versions() or 'none'})")
+    damage = registry.damage(current) if current is not None else None
+    if damage:
+        intact = [v for v in registry.list_versions() if not registry.damage(v)]
+        raise RetrainError(f"{registry.manifest_path(current)}: the current version's manifest is damaged ({damage}); "
+                           f"nothing was trained: restore the file, or serve an intact version with `python -m "
+                           f"pipelines.retrain rollback to=VERSION registry={registry.root}` (intact: "
+                           f"{intact or 'none'})")
 
 
 def finish_interrupted_publish(registry: Registry) -> Optional[str]:

@@ -18,12 +18,17 @@ Design:
   ``manifest.gate.reasons``): lineage shows what was tried and why it was not served.
 - One job at a time: :meth:`Registry.lock` takes an exclusive, non-blocking flock on ``.lock``;
   a second job gets :class:`RegistryBusy` at once. The OS drops the lock when the holder dies.
+- A damaged manifest (unreadable, not JSON, or its ``checksum`` - the sha256 of its other keys, written
+  with it - not matching) marks its version as damaged, never the registry as unreadable: listing and
+  ``status`` go on (the version's status reads "damaged"), ``rollback to=`` any intact version works, and
+  reading that version's manifest raises :class:`RegistryError` naming the file.
 
 Limits: a local (or POSIX) filesystem: atomic rename and flock are what it relies on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -34,6 +39,13 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 from data_tools.fileio import LockHeld, staged_directory, try_exclusive_lock, write_manifest
 
 MANIFEST = "manifest.json"
+CHECKSUM = "checksum"  # a manifest's own sha256 over its other keys (manifest_checksum); status and every read check it
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """sha256 of a manifest's content without its checksum key (canonical JSON: sorted keys)."""
+    body = {k: v for k, v in manifest.items() if k != CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 class RegistryBusy(RuntimeError):
@@ -55,21 +67,43 @@ class Registry:
     def version_dir(self, version: str) -> str:
         return os.path.join(self.versions, version)
 
+    def manifest_path(self, version: str) -> str:
+        return os.path.join(self.version_dir(version), MANIFEST)
+
     def manifest(self, version: str) -> Dict[str, Any]:
-        path = os.path.join(self.version_dir(version), MANIFEST)
+        """The version's manifest; RegistryError naming the file when it is damaged (:meth:`damage`)."""
+        manifest, damage = self._read(version)
+        if damage:
+            raise RegistryError(f"{self.manifest_path(version)}: damaged manifest ({damage})")
+        return manifest
+
+    def damage(self, version: str) -> Optional[str]:
+        """What is wrong with the version's manifest (unreadable, not JSON, its checksum does not match its
+        content), or None when it is intact."""
+        return self._read(version)[1]
+
+    def _read(self, version: str) -> tuple:
+        path = self.manifest_path(version)
         try:
             with open(path) as f:
-                return json.load(f)
+                manifest = json.load(f)
         except (OSError, ValueError) as e:
-            raise RegistryError(f"{path}: unreadable manifest ({e})") from None
+            return {}, f"unreadable: {type(e).__name__}: {e}"
+        if not isinstance(manifest, dict):
+            return {}, "not a JSON object"
+        recorded = manifest.get(CHECKSUM)
+        if recorded is not None and recorded != manifest_checksum(manifest):  # versions written before: none
+            return {}, "its checksum does not match its content (edited or corrupted)"
+        return manifest, None
 
     def list_versions(self) -> List[str]:
-        """Complete versions, oldest first (by the time they were written)."""
+        """Complete versions (a manifest file: intact or damaged), oldest first (by the time they were
+        written; a damaged one by its name)."""
         if not os.path.isdir(self.versions):
             return []
         names = [n for n in os.listdir(self.versions) if not n.startswith(".")
                  and os.path.isfile(os.path.join(self.versions, n, MANIFEST))]
-        return sorted(names, key=lambda n: (self.manifest(n).get("created", 0.0), n))
+        return sorted(names, key=lambda n: (self._read(n)[0].get("created", 0.0), n))
 
     def current(self) -> Optional[str]:
         """The version ``current`` points at, or None before the first publish."""
@@ -100,7 +134,8 @@ class Registry:
                     shutil.copytree(source, target)
                 else:
                     shutil.copy2(source, target)
-            write_manifest(tmp, MANIFEST, {**manifest, "version": version, "created": time.time()})
+            body = {**manifest, "version": version, "created": time.time()}
+            write_manifest(tmp, MANIFEST, {**body, CHECKSUM: manifest_checksum(body)})
         return final
 
     def set_current(self, version: str) -> None:
@@ -129,6 +164,9 @@ class Registry:
             now = self.current()
             if now is None:
                 raise RegistryError(f"{self.root}: nothing is published, nothing to roll back")
+            if self.damage(now):
+                raise RegistryError(f"{self.manifest_path(now)}: damaged manifest ({self.damage(now)}): its parent "
+                                    "is unknown; name the version to serve: rollback to=VERSION")
             to = self.manifest(now).get("parent")
             if to is None:
                 raise RegistryError(f"version {now!r} has no parent to roll back to")
@@ -149,7 +187,8 @@ class Registry:
         cur = self.current()
         out = []
         for v in self.list_versions():
-            m = self.manifest(v)
+            m, damage = self._read(v)
             out.append({"version": v, "parent": m.get("parent"), "train_days": m.get("train_days"),
-                        "status": m.get("status"), "current": v == cur, "manifest": m})
+                        "status": "damaged" if damage else m.get("status"), "current": v == cur, "manifest": m,
+                        "damage": damage})
         return out

@@ -45,7 +45,8 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
                                             "day", "lr_start", "lr_preset", "hdet_bases")},
                                         "candidate_ne": {t: r.get("candidate_ne") for t, r in
                                                          line["manifest"].get("gate", {}).get("tasks", {}).items()},
-                                        "reasons": line["manifest"].get("gate", {}).get("reasons", [])}
+                                        "reasons": line["manifest"].get("gate", {}).get("reasons", []),
+                                        "damage": line["damage"]}
                                        for line in lineage]}, indent=1))
         return ExitStatus.FAILED if damaged else ExitStatus.OK
     print(f"registry {registry.root}: {len(lineage)} version(s), current: {registry.current()}")
@@ -65,6 +66,8 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
               + started + (f" | ended with {bases}" if bases else ""))
         for r in m.get("gate", {}).get("reasons", []):
             print(f"      rejected: {r}")
+        if line["damage"]:
+            print(f"      damaged: {registry.manifest_path(line['version'])}: {line['damage']}")
     if damaged:
         print(f"DAMAGED: {damaged}", file=sys.stderr)
         return ExitStatus.FAILED

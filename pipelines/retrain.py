@@ -80,6 +80,12 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
         fail(f"FAILED: until={until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
         return ExitStatus.FAILED
     if dry_run:  # exit as the run would have started: OK when there is work, else "nothing to do"
+        try:
+            if os.path.isdir(registry.root):
+                check_registry(registry)  # the run's own check of the registry (a damaged one: exit 1)
+        except RetrainError as e:
+            fail(f"FAILED: {e}")
+            return ExitStatus.FAILED
         return ExitStatus.OK if print_plan(registry, all_days, until, force, log) else int(cfg.nothing_to_do_exit)
     os.makedirs(registry.root, exist_ok=True)
     try:

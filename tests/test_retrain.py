@@ -493,3 +493,51 @@ def test_the_max_lrs_are_left_out_of_the_settings_check_only_when_they_are_carri
     # switching carry_lr on between days is itself a changed setting
     assert _settings_case(tmp_path / "g", carry_lr=True, published_carry_lr=False, **{"optim.lr.embedding": 0.07}) == [
         "carry_lr: False -> True"]
+
+
+def _truncate(path):
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write(text[: len(text) // 2])
+
+
+def test_a_damaged_current_manifest_is_reported_skipped_and_repaired_by_a_rollback(tmp_path, tiny_dataset, capsys):
+    """A truncated manifest of the current version: status lists the version as damaged (text and JSON, exit 1,
+    no traceback); the job and its dry run refuse with one line naming the file and the rollback (exit 1, the
+    registry unchanged); rollback without a target cannot know the parent; rollback to= an intact version
+    repairs it. A manifest edited in place (valid JSON) fails its checksum."""
+    reg = Registry(str(tmp_path / "registry"))
+    _version(reg, tmp_path, "v0001", "published", None, DAYS[:2])
+    _version(reg, tmp_path, "v0002", "published", "v0001", DAYS[:3])
+    _truncate(reg.manifest_path("v0002"))
+    registry = f"registry={reg.root}"
+    files = lambda: {str(p.relative_to(tmp_path)): p.read_bytes() for p in (tmp_path / "registry").rglob("*")
+                     if p.is_file() and p.name != ".lock"}  # the lock file is the job's, its content empty
+    before = files()
+    capsys.readouterr()
+
+    assert R.main(["status", registry]) == ExitStatus.FAILED
+    out, err = capsys.readouterr()
+    assert "v0002 damaged" in out and "v0001 published" in out and "Traceback" not in out + err
+    assert reg.manifest_path("v0002") in err and "rollback to=" in err
+    assert R.main(["status", "json=true", registry]) == ExitStatus.FAILED
+    status = json.loads(capsys.readouterr().out)
+    by_version = {v["version"]: v for v in status["versions"]}
+    assert by_version["v0002"]["status"] == "damaged" and "unreadable" in by_version["v0002"]["damage"]
+    assert by_version["v0001"]["damage"] is None and status["damaged"] and status["current"] == "v0002"
+
+    for dry in ([], ["dry_run=true"]):
+        assert R.main([registry, f"data.root={tiny_dataset}", *dry]) == ExitStatus.FAILED
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and reg.manifest_path("v0002") in err[0] and "rollback to=VERSION" in err[0], err
+    assert files() == before
+
+    assert R.main(["rollback", registry]) == ExitStatus.FAILED and "rollback to=VERSION" in capsys.readouterr().err
+    assert reg.current() == "v0002"
+    assert R.main(["rollback", "to=v0001", registry]) == ExitStatus.OK and reg.current() == "v0001"
+
+    manifest = json.loads(open(reg.manifest_path("v0001")).read())
+    manifest["day"] = DAYS[3]  # an edit that keeps the JSON valid
+    with open(reg.manifest_path("v0001"), "w") as f:
+        json.dump(manifest, f)
+    assert "checksum does not match" in reg.damage("v0001")
