@@ -187,6 +187,29 @@ def test_export_refuses_what_it_cannot_export(hdet_run, exported, tmp_path, data
     assert proc.returncode == 2 and "is not an exported model" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("damaged", ["model.pt2", "vocab/video_id.parquet"])
+def test_a_truncated_artifact_file_is_named_and_predict_exits_2(hdet_run, exported, tmp_path, data_cache, tiny_dataset,
+                                                                 damaged):
+    """Issue 49: the manifest records each file's size and sha256; a truncated program or vocabulary (scoring a
+    processed data set reads no vocabulary, so it went unnoticed) is refused before anything is scored: exit 2,
+    the file named, nothing written. The same bytes with one flipped (the size kept) are refused too."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(exported, model)
+    target = model / damaged
+    data = target.read_bytes()
+    out = tmp_path / "scores.parquet"
+    for broken, why in ((data[: len(data) // 2], "bytes, the manifest records"),
+                        (data[:-1] + bytes([data[-1] ^ 1]), "sha256 differs")):
+        target.write_bytes(broken)
+        proc = _cli("recsys_hdet.predict", f"model_dir={model}", f"data.root={tiny_dataset}", f"out={out}",
+                    data_cache=data_cache)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and str(target) in lines[-1] and why in lines[-1], proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and not out.exists()
+
+
 # Issue 50: the edges the audit's mutants slipped through. Out of vocabulary exactly at a table's
 # size; the program's standardization in float64 at magnitudes where float32 is visibly off; a
 # failed export after its staging directory exists.

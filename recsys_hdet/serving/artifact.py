@@ -24,7 +24,8 @@ import torch
 # directory as the data set whose vocabularies it extends
 from data_tools.fileio import staged_directory, write_manifest
 from data_tools.vocab import VOCAB_DIR, vocab_path
-from recsys_hdet.serving.manifest import FORMAT, FORMAT_VERSION, MANIFEST_FILE, PROGRAM_FILE, ArtifactError
+from recsys_hdet.serving.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_FILE, PROGRAM_FILE, ArtifactError,
+                                          file_record)
 
 def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrite: bool = False) -> Dict[str, Any]:
     """Exports a completed run's ``checkpoint/`` into ``out``; returns the manifest."""
@@ -99,5 +100,7 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
             "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "torch_version": torch.__version__,
         }
+        manifest["files"] = {name: file_record(os.path.join(tmp, name))  # each checked when the model is loaded
+                             for name in (PROGRAM_FILE, *vocabularies.values())}
         write_manifest(tmp, MANIFEST_FILE, manifest)
     return manifest

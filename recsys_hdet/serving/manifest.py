@@ -1,11 +1,14 @@
 """An exported model's manifest (``MODEL_DIR/manifest.json``, written by :mod:`recsys_hdet.serving.artifact`):
-its format and the reading that checks it. What loading an export needs, and nothing of training: the
+its format and the reading that checks it: the format version, and each file the manifest lists (``files``: the
+program's and the vocabularies' size and sha256) - a missing, truncated or altered file is an
+:class:`ArtifactError` naming it (``predict``: exit 2). What loading an export needs, and nothing of training: the
 scoring side (:mod:`recsys_hdet.serving.predict`) imports this module, never the exporter (a contract in
 pyproject.toml).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any, Dict
@@ -36,4 +39,31 @@ def read_manifest(model_dir: str) -> Dict[str, Any]:
                             f"this code reads {FORMAT!r} version {FORMAT_VERSION}")
     if not os.path.isfile(os.path.join(os.path.dirname(path), manifest["program"])):
         raise ArtifactError(f"{os.path.join(os.path.dirname(path), manifest['program'])}: missing")
+    for name, recorded in (manifest.get("files") or {}).items():  # artifacts exported before: no "files"
+        problem = file_problem(os.path.join(os.path.dirname(path), name), recorded)
+        if problem:
+            raise ArtifactError(f"{os.path.join(os.path.dirname(path), name)}: {problem}; the artifact is damaged: "
+                                "restore it or export the run again")
     return manifest
+
+
+def file_record(path: str) -> Dict[str, Any]:
+    """A file's size and sha256, as the manifest's ``files`` records each file of the artifact."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def file_problem(path: str, recorded: Dict[str, Any]) -> str:
+    """What is wrong with an artifact file against its record ('' when it matches): missing, another size
+    (truncated, appended to), or another content."""
+    if not os.path.isfile(path):
+        return "missing"
+    size = os.path.getsize(path)
+    if size != recorded.get("bytes"):
+        return f"{size} bytes, the manifest records {recorded.get('bytes')}"
+    if file_record(path)["sha256"] != recorded.get("sha256"):
+        return "its sha256 differs from the manifest's"
+    return ""
