@@ -164,10 +164,11 @@ class Registry:
             now = self.current()
             if now is None:
                 raise RegistryError(f"{self.root}: nothing is published, nothing to roll back")
-            if self.damage(now):
-                raise RegistryError(f"{self.manifest_path(now)}: damaged manifest ({self.damage(now)}): its parent "
+            manifest, damage = self._read(now)
+            if damage:
+                raise RegistryError(f"{self.manifest_path(now)}: damaged manifest ({damage}): its parent "
                                     "is unknown; name the version to serve: rollback to=VERSION")
-            to = self.manifest(now).get("parent")
+            to = manifest.get("parent")
             if to is None:
                 raise RegistryError(f"version {now!r} has no parent to roll back to")
         self.set_current(to)
