@@ -55,6 +55,7 @@ from data_tools.errors import DataError, data_error
 from data_tools.exit_status import ExitStatus
 from data_tools.feature_tables import check_joins
 from data_tools.id_vocabs import _base_vocabs, resolve_min_count
+from data_tools.phase_log import PhaseLog
 from data_tools.resume import _Progress, open_stage, resume_key, start_or_resume
 from data_tools.validate import _load_meta, validate_processed
 from data_tools.validate_raw import validate_raw
@@ -98,9 +99,12 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
     base = _base_vocabs(extend_vocab)
     if string_vocabs is None and extend_vocab is not None and C.has_meta(extend_vocab):
         string_vocabs = _load_meta(extend_vocab).get("source", {}).get("string_vocabs")
-    info = validate_raw(log, users, videos)
+    phases = PhaseLog(enabled=verbose)
+    with phases.phase("validate raw"):
+        info = validate_raw(log, users, videos)
     files = info["log_files"]
-    joins = check_joins(files, users, videos, max_unmatched_fraction, max_conflicting_duplicates)
+    with phases.phase("check joins"):
+        joins = check_joins(files, users, videos, max_unmatched_fraction, max_conflicting_duplicates)
     source = {**(source or {}), "joins": joins}
     if extend_vocab is not None:
         source["extended_vocab_of"] = os.path.abspath(extend_vocab)
@@ -110,8 +114,10 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
     try:
         start_or_resume(tmp, progress, len(info["dates"]), verbose)
         meta = _convert_into(tmp, files, users, videos, counts, base, info, source, string_vocabs,
-                             chunk_rows=chunk_rows, row_group_rows=row_group_rows, progress=progress)
-        validate_processed(tmp)
+                             chunk_rows=chunk_rows, row_group_rows=row_group_rows, progress=progress,
+                             phases=phases)
+        with phases.phase("validate processed"):
+            validate_processed(tmp)
         _move_into_place(tmp, out)
     except DataError:
         shutil.rmtree(tmp, ignore_errors=True)  # bad input: nothing worth resuming
@@ -120,6 +126,7 @@ def convert(log, users: str, videos: str, out: str, min_count: dict | None = Non
         os.close(stage_lock)
     if verbose:
         _print_summary(meta, out, joins, t0)
+        print(phases.summary())
     return meta
 
 

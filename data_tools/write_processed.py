@@ -16,29 +16,37 @@ from data_tools import vocab as V
 from data_tools.day_files import DEFAULT_CHUNK_ROWS, day_query_of, write_days, write_typed_log
 from data_tools.feature_tables import write_user_table, write_video_table
 from data_tools.id_vocabs import id_vocabularies
+from data_tools.phase_log import PhaseLog
 from data_tools.resume import _Progress
 
 
 def _convert_into(tmp, files, users, videos, min_count, base, info, source, string_base=None, *,
                   chunk_rows: int = DEFAULT_CHUNK_ROWS, row_group_rows: int = C.ROW_GROUP_ROWS,
-                  progress: _Progress | None = None) -> dict:
+                  progress: _Progress | None = None, phases: PhaseLog | None = None) -> dict:
     """Converts the validated raw CSVs (``files``: the log files, ``info``: what
     :func:`data_tools.validate_raw.validate_raw` found) into the directory ``tmp``: day files, ``vocab/``
     and the meta file (returned). ``min_count`` per id feature, ``base``: vocabularies to extend,
     ``string_base``: string categoricals' codes to keep, ``source``: added to the meta file's ``source``.
     ``progress``: what an interrupted conversion into ``tmp`` wrote already (its typed tables,
-    vocabularies and finished days are kept). Scratch files (the typed tables) are removed at the end."""
+    vocabularies and finished days are kept); ``phases``: each step's time and peak memory. Scratch files
+    (the typed tables) are removed at the end."""
     progress = progress or _Progress(tmp, {})
+    phases = phases or PhaseLog()
     has_oracle = info["has_oracle"]
     write = not progress.tables  # a resumed conversion has its typed tables already
-    upath, uvocab = write_user_table(tmp, users, string_base, write)
-    vpath, vvocab = write_video_table(tmp, videos, string_base, write)
     oracle_cols = list(S.ORACLE_COLUMNS) if has_oracle else []
-    lpath, without_rand = write_typed_log(tmp, files, oracle_cols, write)
-    vocabs, ids = id_vocabularies(tmp, lpath, vpath, min_count, base, progress)
-    day_query = day_query_of(lpath, upath, vpath, vocabs, oracle_cols)
-    days = write_days(tmp, info["dates"], day_query, lpath, progress, chunk_rows=chunk_rows,
-                      row_group_rows=row_group_rows)
+    with phases.phase("typed log"):
+        lpath, without_rand = write_typed_log(tmp, files, oracle_cols, write)
+    with phases.phase("user table"):
+        upath, uvocab = write_user_table(tmp, users, string_base, write)
+    with phases.phase("video table"):  # after the log: only the log's videos are kept
+        vpath, vvocab = write_video_table(tmp, videos, string_base, write, lpath)
+    with phases.phase("id vocabularies"):
+        vocabs, ids = id_vocabularies(tmp, lpath, vpath, min_count, base, progress)
+    with phases.phase("day files"):
+        day_query = day_query_of(lpath, upath, vpath, vocabs, oracle_cols)
+        days = write_days(tmp, info["dates"], day_query, lpath, progress, chunk_rows=chunk_rows,
+                          row_group_rows=row_group_rows)
     missing_values = {c: sum(d["dense_stats"][S.missing_indicator(c)]["sum"] for d in days.values())
                       for c in S.DENSE_VALUES}
     for p in (upath, vpath, lpath):
