@@ -7,9 +7,10 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import re
 import shutil
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from benchmarks.processes import python, run_measured
 from data_tools.contract import read_meta
@@ -68,13 +69,33 @@ def raw_inputs(pieces: List[str]) -> Dict[str, Any]:
             "videos": os.path.join(pieces[0], VIDEO_FILE)}
 
 
-def convert(raw: Dict[str, Any], out: str) -> Dict[str, float]:
-    """The converter's command into a fresh ``out`` (an earlier output or resumable stage removed)."""
+def convert(raw: Dict[str, Any], out: str) -> Dict[str, Any]:
+    """The converter's command into a fresh ``out`` (an earlier output or resumable stage removed): its wall
+    time, peak RSS and each phase's seconds and peak RSS as it prints them (:mod:`data_tools.phase_log`).
+    The peak is the larger of ``wait4``'s and the one the converter prints: its per-phase reset of the
+    high-water mark hides its earlier phases from ``wait4``."""
     for old in (out, os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial")):
         shutil.rmtree(old, ignore_errors=True)
     m = run_measured([sys.executable, "-m", "data_tools.convert", f"log=[{','.join(raw['log'])}]",
                       f"users={raw['users']}", f"videos={raw['videos']}", f"data.root={out}"])
-    return {"convert_seconds": m.seconds, "convert_peak_rss_mb": m.peak_rss_mb}
+    phases, printed_peak = convert_phases(m.stdout)
+    return {"convert_seconds": m.seconds, "convert_peak_rss_mb": max(m.peak_rss_mb, printed_peak),
+            "convert_phases": phases}
+
+
+def convert_phases(stdout: str) -> Tuple[Dict[str, Dict[str, float]], float]:
+    """The phases (``phase NAME: S s, peak RSS M MB``) and the whole peak (``peak RSS M MB ...``) the converter
+    printed; SystemExit if it printed none (its output changed: the benchmark would record nothing)."""
+    phases, peak = {}, None
+    for line in stdout.splitlines():
+        found = re.fullmatch(r"phase (.+): ([0-9.]+) s, peak RSS ([0-9.]+) MB", line)
+        if found:
+            phases[found[1]] = {"seconds": float(found[2]), "peak_rss_mb": float(found[3])}
+        elif line.startswith("peak RSS "):
+            peak = float(line.split()[2])
+    if not phases or peak is None:
+        raise SystemExit(f"the converter printed no phases or peak (its output changed?):\n{stdout[-2000:]}")
+    return phases, peak
 
 
 def data_facts(root: str) -> Dict[str, Any]:

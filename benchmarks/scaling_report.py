@@ -59,7 +59,8 @@ def record(r: Dict[str, Any], body: str) -> None:
     """``data_scaling`` in benchmarks/results.json (the other keys kept) and the BENCHMARKS.md section."""
     with open(RESULTS) as f:
         results = json.load(f)
-    results["data_scaling"] = r
+    catalog = results.get("data_scaling", {}).get("catalog")  # benchmarks/scaling_catalog.py's, kept
+    results["data_scaling"] = {**r, **({"catalog": catalog} if catalog else {})}
     write_json_atomic(RESULTS, results)
     s, load = r["setup"], r["load_average"]
     replace_benchmarks_section(HEADING, (
