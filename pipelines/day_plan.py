@@ -1,13 +1,14 @@
 """The retraining job's plan: which days each run trains (a day some version was trained on is
-skipped; the first run cold-starts on every day so far), version names, and the registry's
-consistency checks (a publish interrupted between the version's rename and ``current``'s is finished).
+skipped; the first run cold-starts on every day so far), version names, the registry's
+consistency checks (a publish interrupted between the version's rename and ``current``'s is finished),
+and the check of the files the day's run will read (:func:`check_inputs`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Collection, List, Optional, Sequence
 
 from pipelines.registry import Registry
 from data_tools.fileio import read_jsonl
@@ -15,6 +16,10 @@ from data_tools.fileio import read_jsonl
 
 class RetrainError(RuntimeError):
     """A day (or the registry) that cannot be processed; the message names the file and problem."""
+
+
+class BadInput(RetrainError):
+    """A file the day's run would read is missing or damaged (exit status 2): a rerun reads the same file."""
 
 
 @dataclass
@@ -33,10 +38,13 @@ def trained_days(registry: Registry) -> List[str]:
     return sorted({d for v in registry.list_versions() for d in registry.manifest(v).get("train_days", [])})
 
 
-def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], force: bool) -> List[DayPlan]:
+def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], force: bool,
+              current: Optional[str] = None) -> List[DayPlan]:
     """The windows to train, in order: the days after the last day any version was trained on
     (``force``: the newest day again when there is none). Until a version is published the job
-    cold-starts once, on every day up to the newest pending one; after that, one day per window."""
+    cold-starts once, on every day up to the newest pending one; after that, one day per window.
+    ``current``: the published version the run will start from (a dry run's: the one an interrupted
+    publish would make current), default the registry's."""
     days = [d for d in days if until is None or d <= str(until)]
     done = trained_days(registry)
     pending = [d for d in days if not done or d > done[-1]]
@@ -44,9 +52,28 @@ def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], for
         pending = [days[-1]]
     if not pending:
         return []
-    if registry.current() is None:
+    if (current or registry.current()) is None:
         return [DayPlan(pending[-1], [d for d in days if d <= pending[-1]], True)]
     return [DayPlan(d, [d], False) for d in pending]
+
+
+def check_inputs(root: str, days: Optional[Collection[str]] = None) -> dict:
+    """The data check the day's training run makes before its workers start, made by the job before it trains
+    anything: the meta file and, ``days`` None, every day file of the data set (format, Parquet footer, required
+    columns and types, values, row counts: :func:`data_tools.validate.validate_processed`, the function the
+    run calls, ``recsys_hdet.job_inputs.prepare_data``); ``days=()``: the meta file only. Returns the meta.
+
+    Why every day file, not only the day's window: the run validates the whole data set, so a damaged older
+    day stops it as surely as the newest one; checked here, the day ends as bad input (BadInput, exit 2,
+    the file named) instead of as a failed training run that a rerun would only repeat. Cost: one more read
+    of every day file per job (streaming aggregates; the run reads them again)."""
+    from data_tools.errors import DataError
+    from data_tools.validate import validate_processed
+
+    try:
+        return validate_processed(root, days)
+    except DataError as e:  # polars' messages can run over lines: the report is one
+        raise BadInput(f"{' '.join(str(e).split())}: fix or restore the file; a rerun will not help") from None
 
 
 def check_registry(registry: Registry) -> None:

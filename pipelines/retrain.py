@@ -23,13 +23,16 @@ idempotent (a day some version was trained on is skipped, and a rerun with nothi
 crash-safe (a day's run trains in ``registry/work/<day>/`` with periodic checkpoints and resumes
 there; a version appears whole or not at all; a publish interrupted between the version's rename
 and ``current``'s is finished by the next run); ``until=DAY`` backfills every missing day up to
-DAY in order; ``dry_run=true`` prints the plan and writes nothing (no lock either); ``rollback
+DAY in order; ``dry_run=true`` prints the plan, makes every check the run makes before it trains and writes
+nothing (no lock either); ``rollback
 [to=VERSION]`` repoints ``current``; ``status [json=true]`` prints the lineage (neither needs ``data.root``).
 Failures go to stderr. Exit statuses (:class:`data_tools.exit_status.ExitStatus`): OK (the newest day
 published), NOTHING_TO_DO (``nothing_to_do_exit``, 5 by default: 99 for Airflow's skip, 0 where
 nothing new is success; ``dry_run=true`` exits OK when the run would train and with it when not),
-REJECTED, FAILED, BUSY, USAGE (also: the day's settings differ from the published version's,
-:mod:`pipelines.settings`, unless ``allow_config_change=true``). ``status | head`` ends quietly.
+REJECTED, FAILED, BUSY, USAGE (also: a file the day's run would read is missing or damaged, checked before
+anything trains, :func:`pipelines.day_plan.check_inputs`; the day's settings differ from the published
+version's, :mod:`pipelines.settings`, unless ``allow_config_change=true``; the day's training config would be
+refused by its run). ``status | head`` ends quietly.
 
 Limits: one machine (flock and rename on a local filesystem); the day's training runs as a
 subprocess of this job, so a scheduler should kill the job's whole process group (systemd does).
@@ -46,15 +49,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.day_plan import (RetrainError, check_registry, finish_interrupted_publish, interrupted_publish,
-                                plan_days, trained_days)
+from pipelines.day_plan import (BadInput, RetrainError, check_inputs, check_registry, finish_interrupted_publish,
+                                interrupted_publish, plan_days, trained_days)
 from pipelines.registry import Registry, RegistryBusy, RegistryError
 from pipelines.registry_commands import adopt, rollback, status
-from pipelines.retrain_day import SettingsChanged, process_day
+from pipelines.retrain_day import SettingsChanged, process_day, setup_day
 from data_tools import contract
 from data_tools.exit_status import ExitStatus
 
@@ -63,9 +66,18 @@ from data_tools.exit_status import ExitStatus
 # The run over the days
 
 
+def stopped(e: Exception) -> Tuple[int, str, str]:
+    """How a day that cannot be trained ends the job, the same in the run and its dry run: (exit status, the
+    line's label, the event logged). Bad input and refused settings or config are usage (2: a rerun changes
+    nothing); any other failure is 1 (a rerun may get further: a failed training run resumes)."""
+    if isinstance(e, BadInput):
+        return ExitStatus.USAGE, "BAD INPUT before training", "bad_input"
+    if isinstance(e, SettingsChanged):
+        return ExitStatus.USAGE, "REFUSED", "refused"
+    return ExitStatus.FAILED, "FAILED", "failed"
+
+
 def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -> int:
-    from data_tools.errors import DataError
-    from data_tools.validate import validate_processed
     from recsys_hdet.components.dataset import DatasetMeta
 
     registry = Registry(str(cfg.registry))
@@ -75,18 +87,17 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     if not contract.has_meta(root):
         fail(f"FAILED: data.root={root}: no processed data set there ({contract.META_FILE} missing)")
         return ExitStatus.FAILED
+    try:
+        check_inputs(root, days=())  # the meta file, read to plan the days (the day files: once there is work)
+    except BadInput as e:
+        fail(f"BAD INPUT: {e}; nothing was trained")
+        return ExitStatus.USAGE
     all_days = list(DatasetMeta.load(root).days)
     if until is not None and str(until) not in all_days:
         fail(f"FAILED: until={until}: not a day of {root} (days {all_days[0]}..{all_days[-1]})")
         return ExitStatus.FAILED
-    if dry_run:  # exit as the run would have started: OK when there is work, else "nothing to do"
-        try:
-            if os.path.isdir(registry.root):
-                check_registry(registry)  # the run's own check of the registry (a damaged one: exit 1)
-        except RetrainError as e:
-            fail(f"FAILED: {e}")
-            return ExitStatus.FAILED
-        return ExitStatus.OK if print_plan(registry, all_days, until, force, log) else int(cfg.nothing_to_do_exit)
+    if dry_run:
+        return dry_run_job(cfg, registry, root, all_days, until, force, log, fail)
     os.makedirs(registry.root, exist_ok=True)
     try:
         with registry.lock():
@@ -101,24 +112,17 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
                     f"{done[-1] if done else '-'}; current: {registry.current()})")
                 registry.log_event({"event": "nothing_to_do", "until": until or all_days[-1]})
                 return int(cfg.nothing_to_do_exit)
-            try:  # the days about to be trained on, before anything trains
-                validate_processed(root, {d for p in plans for d in p.train_days})
-            except DataError as e:
-                fail(f"FAILED before training: {e}; the registry is unchanged")
-                registry.log_event({"event": "failed", "day": plans[0].day, "reason": str(e)})
-                return ExitStatus.FAILED
-            outcome = None
-            for p in plans:
-                try:
+            outcome, day = None, plans[0].day
+            try:
+                check_inputs(root)  # every file the days' runs will read, before anything trains
+                for p in plans:
+                    day = p.day
                     outcome = process_day(cfg, registry, p, all_days, log)
-                except SettingsChanged as e:
-                    fail(f"REFUSED: {e}; the registry is unchanged")
-                    registry.log_event({"event": "refused", "day": p.day, "reason": str(e)})
-                    return ExitStatus.USAGE
-                except (RetrainError, RegistryError) as e:
-                    fail(f"FAILED: {e}")
-                    registry.log_event({"event": "failed", "day": p.day, "reason": str(e)})
-                    return ExitStatus.FAILED
+            except (RetrainError, RegistryError) as e:
+                code, label, event = stopped(e)
+                fail(f"{label}: {e}" + ("; the registry is unchanged" if code == ExitStatus.USAGE else ""))
+                registry.log_event({"event": event, "day": day, "reason": str(e)})
+                return code
             work = os.path.join(registry.root, "work")
             if os.path.isdir(work) and not os.listdir(work):
                 os.rmdir(work)
@@ -131,21 +135,41 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
         return ExitStatus.FAILED
 
 
+def dry_run_job(cfg: DictConfig, registry: Registry, root: str, all_days: List[str], until: Optional[str],
+                force: bool, log, fail) -> int:
+    """``dry_run=true``: the plan, and every check the run makes before it trains: the registry's, the files
+    the days' runs will read, and the first day's setup (holdout, settings against the published version,
+    carried LRs, its training config), reading only (no lock, no file written). Exits as the run would:
+    OK when it would train, ``nothing_to_do_exit`` when not, else the status of the check that fails.
 
-def print_plan(registry: Registry, all_days: List[str], until: Optional[str], force: bool, log) -> bool:
-    """``dry_run=true``: what the job would do, reading the registry only (no lock, no file written: a
-    plan can differ from the run's if another job runs in between). Returns whether there is work."""
-    pending = interrupted_publish(registry) if os.path.isdir(registry.root) else None
-    if pending:
-        log(f"would finish the interrupted publish of {pending}: current -> {pending}")
-    plans = plan_days(registry, all_days, until, force)
-    if not plans:
-        log(f"nothing to do: every day up to {until or all_days[-1]} was trained on")
-    for p in plans:
-        start = "cold start" if p.cold_start else "warm start from the version current then"
-        log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
-            f"held-out rows, publish or reject")
-    return bool(plans or pending)
+    Only the first day's setup is checked: a later day of a backfill starts from the version the day
+    before it publishes (trained with these settings), or from the same published version when that one
+    is rejected, so its comparison is the first day's. Limits: a gate rejection or a failed training
+    cannot be foreseen; a plan can differ from the run's if another job runs in between."""
+    exists = os.path.isdir(registry.root)
+    try:
+        if exists:
+            check_registry(registry)  # the run's own check of the registry (a damaged one: exit 1)
+        pending = interrupted_publish(registry) if exists else None
+        if pending:
+            log(f"would finish the interrupted publish of {pending}: current -> {pending}")
+        current = pending or registry.current()
+        plans = plan_days(registry, all_days, until, force, current=current)
+        if not plans:
+            log(f"nothing to do: every day up to {until or all_days[-1]} was trained on")
+            return int(cfg.nothing_to_do_exit)
+        for p in plans:
+            start = "cold start" if p.cold_start else "warm start from the version current then"
+            log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
+                f"held-out rows, publish or reject")
+        check_inputs(root)
+        for note in setup_day(cfg, registry, plans[0], all_days, current=current).notes:
+            log(note)
+    except (RetrainError, RegistryError) as e:
+        code, label, _ = stopped(e)
+        fail(f"{label}: {e}")
+        return code
+    return ExitStatus.OK
 
 
 

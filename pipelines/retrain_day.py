@@ -1,7 +1,8 @@
 """One day of the retraining job (:func:`process_day`).
 
 Before training, the day is checked against the published version (:func:`setup_day`: the same
-holdout, the same settings unless ``allow_config_change``, a controller to carry LRs from); then the
+holdout, the same settings unless ``allow_config_change`` (a change of how the run executes only is logged,
+:mod:`pipelines.settings`), a controller to carry LRs from, a training config the run accepts); then the
 candidate trains (:mod:`pipelines.day_training`), it and the published model score the day's
 held-out rows, the gate decides (:mod:`pipelines.gate`) and the version is recorded
 (:mod:`pipelines.version_manifest`): published, ``current`` repointed; or rejected.
@@ -16,14 +17,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from pipelines.day_plan import DayPlan, RetrainError, version_name
 from pipelines.day_training import train, training_overrides
 from pipelines.gate import evaluate_models, gate
 from pipelines.lr_carry import clamp_carried, preset_lrs
 from pipelines.registry import Registry
-from pipelines.settings import changed_settings
+from pipelines.settings import SettingsComparison, changed_settings
 from pipelines.version_manifest import day_manifest, version_files
 from recsys_hdet.api import compose_config
 from recsys_hdet.run_dir import RunDir
@@ -31,15 +34,22 @@ from recsys_hdet.run_dir import RunDir
 # Fault injection for the crash-safety tests: "kill_before_current" SIGKILLs the job after a
 # version's directory is renamed into place and before ``current`` is repointed.
 FAULT_ENV = "RECSYS_HDET_RETRAIN_FAULT"
+# What composing the day's config raises for an unknown key or a bad value in the job's overrides.
+COMPOSE_ERRORS = (HydraException, OmegaConfBaseException)
 
 
 class SettingsChanged(RetrainError):
-    """The day would train with other settings than the published version's (exit status 2)."""
+    """The day's settings refuse it before it trains (exit status 2): they differ from the published version's,
+    or (the subclasses) they cannot work as given; rerunning with the same settings changes nothing."""
 
 
 
 class CarryWithoutController(SettingsChanged):
     """``carry_lr=true`` for a day that trains plain: there are no controller rates to carry (exit status 2)."""
+
+
+class BadDayConfig(SettingsChanged):
+    """The day's training config is one its run would refuse before its workers start (exit status 2)."""
 
 
 
@@ -56,6 +66,7 @@ class DaySetup:
     overrides: List[str]
     composed: DictConfig
     experiment: str
+    notes: List[str]  # settings changed since the published version that do not refuse the day: logged
 
 
 def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequence[str],
@@ -63,6 +74,8 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
     """Trains, evaluates, gates and records one day. Returns "published" or "rejected"; raises
     RetrainError when the day fails (nothing is written to the registry then)."""
     day = setup_day(cfg, registry, plan, all_days)
+    for note in day.notes:
+        log(note)
     lr_source = f"carried from {day.current}" if day.carried else "the preset's static config"
     what = "cold start" if plan.cold_start else f"warm start from {day.current}"
     log(f"day {plan.day}: training on {plan.train_days[0]}..{plan.train_days[-1]} ({what}; LRs: {lr_source}) "
@@ -79,11 +92,15 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
     return decision["decision"]
 
 
-def setup_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequence[str]) -> DaySetup:
+def setup_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequence[str],
+              current: Optional[str] = None) -> DaySetup:
     """The day's parent, warm start, LRs and training config, checked against the published version:
     RetrainError when the holdout differs, CarryWithoutController when ``carry_lr`` has no controller
-    rates to carry, SettingsChanged when the settings differ (unless ``allow_config_change``)."""
-    current = registry.current()
+    rates to carry, SettingsChanged when the settings differ (unless ``allow_config_change``; a change of
+    :data:`pipelines.settings.EXECUTION_KEYS` only is a note), BadDayConfig when the run would refuse its
+    config (the checks it makes before its workers start). Reads only: a dry run calls it too, with
+    ``current`` the version the run would start from (default the registry's)."""
+    current = current or registry.current()
     current_dir = registry.version_dir(current) if current else None
     parent_manifest = registry.manifest(current) if current else {}
     if current and parent_manifest.get("holdout") != OmegaConf.to_container(cfg.holdout):
@@ -91,24 +108,59 @@ def setup_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequ
                            f"{current}'s {parent_manifest.get('holdout')}: the gate's rows would include rows that "
                            f"model trained on; keep the holdout of the registry (or start a new registry)")
     warm = RunDir(current_dir).path(RunDir.CHECKPOINT) if current_dir and not plan.cold_start else None
-    preset = preset_lrs(cfg, cfg.cold_start_experiment if plan.cold_start else cfg.experiment)
+    try:
+        preset = preset_lrs(cfg, cfg.cold_start_experiment if plan.cold_start else cfg.experiment)
+    except COMPOSE_ERRORS as e:
+        raise _not_composing(plan, e) from None
     carried = clamp_carried(parent_manifest.get("hdet_bases") or {}, preset, cfg.carry_lr_clamp) \
         if (cfg.carry_lr and warm) else {}
     run_dir = os.path.join(registry.root, "work", plan.day)
     overrides = training_overrides(cfg, plan, all_days, warm, carried)
-    composed = compose_config(overrides)
+    composed = _checked_config(plan, overrides)
     experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
     if cfg.carry_lr and not bool(composed.hdet.enabled):
         raise CarryWithoutController(
             f"day {plan.day}: carry_lr=true carries the rates HDET's controller ended with, but experiment="
             f"{experiment} trains plain (hdet.enabled=false): set carry_lr=false, or add 'hdet=enabled' to overrides")
-    changes = changed_settings(cfg, parent_manifest, current_dir, composed, experiment) if current_dir else []
-    if changes and not cfg.allow_config_change:
+    found = changed_settings(cfg, parent_manifest, current_dir, composed, experiment) if current_dir \
+        else SettingsComparison()
+    if found.refused and not cfg.allow_config_change:
         raise SettingsChanged(f"day {plan.day}: the settings differ from the published version {current}'s: "
-                              + "; ".join(changes) + ". Train with the published settings, or pass "
+                              + "; ".join(found.refused) + ". Train with the published settings, or pass "
                               "allow_config_change=true to train this day with the new ones")
+    notes = [f"day {plan.day}: trains with settings changed since the published version {current}'s "
+             f"(allow_config_change=true): " + "; ".join(found.refused)] if found.refused else []
+    if found.noted:
+        notes.append(f"day {plan.day}: note: changed since the published version {current}'s, allowed (how the run "
+                     f"executes, not what it trains): " + "; ".join(found.noted))
     return DaySetup(current=current, current_dir=current_dir, warm=warm, preset=preset, carried=carried,
-                    run_dir=run_dir, overrides=overrides, composed=composed, experiment=experiment)
+                    run_dir=run_dir, overrides=overrides, composed=composed, experiment=experiment, notes=notes)
+
+
+def _not_composing(plan: DayPlan, e: Exception) -> BadDayConfig:
+    from recsys_hdet.config import compose_error
+
+    return BadDayConfig(f"day {plan.day}: its training config does not compose: "
+                        + " ".join(str(compose_error(e) or e).split()))  # Hydra's message runs over lines
+
+
+def _checked_config(plan: DayPlan, overrides: List[str]) -> DictConfig:
+    """The day's training config, composed, with the checks its run makes of it before the workers start (the
+    schema's, :func:`recsys_hdet.config.validate_config`; the day split and the pass length,
+    :func:`recsys_hdet.job_inputs.check_days_and_steps`): BadDayConfig naming the key, not a failed run."""
+    from recsys_hdet.config import ConfigError, validate_config
+    from recsys_hdet.job_inputs import check_days_and_steps
+
+    try:
+        composed = compose_config(overrides)
+    except COMPOSE_ERRORS as e:
+        raise _not_composing(plan, e) from None
+    try:
+        validate_config(composed)
+        check_days_and_steps(composed, str(composed.data.root))
+    except ConfigError as e:
+        raise BadDayConfig(f"day {plan.day}: its training config would be refused: {e}") from None
+    return composed
 
 
 def _train_and_score(cfg: DictConfig, plan: DayPlan, day: DaySetup,

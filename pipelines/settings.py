@@ -9,6 +9,10 @@ Two things are compared with the current version's:
   max LRs too when ``carry_lr`` carries them). Only between
   runs of one experiment: a cold start trained with ``cold_start_experiment`` is compared on the
   settings alone when the daily ``experiment`` differs.
+
+A difference in a key of :data:`EXECUTION_KEYS` (how the run executes, logs and checkpoints) does not refuse
+the day: it is returned as a note, which the job logs (an ``overrides`` entry of such a key likewise). Every
+other difference refuses it, the worker count included (:data:`REFUSED_LAYOUT` says why in the refusal).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -25,6 +30,33 @@ from recsys_hdet.run_dir import RunDir
 SETTING_KEYS = ("experiment", "cold_start_experiment", "overrides", "carry_lr", "carry_lr_clamp", "seed")
 JOB_KEYS = ("data.until", "data.skip_days", "data.train_days", "data.eval_days", "data.holdout", "data.root",
             "data.generator", "seed", "trainer.warm_start", "trainer.warm_start_preset", "trainer.resume", "hydra")
+# Training-config keys that change how a day's run executes, logs and checkpoints, not what it computes: no
+# model shape, no data contract, no optimizer step (CPU threads, evaluation batch, logging cadence, checkpoint
+# cadence, timeouts, restarts, TensorBoard, profiling, compiled or eager: the same computation). Changing one
+# between days is not a new model, so the day trains, the change logged as a note naming the key and both
+# values. Left out on purpose: trainer.checkpoint (the next day warm-starts from the final checkpoint),
+# trainer.stop_at_step and trainer.branch_from (they change what is trained), data.read and
+# model.sharding_types (which rows each rank reads, how the sparse optimizer's state is split).
+EXECUTION_KEYS = ("trainer.threads_per_worker", "trainer.eval_batch_size", "trainer.log_every",
+                  "trainer.periodic_checkpoint", "trainer.collective_timeout_s", "trainer.max_restarts",
+                  "trainer.tensorboard", "trainer.profile", "model.compile_dense")
+# Layout keys that look like execution but change the optimizer's semantics: refused like any setting, the
+# reason stated in the refusal (to move a registry to another worker count, pass allow_config_change=true once).
+REFUSED_LAYOUT = {
+    "trainer.nproc": "data.batch_size is per worker, so the worker count sets the global batch of every "
+                     "optimizer step and the steps per day",
+    "trainer.sharding_group_size": "trainer.nproc / trainer.sharding_group_size is the number of embedding "
+                                   "replicas, each updated on its own rows and averaged every "
+                                   "trainer.embedding_sync_every steps",
+}
+
+
+@dataclass
+class SettingsComparison:
+    """A day's settings against the published version's, each difference as ``key: old -> new``."""
+
+    refused: List[str] = field(default_factory=list)  # refuse the day unless allow_config_change
+    noted: List[str] = field(default_factory=list)    # EXECUTION_KEYS: the day trains, the job logs them
 
 
 def job_settings(cfg: DictConfig) -> Dict[str, Any]:
@@ -45,34 +77,66 @@ def _flat(node: Any, prefix: str = "") -> Dict[str, Any]:
 
 
 def changed_settings(cfg: DictConfig, parent: Mapping[str, Any], parent_dir: str, training: DictConfig,
-                     experiment: str) -> List[str]:
-    """``key: old -> new`` for every setting and training-config key that differs from the current
-    version's (``parent``: its manifest, ``parent_dir``: its directory); ``training``: the day's
-    composed training config, ``experiment``: the preset it was composed from."""
-    changes = []
+                     experiment: str) -> SettingsComparison:
+    """Every setting and training-config key that differs from the current version's (``parent``: its
+    manifest, ``parent_dir``: its directory), as refusals and notes; ``training``: the day's composed
+    training config, ``experiment``: the preset it was composed from."""
+    found = SettingsComparison()
     old = parent.get("settings")
     if old is not None:  # versions from before settings were recorded have nothing to compare
         new = job_settings(cfg)
-        changes += [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in SETTING_KEYS if old.get(k) != new[k]]
+        for k in SETTING_KEYS:
+            if old.get(k) == new[k]:
+                continue
+            line = f"{k}: {old.get(k)!r} -> {new[k]!r}"
+            # overrides that differ only in entries of EXECUTION_KEYS: their effect is a note, not a new model
+            only_execution = k == "overrides" and _model_overrides(old.get(k) or []) == _model_overrides(new[k])
+            (found.noted if only_execution else found.refused).append(line)
     parent_run = RunDir(parent_dir)
     if parent.get("experiment") != experiment or not os.path.isfile(parent_run.path(RunDir.CONFIG)):
-        return changes
-    return changes + config_changes(parent_run.config(), training, bool(cfg.carry_lr))
+        return found
+    was = parent_run.config()
+    found.refused += config_changes(was, training, bool(cfg.carry_lr))
+    found.noted += execution_changes(was, training)
+    return found
 
 
 def _job_key(key: str, skip: Sequence[str] = JOB_KEYS) -> bool:
     return any(key == s or key.startswith(s + ".") for s in skip)
 
 
-def config_changes(was: DictConfig, now: DictConfig, carry_lr: bool) -> List[str]:
-    """``key: old -> new`` for every key of two resolved training configs that differs, leaving out the keys the
-    job sets itself (:data:`JOB_KEYS`; the max LRs too when ``carry_lr`` carries them)."""
+def _override_key(override: Any) -> str:
+    return str(override).lstrip("+~").split("=", 1)[0]
+
+
+def _model_overrides(overrides: Sequence[Any]) -> List[str]:
+    """The overrides less those of :data:`EXECUTION_KEYS`."""
+    return [str(o) for o in overrides if not _job_key(_override_key(o), EXECUTION_KEYS)]
+
+
+def _config_diff(was: DictConfig, now: DictConfig, carry_lr: bool) -> Dict[str, str]:
+    """``{key: "key: old -> new"}`` for every key of two resolved training configs that differs, leaving out the
+    keys the job sets itself (:data:`JOB_KEYS`; the max LRs too when ``carry_lr`` carries them)."""
     skip = JOB_KEYS + (("optim.lr",) if carry_lr else ())
     old = _flat(OmegaConf.to_container(was, resolve=True))
     new = _flat(OmegaConf.to_container(now, resolve=True))
-    return [f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
+    return {key: f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
             for key in sorted(set(old) | set(new))
-            if not _job_key(key, skip) and old.get(key, "<absent>") != new.get(key, "<absent>")]
+            if not _job_key(key, skip) and old.get(key, "<absent>") != new.get(key, "<absent>")}
+
+
+def config_changes(was: DictConfig, now: DictConfig, carry_lr: bool) -> List[str]:
+    """``key: old -> new`` for every key of two resolved training configs that differs and changes what the run
+    trains: all but :data:`JOB_KEYS` (the max LRs too when ``carry_lr`` carries them) and :data:`EXECUTION_KEYS`;
+    a key of :data:`REFUSED_LAYOUT` with its reason."""
+    return [line + (f" ({REFUSED_LAYOUT[key]})" if key in REFUSED_LAYOUT else "")
+            for key, line in _config_diff(was, now, carry_lr).items() if not _job_key(key, EXECUTION_KEYS)]
+
+
+def execution_changes(was: DictConfig, now: DictConfig) -> List[str]:
+    """``key: old -> new`` for every key of :data:`EXECUTION_KEYS` that differs between two resolved training
+    configs."""
+    return [line for key, line in _config_diff(was, now, False).items() if _job_key(key, EXECUTION_KEYS)]
 
 
 def run_overrides(recorded: Sequence[str]) -> List[str]:
@@ -81,7 +145,7 @@ def run_overrides(recorded: Sequence[str]) -> List[str]:
     the keys the job sets itself (:data:`JOB_KEYS`: the day window, the data set, the seed, the warm start)."""
     kept = []
     for o in recorded:
-        key = str(o).lstrip("+~").split("=", 1)[0]
+        key = _override_key(o)
         if key != "experiment" and not _job_key(key):
             kept.append(str(o))
     return kept
