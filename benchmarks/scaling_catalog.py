@@ -14,6 +14,10 @@ time, its peak RSS and each phase's time and peak RSS as it prints them (:mod:`d
 the per-phase high-water mark); the log's distinct videos; rank 0 of 4's loader (``own_row_groups``) on
 one core, rows per wall and per CPU second (:func:`benchmarks.scaling_measure.loader_one_core`).
 
+The 27K-shaped data set is then trained ``--k27-train-steps`` steps on the 2 x 2 layout (4 workers, sharding
+groups of 2: each group's planner places the video table, as many rows as the log's distinct videos), no
+checkpoints, for the peak RSS per worker (:func:`benchmarks.scaling_measure.train`).
+
 Judged: conversion peak RSS from the smallest to the largest catalog (target < 2x); the 27K-shaped
 conversion's peak (target < 8 GB); the loader (target >= 1M rows per CPU second). The projection to the
 whole release (322M rows over 31 days) is a line through the two measured row counts at the largest
@@ -33,13 +37,14 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List
 
 from benchmarks.recording import REPO, RESULTS, code_state, command_line, machine, replace_benchmarks_section
 from benchmarks.scaling_data import FIXED_IDS, convert, data_facts, data_key, ensure_pieces, raw_inputs
 from benchmarks.scaling_fits import fit
-from benchmarks.scaling_measure import loader_one_core
+from benchmarks.scaling_measure import LOG_EVERY, loader_one_core, train
 from data_tools.fileio import write_json_atomic
 
 HEADING = "## Data scaling: the catalog axis (benchmarks/scaling_catalog.py)"
@@ -56,11 +61,16 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--k27-rows-per-day", type=float, default=1e7, help="at most 1e7 (the generator's limit)")
     ap.add_argument("--k27-days", type=int, default=3, help="at least 3")
     ap.add_argument("--no-k27", action="store_true", help="the catalog axis only")
+    ap.add_argument("--k27-train-steps", type=int, default=50,
+                    help="train the 27K-shaped data set this many steps on the 2 x 2 layout (4 workers, sharding "
+                         "groups of 2) for its peak RSS per worker (0: not trained)")
     ap.add_argument("--out-dir", default=os.path.join(REPO, ".cache", "scaling"))
     ap.add_argument("--no-record", action="store_true", help="leave results.json and BENCHMARKS.md alone")
     args = ap.parse_args(argv)
     args.videos = sorted(int(float(x)) for x in args.videos.split(","))
     args.rows_per_day, args.k27_rows_per_day = int(args.rows_per_day), int(args.k27_rows_per_day)
+    if args.k27_train_steps and args.k27_train_steps < 2 * LOG_EVERY:
+        ap.error(f"--k27-train-steps: 0 or at least {2 * LOG_EVERY} (two logging intervals)")
     if len(args.videos) < 2 or args.days < 3 or args.k27_days < 3:
         ap.error("at least two catalog sizes, and three days a data set (held-out, the loader's warm-up, timed)")
     args.out_dir = os.path.abspath(args.out_dir)
@@ -132,6 +142,10 @@ def targets(catalog: List[Dict[str, Any]], k27: Dict[str, Any] | None) -> Dict[s
         out["k27_shaped_convert_peak_rss_mb"] = {"target": "< 8 GB", "value": k27["convert_peak_rss_mb"],
                                                  "shown": f"{k27['convert_peak_rss_mb']:,.0f} MB",
                                                  "met": k27["convert_peak_rss_mb"] < TARGETS["k27_peak_mb"]}
+    if k27 and "train_2x2" in k27:
+        peak = k27["train_2x2"]["peak_rss_mb_per_worker"]
+        out["k27_shaped_train_2x2_peak_rss_mb_per_worker"] = {"target": "< 6 GB", "value": peak,
+                                                             "shown": f"{peak:,.0f} MB", "met": peak < 6 * 1024}
     lowest = min(s["loader_0_of_4"]["rows_per_cpu_second"] for s in catalog + ([k27] if k27 else []))
     out["loader_rank0_of_4_rows_per_cpu_second_lowest"] = {
         "target": ">= 1M", "value": lowest, "shown": f"{lowest:,.0f}",
@@ -161,6 +175,12 @@ def main(argv=None) -> int:
     command, load_start = command_line("benchmarks.scaling_catalog", argv), os.getloadavg()[0]
     catalog = [measure_one(args.out_dir, n, args.rows_per_day, args.days) for n in args.videos]
     k27 = None if args.no_k27 else measure_one(args.out_dir, args.videos[-1], args.k27_rows_per_day, args.k27_days)
+    if k27 and args.k27_train_steps:
+        root = os.path.join(args.out_dir, "processed", data_key(args.videos[-1], args.k27_rows_per_day),
+                            f"days_{args.k27_days:03d}")
+        with tempfile.TemporaryDirectory(prefix="scaling_catalog_") as workdir:
+            k27["train_2x2"] = train(root, 4, args.k27_train_steps, [], workdir, group=2)
+        print(f"  train 2 x 2: peak RSS per worker {k27['train_2x2']['peak_rss_mb_per_worker']:.0f} MB", flush=True)
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "command": command, "commit": code_state(),
               "load_average": {"start": load_start, "end": os.getloadavg()[0]},
               "catalog": catalog, "k27": k27, "targets": targets(catalog, k27), "projection": projection(catalog, k27)}

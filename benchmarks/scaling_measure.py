@@ -73,10 +73,11 @@ def loader_one_core(root: str, rank: int, world_size: int, extra: List[str], rea
             "peak_rss_mb": m.peak_rss_mb}
 
 
-def train(root: str, nproc: int, steps: int, extra: List[str], workdir: str) -> Dict[str, float]:
+def train(root: str, nproc: int, steps: int, extra: List[str], workdir: str, group: int = 0) -> Dict[str, float]:
+    """``recsys_hdet.train`` on ``root`` with ``nproc`` workers in sharding groups of ``group`` (0: one group)."""
     run_dir = os.path.join(workdir, f"run_{time.time_ns()}")
     cmd = [sys.executable, "-m", "recsys_hdet.train", f"run_dir={run_dir}", "experiment_name=scaling",
-           f"trainer.nproc={nproc}", f"trainer.sharding_group_size={nproc}", f"trainer.stop_at_step={steps}",
+           f"trainer.nproc={nproc}", f"trainer.sharding_group_size={group or nproc}", f"trainer.stop_at_step={steps}",
            f"trainer.log_every={LOG_EVERY}", "trainer.checkpoint=false", "trainer.periodic_checkpoint.every_steps=0",
            "trainer.tensorboard=false", *config_overrides(root, extra)]
     run_measured(cmd)
