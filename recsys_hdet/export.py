@@ -1,6 +1,7 @@
-"""``python -m recsys_hdet.export run_dir=DIR out=MODEL_DIR [data.root=DIR]`` (``recsys-hdet-export``): a
-completed run as a serving artifact that loads with torch alone (:mod:`recsys_hdet.serving.artifact`,
-docs/serving.md).
+"""``python -m recsys_hdet.export run_dir=DIR out=MODEL_DIR [data.root=DIR] [raw_program=true]``
+(``recsys-hdet-export``): a completed run as a serving artifact that loads with torch alone
+(:mod:`recsys_hdet.serving.artifact`, docs/serving.md); ``raw_program=true`` adds ``raw_model.pt2``, the
+program that reads a serving request's raw ids and values (:mod:`recsys_hdet.serving.raw_program`).
 Exit status 0 done, 2 a run or setting that cannot be exported (named), nothing written."""
 
 import sys
@@ -26,12 +27,15 @@ def main(cfg: DictConfig) -> None:
 
     quiet_library_warnings()
     try:
-        manifest = export_run(str(cfg.run_dir), str(cfg.out), cfg.data.root, bool(cfg.overwrite))
+        manifest = export_run(str(cfg.run_dir), str(cfg.out), cfg.data.root, bool(cfg.overwrite),
+                              bool(cfg.raw_program))
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(ExitStatus.USAGE)
     print(f"exported {manifest['run_dir']} (step {manifest['checkpoint_steps']}, commit {manifest['commit']}) "
-          f"to {cfg.out}: {manifest['program']}, {len(manifest['vocabularies'])} vocabularies, manifest.json", flush=True)
+          f"to {cfg.out}: {manifest['program']}, "
+          + (f"{manifest['raw_program']['file']}, " if "raw_program" in manifest else "")
+          + f"{len(manifest['vocabularies'])} vocabularies, manifest.json", flush=True)
 
 
 def run() -> None:

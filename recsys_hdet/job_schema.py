@@ -107,6 +107,7 @@ class ExportConfig:
     out: str = MISSING
     data: DataRoot = field(default_factory=DataRoot)  # the run's data set, when it moved
     overwrite: bool = False
+    raw_program: bool = False
 
 
 @dataclass

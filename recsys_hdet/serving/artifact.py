@@ -4,9 +4,12 @@
   rows in, one probability per task out; ``torch.export.load`` needs torch alone;
 - ``vocab/<feature>.parquet``: the id vocabularies the model's tables were trained with (DATA_CONTRACT.md's
   ``raw_id``, ``row``, ``count``; rows past the model's table cut off), to map raw ids to rows;
+- ``raw_model.pt2`` (``raw_program=true``): the same ranker taking a serving request's raw ids and values
+  (:mod:`recsys_hdet.serving.raw_program`); an option because it holds the tables a second time;
 - ``manifest.json``: what the program takes and returns (tasks, features in input order, table sizes,
-  the dense standardization, the string categoricals' codes) and where it came from (commit, run,
-  checkpoint, its steps, training and held-out days, data set, export time, torch version).
+  the dense standardization, the string categoricals' codes; ``raw_program``: the raw program's file and
+  its request's inputs) and where it came from (commit, run, checkpoint, its steps, training and held-out
+  days, data set, export time, torch version); ``files``: each file's size and sha256.
 
 Written into ``MODEL_DIR.tmp-*`` and renamed into place: a failed export leaves nothing.
 """
@@ -24,11 +27,14 @@ import torch
 # directory as the data set whose vocabularies it extends
 from data_tools.fileio import staged_directory, write_manifest
 from data_tools.vocab import VOCAB_DIR, vocab_path
-from recsys_hdet.serving.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_FILE, PROGRAM_FILE, ArtifactError,
-                                          file_record)
+from recsys_hdet.serving.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_FILE, PROGRAM_FILE, RAW_PROGRAM_FILE,
+                                          ArtifactError, file_record)
 
-def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrite: bool = False) -> Dict[str, Any]:
-    """Exports a completed run's ``checkpoint/`` into ``out``; returns the manifest."""
+def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrite: bool = False,
+               raw_program: bool = False) -> Dict[str, Any]:
+    """Exports a completed run's ``checkpoint/`` into ``out``; returns the manifest. ``raw_program``: also
+    ``raw_model.pt2``, the program that reads raw requests (ArtifactError when the model has a feature it
+    cannot read raw, e.g. an id feature without a vocabulary)."""
     import torch.distributed.checkpoint as dcp
 
     from recsys_hdet.components.dataset import DenseNormalization
@@ -65,16 +71,20 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
     set_temperature(ranker, temperature)
     module = ServingRanker(ranker, meta.single_features, meta.multi_features, normalization.mean, normalization.std)
     program = export_program(module)
+    cut = {name: pl.read_parquet(vocab_path(meta.root, name)).filter(pl.col("row") < tables[name])
+           for name in meta.sparse if os.path.isfile(vocab_path(meta.root, name))}
+    raw, raw_inputs = _raw_program(module, cut, tables, normalization.features, meta.root) if raw_program \
+        else (None, None)
 
     with staged_directory(out, replace=overwrite) as tmp:
         torch.export.save(program, os.path.join(tmp, PROGRAM_FILE))
+        if raw is not None:
+            torch.export.save(raw, os.path.join(tmp, RAW_PROGRAM_FILE))
         os.makedirs(os.path.join(tmp, VOCAB_DIR))
         vocabularies = {}
-        for name in meta.sparse:
-            src = vocab_path(meta.root, name)
-            if os.path.isfile(src):
-                pl.read_parquet(src).filter(pl.col("row") < tables[name]).write_parquet(vocab_path(tmp, name))
-                vocabularies[name] = f"{VOCAB_DIR}/{name}.parquet"
+        for name, vocab in cut.items():
+            vocab.write_parquet(vocab_path(tmp, name))
+            vocabularies[name] = f"{VOCAB_DIR}/{name}.parquet"
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "program": PROGRAM_FILE,
             "inputs": "dense [B, D] float32 (NaN = missing), ids [B, S] int64, [values [N] int64 per multi-valued "
@@ -100,7 +110,32 @@ def export_run(run_dir: str, out: str, data_root: Optional[str] = None, overwrit
             "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "torch_version": torch.__version__,
         }
+        if raw is not None:
+            manifest["raw_program"] = {"file": RAW_PROGRAM_FILE, "call": "program(request): request a dict of "
+                                       "these tensors, B rows; output [B, T] float32 probabilities",
+                                       "inputs": raw_inputs}
         manifest["files"] = {name: file_record(os.path.join(tmp, name))  # each checked when the model is loaded
-                             for name in (PROGRAM_FILE, *vocabularies.values())}
+                             for name in (PROGRAM_FILE, *([RAW_PROGRAM_FILE] if raw is not None else []),
+                                          *vocabularies.values())}
         write_manifest(tmp, MANIFEST_FILE, manifest)
     return manifest
+
+
+def _raw_program(module, vocabularies: Dict[str, pl.DataFrame], tables: Dict[str, int], dense, root: str):
+    """The raw-request program of the serving ranker ``module`` and its inputs (name -> dtype, shape,
+    meaning); ArtifactError when the model has an id feature without a vocabulary (its raw ids have no rows)
+    or a feature the program has no raw form for."""
+    from data_tools.vocab import ID_FEATURES
+    from recsys_hdet.serving.raw_program import RawServingRanker, export_raw_program
+
+    features = module.single_features + module.multi_features
+    lacking = [n for n in ID_FEATURES if n in features and n not in vocabularies]
+    if lacking:
+        raise ArtifactError(f"{vocab_path(root, lacking[0])}: missing; raw_program=true maps raw ids through the "
+                            "data set's vocabularies (convert it again to write them)")
+    arrays = {n: (v["raw_id"].to_numpy(), v["row"].to_numpy()) for n, v in vocabularies.items()}
+    try:
+        raw = RawServingRanker(module, arrays, tables, dense)
+    except ValueError as e:
+        raise ArtifactError(f"raw_program=true: {e}") from None
+    return export_raw_program(raw), raw.inputs

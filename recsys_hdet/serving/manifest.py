@@ -16,6 +16,7 @@ from typing import Any, Dict
 FORMAT = "recsys-hdet-serving"
 FORMAT_VERSION = 1
 PROGRAM_FILE = "model.pt2"
+RAW_PROGRAM_FILE = "raw_model.pt2"  # export raw_program=true: the program that reads raw requests
 MANIFEST_FILE = "manifest.json"
 
 

@@ -29,6 +29,7 @@ from typing import List, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental import _config as fx_config
 
 from recsys_hdet.models.ranker import MultiTaskRanker
 
@@ -65,7 +66,7 @@ class ServingRanker(nn.Module):
 
 def export_program(module: ServingRanker, example_rows: int = 8) -> "torch.export.ExportedProgram":
     """``torch.export`` of ``module`` with the batch size and each multi-valued feature's value count
-    dynamic (traced on ``example_rows`` rows of zeros, two values per list)."""
+    dynamic (traced on ``example_rows`` rows of zeros, two values per list); any batch size from 1."""
     b = example_rows
     dense = torch.zeros(b, module.dense_mean.numel())
     ids = torch.zeros(b, len(module.single_features), dtype=torch.long)
@@ -75,5 +76,12 @@ def export_program(module: ServingRanker, example_rows: int = 8) -> "torch.expor
     dynamic = {"dense": {0: batch}, "ids": {0: batch},
                "multi_values": [{0: torch.export.Dim(f"{n}_values", min=0)} for n in module.multi_features],
                "multi_offsets": [{0: batch + 1} for _ in module.multi_features]}
-    with torch.no_grad():
+    with torch.no_grad(), size_oblivious():
         return torch.export.export(module, (dense, ids, values, offsets), dynamic_shapes=dynamic, strict=False)
+
+
+def size_oblivious():
+    """Traces sizes as any size: without it ``F.embedding_bag``'s output (a contiguity check that a dimension
+    of size 1 skips) adds the guard batch != 1, and the program refuses a one-row batch (predict's last batch
+    of 65537 rows, a request of one impression). The general case it traces holds for size 1 too."""
+    return fx_config.patch(backed_size_oblivious=True)
