@@ -7,8 +7,8 @@ recovery study, with its preset, layout, contract and seed:
 
 - ``plain_rollback``: the plain run at the start's rates (the reference);
 - ``hdet_range_test``: the range test on the replicas (a 100-step sweep before the pass, in the same job);
-- ``lr_finder``: ``python -m recsys_hdet.lr_find`` (two sweeps of 100 steps, one after the other, each a job
-  of its own), then the plain run at its suggestion.
+- ``lr_finder``: ``python -m recsys_hdet.lr_find`` (two sweeps of 100 steps, one after the other on one launch
+  of the workers), then the plain run at its suggestion.
 
 A contender's cost is the wall seconds of every process it needs (job start-up included: a user pays it too)
 and its optimizer steps; the ratios are to ``plain_rollback``'s of the same repeat, and the figure kept is

@@ -94,7 +94,7 @@ def worker(cfg: TrainConfig, record: Dict[str, Any], run_dir: str, job_start: fl
         dist.destroy_process_group()
 
 
-def _record_config(cfg: DictConfig, run_dir: str, root: str, warm_start: Optional[str]) -> None:
+def record_config(cfg: DictConfig, run_dir: str, root: str, warm_start: Optional[str]) -> None:
     """Writes the run's saved config (``RunDir.CONFIG``: what evaluation, export and resume read) with the paths as
     the run resolved them, absolute, so that the run can be evaluated or exported from any directory.
     Built from ``cfg``, never read back: under torchrun only rank 0 writes it (cli() keeps the other
@@ -129,7 +129,7 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
         cfg_dict["trainer"]["branch_from"] = typed.trainer.branch_from = resolve_branch(cfg_dict)
     os.makedirs(run_dir, exist_ok=True)
     if not torchrun_follower():
-        _record_config(cfg, run_dir, root, warm_start)
+        record_config(cfg, run_dir, root, warm_start)
     try:
         lock = run_dir_lock(run_dir)  # held (the open file) until the job ends: a second job refuses to start
     except RunDirInUse as e:

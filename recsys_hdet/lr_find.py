@@ -15,22 +15,38 @@ suggestion within one sweep step of an end of the range is flagged (``range_edge
 The command prints the overrides to train with (each group's max LR x its axis's multiplier: the dense
 groups keep their ratios) and writes ``lr_find.json`` into its run directory
 (``run_dir``, default ``outputs/lr_find/<experiment>/<time>/``; the sweeps in ``sweep_embedding/`` and ``sweep_dense/``).
+The console shows one line per sweep (its LRs, how it ended, its seconds), each sweep's step lines going to its
+own ``train.log``, then the suggestion per axis and the command's cost in seconds (in all and per sweep).
+
+The sweeps run one after the other on one launch of the workers (:func:`run_sweeps`), so that their start-up
+(the workers' imports and process group, the data check) is paid once; each sweep is an ordinary
+:class:`~recsys_hdet.trainer.Trainer` run from a fresh build (``Trainer.build`` seeds it from the config), so
+its curve is bit for bit that of a run of its own (compared on the demo and tiny data: tests/test_lr_find.py).
 
 Limits: the sweeps train the first ``steps`` steps of the pass on the config's data and layout, so
-their cost is 2 x ``steps`` steps (in the recovery study 200 steps beside a 960-step pass); rollback is
-off and the divergence check at its default, so a sweep ends where its loss explodes, as a range test
-does. The suggestion is for the config's schedule (one-cycle), from its start: HDET and the
-parameter-free dense optimizers (Prodigy, Schedule-Free) set their step sizes themselves and are refused.
+their cost is 2 x ``steps`` steps (in the recovery study 200 steps beside a 960-step pass), each logged
+(``trainer.log_every=1``: the training metrics' compute every step makes a sweep's step about 3x a pass's);
+rollback is off and the divergence check at its default, so a sweep ends where its loss explodes, as a
+range test does (said as "loss exploded ... (expected)", not as a failure). The suggestion is for the
+config's schedule (one-cycle), from its start: HDET and the parameter-free dense optimizers (Prodigy,
+Schedule-Free) set their step sizes themselves and are refused.
 Exit status: 0 with a suggestion (a warning when it lies at an end of the range), 2 for a bad config or data
 (nothing written) or a run directory that already holds a range test, 1 when a sweep failed or logged no loss.
 """
 
 from __future__ import annotations
 
+import time
+
+# The command's cost is counted from here, its imports included (Python's start and the package's import come
+# before: 1 to 2 s).
+_STARTED = time.monotonic()
+
 import json
+import math
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.train)
@@ -86,12 +102,153 @@ def check_config(cfg: DictConfig) -> None:
                           "schedule's max LRs (leave optim.schedule.name at one_cycle)")
 
 
+def sweep_heading(cfg: DictConfig, axis: str) -> str:
+    """What a sweep's console line says before it runs: its groups and their LRs from first to last step."""
+    rt = cfg.optim.schedule.range_test
+    by_start: Dict[float, List[str]] = {}
+    for g in LR_AXES[axis]:
+        by_start.setdefault(float(cfg.optim.lr[g]), []).append(g)
+
+    def span(lr: float) -> str:
+        return f"{lr * float(rt.low):.4g} -> {lr * float(rt.high):.4g}"
+
+    ranges = (span(next(iter(by_start))) if len(by_start) == 1
+              else ", ".join(f"{span(lr)} ({', '.join(gs)})" for lr, gs in by_start.items()))
+    groups = "" if list(LR_AXES[axis]) == [axis] else f": {', '.join(LR_AXES[axis])}"
+    return f"({axis}{groups}): lr {ranges} over {int(rt.steps)} steps"
+
+
+def sweep_outcome(status: str, metrics: Sequence[Dict[str, Any]], diverge_loss: float) -> str:
+    """How a sweep ended, for its console line. A diverged sweep is a range test reaching its end (its loss
+    exploded, as it should at the top of the range); the trainer's divergence check stopped it on a non-finite
+    loss, an average loss above ``trainer.diverge_loss`` (said as its multiple of the best logged one), or a
+    collapse to the base-rate predictor (``trainer.collapse``)."""
+    if status != "diverged":
+        return {"stopped": "done", "completed": "done (the pass ended before the sweep)"}.get(status, status)
+    steps, losses = range_test_curve(metrics)
+    if not steps:  # the check follows a record (one every step): not met in practice
+        return "range test: stopped by the divergence check (expected)"
+    # An interval without a finite step is logged with NaN losses (records from before: 0.0, the mean over none).
+    last = next(m["loss"] for m in reversed(metrics) if "loss" in m and "step" in m)
+    if not math.isfinite(losses[-1]) or all(v == 0.0 for v in last.values()):
+        return f"range test: loss exploded at step {steps[-1]} (non-finite) (expected)"
+    if losses[-1] > diverge_loss:
+        best = min(x for x in losses if math.isfinite(x))
+        return (f"range test: loss exploded at x{losses[-1] / best:.3g} of its best, step {steps[-1]} "
+                f"(above trainer.diverge_loss={diverge_loss:g}) (expected)")
+    return f"range test: the model collapsed to the base rate at step {steps[-1]} (trainer.collapse) (expected)"
+
+
+# One sweep for the workers: its typed config, the config's plain values, its run directory, its console heading.
+Sweep = Tuple[Any, Dict[str, Any], str, str]
+
+
+def sweep_worker(sweeps: Sequence[Sweep]) -> int:
+    """One rank of the range tests: the sweeps one after the other, each a :class:`~recsys_hdet.trainer.Trainer`
+    run as :func:`recsys_hdet.api.worker` runs one, on one process group. Each sweep's output goes to its own
+    ``train.log``; rank 0 writes one console line per sweep. A failed sweep (it raises) ends the job, the
+    sweeps after it unrun. A sweep's ``wall_seconds`` (``RunDir.SUMMARY``) counts from its own start."""
+    from recsys_hdet.distributed import quiet_library_warnings
+
+    quiet_library_warnings()
+    import torch
+    import torch.distributed as dist
+
+    from recsys_hdet.components.console_log import output_to
+    from recsys_hdet.distributed import init_process_groups, threads_per_worker
+    from recsys_hdet.run_dir import RunDir
+    from recsys_hdet.trainer import Trainer
+
+    trainer = sweeps[0][0].trainer  # the sweeps differ in their schedules and LRs alone
+    torch.set_num_threads(threads_per_worker(trainer.threads_per_worker, int(os.environ["LOCAL_WORLD_SIZE"])))
+    pgs = init_process_groups(int(trainer.sharding_group_size), float(trainer.collective_timeout_s))
+    console = pgs.layout.rank == 0  # one line per sweep, from rank 0 (the rank that writes the run's files)
+    try:
+        for number, (typed, record, sweep_dir, heading) in enumerate(sweeps, 1):
+            start, files = time.time(), RunDir(sweep_dir)
+            if console:
+                print(f"sweep {number}/{len(sweeps)} {heading} ...", end="", flush=True)
+            try:
+                with output_to(files.path(RunDir.TRAIN_LOG)):
+                    print(f"run directory: {sweep_dir}", flush=True)
+                    Trainer(typed, record, sweep_dir, pgs, start).run()
+            except BaseException:
+                if console:
+                    print(f" failed after {time.time() - start:.1f} s: see {files.path(RunDir.TRAIN_LOG)}", flush=True)
+                raise
+            if console:
+                outcome = sweep_outcome(str((files.summary() or {}).get("status")), files.metrics(),
+                                        float(typed.trainer.diverge_loss))
+                print(f" {outcome}{'' if outcome == 'done' else '; done'} in {time.time() - start:.1f} s", flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def run_sweeps(sweeps: Dict[str, DictConfig], run_dir: str) -> Dict[str, Any]:
+    """Trains each axis's sweep config into ``run_dir/sweep_<axis>`` and returns each one's
+    :class:`~recsys_hdet.api.TrainResult` (exit status 0 stopped, 3 diverged, else the workers' failure).
+
+    All sweeps run on one launch of ``trainer.nproc`` workers (:func:`sweep_worker`): started once, the workers
+    (Python, torch and TorchRec imports, the process group) and the data check cost once, not per sweep. The job
+    set-up is :func:`recsys_hdet.api.train`'s for a fresh run (``trainer.resume=never``: no resume, no restarts):
+    the config checked and typed, the data prepared, the warm start resolved, each sweep's config recorded and its
+    directory locked. Raises ConfigError or DataError for a bad config or data (before anything is written) or a
+    sweep directory another job holds."""
+    from recsys_hdet.api import TrainResult, record_config, ensure_warm_start
+    from recsys_hdet.config import validate_config
+    from recsys_hdet.config_values import plain
+    from recsys_hdet.distributed import launch, torchrun_follower
+    from recsys_hdet.job_inputs import prepare_data
+    from recsys_hdet.resume import resolve_branch
+    from recsys_hdet.run_dir import RunDir, RunDirInUse, run_dir_lock
+    from data_tools.fileio import abs_path
+
+    typed = {axis: validate_config(cfg) for axis, cfg in sweeps.items()}
+    first = next(iter(typed.values()))
+    root = abs_path(first.data.root) if torchrun_follower() else prepare_data(first)  # the same data for every sweep
+    warm_start = ensure_warm_start(first)
+    jobs: List[Sweep] = []
+    locks = []
+    for axis, cfg in sweeps.items():
+        values = plain(cfg)  # as api.train records them in each checkpoint's manifest
+        values["data"]["root"] = typed[axis].data.root = root
+        values["trainer"]["warm_start"] = typed[axis].trainer.warm_start = warm_start
+        if typed[axis].trainer.branch_from:
+            values["trainer"]["branch_from"] = typed[axis].trainer.branch_from = resolve_branch(values)
+        values["trainer"]["resume_from"] = None
+        jobs.append((typed[axis], values, os.path.join(run_dir, f"sweep_{axis}"), sweep_heading(cfg, axis)))
+    try:
+        for axis, (_, _, sweep_dir, _) in zip(sweeps, jobs):
+            os.makedirs(sweep_dir, exist_ok=True)
+            if not torchrun_follower():
+                record_config(sweeps[axis], sweep_dir, root, warm_start)
+            try:
+                locks.append(run_dir_lock(sweep_dir))  # held until the workers end: a second job refuses to start
+            except RunDirInUse as e:
+                raise ConfigError(str(e)) from None
+        print(f"lr_find: {len(jobs)} LR range tests on {int(first.trainer.nproc)} worker(s) into {run_dir} "
+              f"(each sweep's log: sweep_<axis>/{RunDir.TRAIN_LOG})", flush=True)
+        code = launch(sweep_worker, (jobs,), int(first.trainer.nproc))
+    finally:
+        for lock in locks:
+            if lock is not None:
+                lock.close()
+    results = {}
+    for axis, (_, _, sweep_dir, _) in zip(sweeps, jobs):
+        status = (RunDir(sweep_dir).summary() or {}).get("status")  # none: the sweep failed, or one before it did
+        exit_status = (ExitStatus.DIVERGED if status == "diverged" else ExitStatus.OK if status
+                       else code or ExitStatus.FAILED)
+        results[axis] = TrainResult.load(sweep_dir, exit_status)
+    return results
+
+
 def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
     """Runs the two sweeps into ``run_dir`` and returns the record ``lr_find.json`` holds:
-    per axis its sweep's run, exit status, status, steps, multiplier and ``range_edge``; ``lr``: the
-    suggested max LR per group (absent when a sweep failed or gave no suggestion). A sweep that ends
-    diverged is an ordinary range test (its loss exploded); any other failure stops the search."""
-    from recsys_hdet.api import train
+    per axis its sweep's run, exit status, status, steps, seconds (from its own start, the workers' start-up
+    aside), multiplier and ``range_edge``; ``lr``: the suggested max LR per group (absent when a sweep failed
+    or gave no suggestion). A sweep that ends diverged is an ordinary range test (its loss exploded); any
+    other failure stops the search."""
     from recsys_hdet.run_dir import RunDir
 
     check_config(cfg)
@@ -103,15 +260,15 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
     low, high = float(rt.low), float(rt.high)
     record: Dict[str, Any] = {"range_test": {"steps": int(rt.steps), "low": low, "high": high},
                               "start": {g: float(cfg.optim.lr[g]) for gs in LR_AXES.values() for g in gs}, "sweeps": {}}
-    for axis in LR_AXES:
-        sweep_dir = os.path.join(run_dir, f"sweep_{axis}")
-        result = train(sweep_config(cfg, axis), sweep_dir)
-        sweep: Dict[str, Any] = {"run_dir": sweep_dir, "exit_status": result.exit_status, "status": result.status,
-                                 "steps": result.steps, "multiplier": None, "range_edge": None}
+    results = run_sweeps({axis: sweep_config(cfg, axis) for axis in LR_AXES}, run_dir)
+    for axis, result in results.items():
+        sweep: Dict[str, Any] = {"run_dir": result.run_dir, "exit_status": result.exit_status, "status": result.status,
+                                 "steps": result.steps, "seconds": (result.summary or {}).get("wall_seconds"),
+                                 "multiplier": None, "range_edge": None}
         record["sweeps"][axis] = sweep
         if result.exit_status not in SWEEP_ENDS:
             return record
-        curve = range_test_curve(RunDir(sweep_dir).metrics())
+        curve = range_test_curve(RunDir(result.run_dir).metrics())
         sweep["multiplier"] = suggest_multiplier(*curve, low, high, int(rt.steps))
         if sweep["multiplier"] is None:
             return record
@@ -140,10 +297,14 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {e}", file=sys.stderr)
         remove_hydra_leftovers(run_dir, "lr_find.log")
         sys.exit(ExitStatus.USAGE)
+    record["seconds"] = time.monotonic() - _STARTED
     write_text_atomic(os.path.join(run_dir, "lr_find.json"), json.dumps(record, indent=1) + "\n")
     for axis, s in record["sweeps"].items():
-        print(f"{axis}: sweep {s['status']} after {s['steps']} steps (exit status {s['exit_status']}), "
-              f"multiplier {s['multiplier']}", flush=True)
+        if s["multiplier"] is None:
+            continue
+        groups = LR_AXES[axis]
+        print(f"{axis}: x{s['multiplier']:.3g} {'its max LR' if len(groups) == 1 else 'their max LRs'}"
+              + (f": {overrides_line({g: record['lr'][g] for g in groups})}" if "lr" in record else ""), flush=True)
         if s["range_edge"] == "high":
             print(f"warning: the {axis} suggestion is the largest this range allows (the loss still fell at the "
                   "sweep's end): the rate may lie higher; raise optim.schedule.range_test.high", flush=True)
@@ -151,13 +312,22 @@ def main(cfg: DictConfig) -> None:
             print(f"warning: the {axis} suggestion is the smallest this range allows (the loss rose from the first "
                   "step): lower optim.schedule.range_test.low", flush=True)
     if "lr" not in record:
+        print(cost_line(record), flush=True)
         axis, s = next((a, s) for a, s in record["sweeps"].items() if s["multiplier"] is None)
-        why = (f"its run failed (exit status {s['exit_status']})" if s["exit_status"] not in SWEEP_ENDS
-               else "it logged no finite loss")
+        why = (f"its run failed (exit status {s['exit_status']}; its log: {os.path.join(s['run_dir'], 'train.log')})"
+               if s["exit_status"] not in SWEEP_ENDS else "it logged no finite loss")
         print(f"error: no suggestion: the {axis} sweep in {s['run_dir']}: {why}", file=sys.stderr)
         sys.exit(ExitStatus.FAILED)
     print(f"suggested: {overrides_line(record['lr'])}")
+    print(cost_line(record))
     print(f"lr_find: {os.path.join(run_dir, 'lr_find.json')}")
+
+
+def cost_line(record: Dict[str, Any]) -> str:
+    """The command's time in all and each sweep's (what is left: Python's start and imports, the data check and
+    the workers' start, once for all sweeps)."""
+    sweeps = ", ".join(f"{axis} {s['seconds']:.1f} s" for axis, s in record["sweeps"].items() if s["seconds"])
+    return f"cost: {record['seconds']:.1f} s in all (sweeps: {sweeps or 'none finished'}; the rest starting up)"
 
 
 def usage() -> str:

@@ -29,7 +29,7 @@ class RunDir:
     and folder, named here only), their paths (:meth:`path`) and readers of the run's config, summary and
     records. Writers write through their own code (the bytes are theirs); only the names are here."""
 
-    # What Hydra writes (or a job that composes the config itself: write_job_config, api._record_config)
+    # What Hydra writes (or a job that composes the config itself: write_job_config, api.record_config)
     HYDRA = ".hydra"
     CONFIG = os.path.join(HYDRA, "config.yaml")        # the composed config: what evaluation, export, resume read
     OVERRIDES = os.path.join(HYDRA, "overrides.yaml")  # the overrides it was composed with

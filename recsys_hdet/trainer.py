@@ -306,7 +306,7 @@ class Trainer:
         stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps), *ne], dtype=torch.float64)])
         dist.all_reduce(stats)
         good_steps = stats[num_tasks + 1] - stats[num_tasks]
-        mean = stats[:num_tasks] / good_steps.clamp(min=1)
+        mean = stats[:num_tasks] / good_steps  # no finite step in the interval: NaN (0/0), never a loss of 0
         avg = weighted_task_mean(mean, self.task_weights)
         metrics_record = {
             "step": loop.step,

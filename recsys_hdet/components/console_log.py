@@ -12,16 +12,21 @@ that runs training with its output redirected there, as the retraining job does)
 Limits: the local launcher only (under torchrun every rank is its own process tree: torchrun's
 ``--tee``/``--log-dir`` keep its logs); if the launcher is killed alone, its workers lose their
 console and stop at their next write (a scheduler kills the whole process group).
+
+:func:`output_to` is the other direction, for a process that runs several runs one after the other (the LR
+range test's sweeps, :mod:`recsys_hdet.lr_find`): during each run its descriptors 1 and 2 write to that run's
+``train.log`` only, so that the console shows the job's own lines and each log holds its run's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 from multiprocessing import resource_tracker
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 
 class ConsoleLog:
@@ -101,6 +106,28 @@ class ConsoleLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def output_to(path: str) -> Iterator[None]:
+    """Points this process's descriptors 1 and 2 at ``path`` (appending) for the block, then back at what they
+    were. Python's buffers are flushed at both ends; what a library's C code still buffers may land on the
+    wrong side. The process's children started inside the block keep ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (log, *saved):
+            os.close(fd)
 
 
 def _writes_to(fd: int, path: str) -> bool:
