@@ -37,8 +37,9 @@ from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from data_tools.fileio import LockHeld, staged_directory, try_exclusive_lock, write_manifest
+from recsys_hdet.run_dir import RunDir
 
-MANIFEST = "manifest.json"
+MANIFEST = RunDir.VERSION_MANIFEST  # a version is a run directory with its record
 CHECKSUM = "checksum"  # a manifest's own sha256 over its other keys (manifest_checksum); status and every read check it
 
 

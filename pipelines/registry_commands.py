@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from typing import List, Optional
 
 from omegaconf import DictConfig
@@ -18,7 +19,7 @@ from omegaconf import DictConfig
 from pipelines.day_plan import RetrainError, check_registry, version_name
 from pipelines.gate import gate
 from pipelines.registry import Registry, RegistryBusy, RegistryError
-from pipelines.version_manifest import adopted_manifest, version_files
+from pipelines.version_manifest import adopted_manifest, version_files, write_version_report
 from recsys_hdet.run_dir import RunDir
 from data_tools.exit_status import ExitStatus
 
@@ -106,9 +107,13 @@ def adopt(cfg: DictConfig, overrides_given: bool = False) -> int:
     manifest = adopted_manifest(cfg, run, decision, candidate)
     os.makedirs(registry.root, exist_ok=True)
     try:
-        with registry.lock():
+        with registry.lock(), tempfile.TemporaryDirectory(prefix="recsys-hdet-adopt-") as scratch:
             files = version_files(run.run_dir)
             version = version_name(1)
+            # The version's report names its lineage; the adopted run's own report.html is left as it is.
+            report = write_version_report(run.run_dir, manifest, version, os.path.join(scratch, RunDir.REPORT))
+            if report:
+                files[RunDir.REPORT] = report
             registry.add_version(version, files, manifest)
             registry.set_current(version)
             registry.log_event({"event": "adopted", "version": version, "run_dir": run.run_dir})

@@ -27,7 +27,7 @@ from pipelines.gate import evaluate_models, gate
 from pipelines.lr_carry import clamp_carried, preset_lrs
 from pipelines.registry import Registry
 from pipelines.settings import SettingsComparison, changed_settings
-from pipelines.version_manifest import day_manifest, version_files
+from pipelines.version_manifest import day_manifest, version_files, write_version_report
 from recsys_hdet.api import compose_config
 from recsys_hdet.run_dir import RunDir
 
@@ -87,6 +87,10 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
     manifest = day_manifest(cfg, plan, parent=day.current, run_dir=day.run_dir, summary=summary, decision=decision,
                             candidate=candidate, carried=day.carried, preset=day.preset, experiment=day.experiment,
                             overrides=day.overrides)
+    try:
+        write_version_report(day.run_dir, manifest, version)
+    except Exception as e:  # noqa: BLE001 - a report failure fails the day, named
+        raise RetrainError(f"day {plan.day}: the version's report failed: {type(e).__name__}: {e}") from e
     _record(cfg, registry, plan, day, version, manifest, decision)
     _log_outcome(plan, version, day.current, decision, log)
     return decision["decision"]

@@ -1,4 +1,5 @@
-"""What a registry version holds: the files of its run (:func:`version_files`) and its manifest.
+"""What a registry version holds: the files of its run (:func:`version_files`), its manifest, and a report
+that names its lineage (:func:`write_version_report`).
 
 The manifest (``manifest.json``, :class:`pipelines.registry.Registry`) records the version's lineage,
 the gate's decision, the LRs it started from and ended with, its settings and the exact data it was
@@ -29,6 +30,27 @@ VERSION_FILES = (RunDir.CHECKPOINT, RunDir.EXPORT, RunDir.HYDRA, RunDir.SUMMARY,
 def version_files(run_dir: str) -> Dict[str, str]:
     """The files of the finished run ``run_dir`` a version holds (those present): name -> path."""
     return {name: os.path.join(run_dir, name) for name in VERSION_FILES if os.path.exists(os.path.join(run_dir, name))}
+
+
+def write_version_report(run_dir: str, manifest: Dict[str, Any], version: str,
+                         path: Optional[str] = None) -> Optional[str]:
+    """Renders the scored run's report.html with the registry version's lineage: the gate's decision and
+    reasons, the parent version and the paired NE difference against it (the report's "Registry version"
+    section, read from ``manifest``, the version's manifest before the registry writes it). Into ``path``
+    (default the run's own report.html, which the version then copies). Returns the path, or None for a run
+    that was not scored (no eval.json: a failed day has no report). Call it after the gate decides and
+    before the version's files are copied: a version is never rewritten."""
+    from recsys_hdet.evaluation.report import render_run, write_report
+    from recsys_hdet.evaluation.run_artifacts import RunArtifacts
+
+    files = RunDir(run_dir)
+    if not os.path.isfile(files.path(RunDir.EVAL)):
+        return None
+    run = RunArtifacts(run_dir)
+    run.lineage = {**manifest, "version": version}
+    target = path or files.path(RunDir.REPORT)
+    write_report(target, render_run(run))
+    return target
 
 
 def data_fingerprint(root: str, days: Sequence[str]) -> str:

@@ -50,6 +50,7 @@ class RunDir:
     # What the retraining job adds (pipelines/retrain.py: a registry version holds them)
     EXPORT = "export"                  # the serving artifact
     PUBLISHED_EVAL = "published_eval.json"  # the published model scored on the candidate's held-out rows
+    VERSION_MANIFEST = "manifest.json"  # a registry version's record (pipelines.registry: its gate, parent, files)
     # What a study run adds (studies/runs.train_run)
     STUDY_RUN = "ablation_run.json"    # the command, overrides, exit status, seconds, commit
 

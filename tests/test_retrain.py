@@ -344,6 +344,11 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     assert {json.dumps(registry.manifest(v)["holdout"]) for v in ("v0001", "v0002", "v0003")} \
         == {json.dumps({"fraction": 0.1, "seed": 0})}
     assert _lineage(tmp_path / "reg2") == (lineage, current)
+    # Each version's report names its lineage, as the job wrote it: the gate's decision and the parent.
+    for version, decision, parent in (("v0001", "published", "no parent: a cold start"),
+                                      ("v0003", "rejected", "parent <code>v0002</code>")):
+        report = open(os.path.join(registry.version_dir(version), "report.html")).read()
+        assert f"Gate decision: <b>{decision}</b>" in report and parent in report, version
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path, tiny_dataset, capsys):

@@ -6,7 +6,9 @@
   trainer's held-out pass, HDET's probe, and a finished run's checkpoint through :func:`score_run`);
 - :mod:`~recsys_hdet.evaluation.segments`: a run directory (:func:`load_run`), the predictions
   table with its segments, the metrics per task, segment and random-exposure slice;
-- :mod:`~recsys_hdet.evaluation.report`: report.html (figures and tables, one run or several);
+- :mod:`~recsys_hdet.evaluation.intervals`: the 95% intervals of each slice's AUC, NE and calibration;
+- :mod:`~recsys_hdet.evaluation.report`: report.html (figures and tables, one run or several), with
+  :mod:`~recsys_hdet.evaluation.report_lineage`, a registry version's gate decision and parent;
 - :mod:`~recsys_hdet.evaluation.cli`: ``python -m recsys_hdet.evaluate``.
 """
 

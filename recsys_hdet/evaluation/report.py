@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from recsys_hdet.evaluation.report_figures import (fig_base_lrs, fig_hparams, fig_reliability, fig_replica_losses,
                                                    fig_train_loss)
+from recsys_hdet.evaluation.report_lineage import lineage_line, lineage_section
 from recsys_hdet.evaluation.run_artifacts import RunArtifacts
-from recsys_hdet.run_dir import RunDir
 from data_tools.contract import label_column
 from data_tools.fileio import write_text_atomic
 
@@ -36,6 +36,27 @@ def _num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
+def with_interval(m: Optional[Dict[str, Any]], key: str, digits: int = 4) -> str:
+    """A metric of eval.json (``m``: one task's metrics) and its 95% interval, ``0.7404 [0.7301, 0.7502]``;
+    the value alone where eval.json has no interval (written before intervals existed, or undefined)."""
+    value = _num(m.get(key) if m else None, digits)
+    low_high = ((m or {}).get("interval") or {}).get(key)
+    if not low_high or value == "–" or None in low_high:
+        return value
+    return f"{value} <span class='ci'>[{low_high[0]:.{digits}f}, {low_high[1]:.{digits}f}]</span>"
+
+
+def positives(m: Optional[Dict[str, Any]]) -> Optional[int]:
+    """A slice's positive count: eval.json's ``positives``, or its positive rate times its count in an
+    eval.json written before positives were recorded."""
+    if not m:
+        return None
+    if m.get("positives") is not None:
+        return int(m["positives"])
+    rate, count = m.get("positive_rate"), m.get("count")
+    return None if rate is None or count is None else int(round(rate * count))
+
+
 def has_oracle(run: RunArtifacts) -> bool:
     """Whether the run's eval.json has oracle metrics: the generator's true probabilities, which
     only synthetic data carries (real logs have none)."""
@@ -44,8 +65,9 @@ def has_oracle(run: RunArtifacts) -> bool:
 
 
 def _metrics_head(oracle: bool, gauc: bool) -> str:
-    cols = (["run", "task", "AUC"] + (["GAUC (user)"] if gauc else []) + ["NE"]
-            + (["oracle NE", "NE gap"] if oracle else []) + ["log loss", "calibration", "ECE", "positive rate", "count"])
+    cols = (["run", "task", "AUC [95%]"] + (["GAUC (user)"] if gauc else []) + ["NE [95%]"]
+            + (["oracle NE", "NE gap"] if oracle else []) + ["log loss", "calibration [95%]", "ECE", "positive rate",
+                                                             "positives", "count"])
     return "<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
 
 
@@ -56,16 +78,16 @@ def _metric_rows(label: str, ev: Dict[str, Any], oracle: Optional[Dict[str, Any]
     GAUC column out (it is computed on the whole held-out set only)."""
     rows = []
     for t, m in ev.items():
-        cells = [html.escape(label), t, _num(m["auc"])]
+        cells = [html.escape(label), t, with_interval(m, "auc")]
         if gauc is not None:
             cells.append(_num(gauc.get(t, {}).get("gauc")))
-        cells.append(_num(m["ne"]))
+        cells.append(with_interval(m, "ne"))
         if oracle is not None:
             o = oracle.get(t, {}).get("ne")
             gap = m["ne"] - o if (o is not None and m["ne"] is not None) else None
             cells += [_num(o), "–" if gap is None else f"{gap:+.4f}"]
-        cells += [_num(m["logloss"]), _num(m["calibration"], 3), _num(m.get("ece")), _num(m["positive_rate"]),
-                  _num(m["count"])]
+        cells += [_num(m["logloss"]), with_interval(m, "calibration", 3), _num(m.get("ece")), _num(m["positive_rate"]),
+                  _num(positives(m)), _num(m["count"])]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return rows
 
@@ -97,9 +119,12 @@ def metrics_note(runs: Sequence[RunArtifacts]) -> str:
                   f"oracle for {', '.join(html.escape(x) for x in without)} ('–'). ")
     return ("<p class='note'>NE: log loss / entropy of the positive rate (lower is better). " + oracle
             + "Calibration: mean prediction / positive rate (1 is calibrated). ECE: expected calibration error, "
-              "15 bins (torchmetrics).</p>")
+              "15 bins (torchmetrics). " + INTERVALS_NOTE + "</p>")
 
 
+INTERVALS_NOTE = ("[95%]: the interval of the metric over the slice's rows (normal approximations: NE by the delta "
+                  "method, calibration on the log scale, AUC by DeLong's variance on the logit scale; rows treated as "
+                  "independent). Read a slice by its positives: a few dozen give a wide interval.")
 RANDOM_EXPOSURE_NOTE = ("<p class='note'>The held-out impressions whose video was shown uniformly at random "
                         "(<code>is_rand</code> = 1): the unbiased estimate of each task's metrics, free of the "
                         "serving policy's selection of what users see. A small sample: read its row count. "
@@ -138,7 +163,8 @@ def provenance(runs: Sequence[RunArtifacts]) -> str:
         ev = r.evaluation
         lines.append(f"{html.escape(r.label) + ': ' if len(runs) > 1 else ''}commit <code>{html.escape(str(r.summary.get('code', 'not recorded')))}</code>"
                      f" · checkpoint <code>{html.escape(str(ev.get('checkpoint', '–')))}</code> (step "
-                     f"{_num(ev.get('checkpoint_steps'))}) · evaluated {html.escape(str(ev.get('evaluated_at', '–')))}")
+                     f"{_num(ev.get('checkpoint_steps'))}) · evaluated {html.escape(str(ev.get('evaluated_at', '–')))}"
+                     f" on days {html.escape(', '.join(ev.get('days', [])) or '–')}" + lineage_line(r))
     return "<p class='note'>" + "<br>".join(lines) + "</p>"
 
 
@@ -153,8 +179,7 @@ def paired_table(runs: Sequence[RunArtifacts]) -> str:
     from recsys_hdet.evaluation.task_metrics import paired_ne_difference
 
     def frame(r: RunArtifacts) -> Optional[pl.DataFrame]:
-        path = r.files.path(RunDir.PREDICTIONS)
-        return pl.read_parquet(path) if os.path.isfile(path) else None
+        return pl.read_parquet(r.predictions) if os.path.isfile(r.predictions) else None
 
     base, base_frame = runs[0], frame(runs[0])
     tasks = base.tasks
@@ -194,8 +219,9 @@ def runs_table(runs: Sequence[RunArtifacts]) -> str:
 
 
 def segment_tables(runs: Sequence[RunArtifacts]) -> str:
-    """Per segment kind, one row per segment value. One run: NE and AUC per task. Several runs:
-    one table per task with each run's NE side by side (AUC is in each run's own report)."""
+    """Per segment kind and task, one row per segment value with its impressions and positives (read the
+    intervals by them). One run: AUC, NE and calibration with their 95% intervals. Several runs: each run's
+    NE and calibration side by side (AUC is in each run's own report)."""
     out = []
     kinds: List[str] = []
     for r in runs:
@@ -209,27 +235,27 @@ def segment_tables(runs: Sequence[RunArtifacts]) -> str:
         def seg(r: RunArtifacts, v: str, t: str) -> Optional[Dict[str, Any]]:
             return r.evaluation.get("segments", {}).get(kind, {}).get(v, {}).get(t)
 
-        def count(v: str) -> Optional[int]:
-            return next((seg(r, v, tasks[0])["count"] for r in runs if seg(r, v, tasks[0])), None)
+        def counted(v: str, t: str) -> Optional[Dict[str, Any]]:
+            """The segment's metrics in the first run that has it, for its impressions and positives (runs
+            scored on the same rows count the same)."""
+            return next((seg(r, v, t) for r in runs if seg(r, v, t)), None)
+
+        def metric_cells(v: str, t: str) -> str:
+            if len(runs) == 1:
+                return "".join(f"<td>{with_interval(seg(runs[0], v, t), key, digits)}</td>"
+                               for key, digits in (("auc", 4), ("ne", 4), ("calibration", 3)))
+            return "".join(f"<td>{with_interval(seg(r, v, t), 'ne')}</td>"
+                           f"<td>{with_interval(seg(r, v, t), 'calibration', 3)}</td>" for r in runs)
 
         title = SEGMENT_TITLES.get(kind, kind)
-        if len(runs) == 1:
-            cols = "".join(f"<th>{t} NE</th><th>{t} AUC</th>" for t in tasks)
-            rows = "".join(
-                f"<tr><td>{html.escape(v)}</td><td>{_num(count(v))}</td>"
-                + "".join(f"<td>{_num(m and m['ne'])}</td><td>{_num(m and m['auc'])}</td>"
-                          for m in (seg(runs[0], v, t) for t in tasks)) + "</tr>"
-                for v in values)
-            out.append(f"<h3>by {title}</h3><table><tr><th>segment</th><th>impressions</th>{cols}</tr>{rows}</table>")
-            continue
+        cols = ("<th>AUC [95%]</th><th>NE [95%]</th><th>calibration [95%]</th>" if len(runs) == 1 else
+                "".join(f"<th>{html.escape(r.label)} NE [95%]</th><th>{html.escape(r.label)} calibration [95%]</th>"
+                        for r in runs))
         for t in tasks:
-            cols = "".join(f"<th>{html.escape(r.label)}</th>" for r in runs)
-            rows = "".join(
-                f"<tr><td>{html.escape(v)}</td><td>{_num(count(v))}</td>"
-                + "".join(f"<td>{_num(m and m['ne'])}</td>" for m in (seg(r, v, t) for r in runs)) + "</tr>"
-                for v in values)
-            out.append(f"<h3>{t} NE by {title}</h3><table><tr><th>segment</th><th>impressions</th>{cols}</tr>"
-                       f"{rows}</table>")
+            rows = "".join(f"<tr><td>{html.escape(v)}</td><td>{_num((counted(v, t) or {}).get('count'))}</td>"
+                           f"<td>{_num(positives(counted(v, t)))}</td>{metric_cells(v, t)}</tr>" for v in values)
+            out.append(f"<h3>{t} by {title}</h3><table><tr><th>segment</th><th>impressions</th><th>positives</th>{cols}"
+                       f"</tr>{rows}</table>")
     return "".join(out)
 
 
@@ -243,6 +269,7 @@ table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px soli
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 figure{margin:12px 0}img.figure{max-width:100%}figcaption{font-size:13px;color:#555}
 .note{font-size:13px;color:#555}
+.ci{font-size:11px;color:#666;white-space:nowrap}
 """
 
 
@@ -259,7 +286,7 @@ def _section(heading: str, *parts: Optional[str]) -> List[str]:
 
 
 def render_run(run: RunArtifacts) -> str:
-    body = [f"<h1>Offline evaluation: {html.escape(run.label)}</h1>", provenance([run]),
+    body = [f"<h1>Offline evaluation: {html.escape(run.label)}</h1>", provenance([run]), *lineage_section(run),
             "<h2>Run</h2>", runs_table([run]),
             "<h2>Held-out metrics</h2>", metrics_note([run]), metrics_table([run]),
             "<h2>Random exposure (unbiased estimate)</h2>", RANDOM_EXPOSURE_NOTE, random_exposure_table([run])]

@@ -6,7 +6,8 @@
    the run's training days) and tab.
 3. :func:`evaluate_frame` computes, per task and per segment, the trainer's held-out metrics
    (:func:`recsys_hdet.evaluation.task_metrics.task_metrics`: AUC, NE, log loss, calibration, ECE,
-   positive rate, count), plus equal-count reliability curves, and the same metrics on the
+   positive rate, count; and each slice's positives and 95% intervals: :mod:`recsys_hdet.evaluation.intervals`),
+   plus equal-count reliability curves, and the same metrics on the
    random-exposure slice (``is_rand`` = 1: videos shown uniformly at random, the unbiased
    estimate), or why that slice is absent (no ``is_rand`` column in older data sets, or no such row).
 """
@@ -25,6 +26,7 @@ from omegaconf import DictConfig
 
 from data_tools.contract import LABEL_PREFIX, ORACLE_PREFIX, RAND_COLUMN, has_meta, meta_path
 from recsys_hdet.components.dataset import DatasetMeta, RowHoldout, split_for
+from recsys_hdet.evaluation.intervals import method as intervals_method, with_intervals
 from recsys_hdet.evaluation.task_metrics import grouped_auc, oracle_metrics, reliability_curve, task_metrics
 from recsys_hdet.run_dir import RunDir
 
@@ -237,11 +239,17 @@ def random_exposure_slice(df: pl.DataFrame, tasks: Sequence[str], metrics_for) -
 
 
 def evaluate_frame(df: pl.DataFrame, tasks: Sequence[str], min_segment_rows: int = 1) -> Dict[str, Any]:
-    """eval.json's metrics from a predictions table (see :func:`predictions_frame`)."""
+    """eval.json's metrics from a predictions table (see :func:`predictions_frame`). Every slice's task
+    metrics (the whole table, each segment, the random-exposure slice) carry the slice's ``positives`` and
+    the 95% ``interval`` of its AUC, NE and calibration (:mod:`recsys_hdet.evaluation.intervals`; how they
+    were computed: ``intervals``)."""
     def metrics_for(frame: pl.DataFrame) -> Dict[str, Dict[str, float]]:
-        return {t: task_metrics(_tensor(frame[PRED_PREFIX + t]), _tensor(frame[LABEL_PREFIX + t])) for t in tasks}
+        point = {t: task_metrics(_tensor(frame[PRED_PREFIX + t]), _tensor(frame[LABEL_PREFIX + t])) for t in tasks}
+        labels = frame.select([LABEL_PREFIX + t for t in tasks]).to_numpy()
+        probs = frame.select([PRED_PREFIX + t for t in tasks]).to_numpy()
+        return with_intervals(point, labels, probs, tasks)
 
-    out: Dict[str, Any] = {"rows": df.height, "eval": metrics_for(df)}
+    out: Dict[str, Any] = {"rows": df.height, "eval": metrics_for(df), "intervals": intervals_method()}
     if all(ORACLE_PREFIX + t in df.columns for t in tasks):
         out["oracle"] = {t: oracle_metrics(_tensor(df[ORACLE_PREFIX + t]), _tensor(df[LABEL_PREFIX + t]))
                          for t in tasks}
