@@ -18,6 +18,9 @@ The 27K-shaped data set is then trained ``--k27-train-steps`` steps on the 2 x 2
 groups of 2: each group's planner places the video table, as many rows as the log's distinct videos), no
 checkpoints, for the peak RSS per worker (:func:`benchmarks.scaling_measure.train`).
 
+The row axis' second point (``--row-days``, default 30: 30M rows) holds the smallest catalog and grows the days:
+conversion peak RSS from 3M to 30M rows (target < 10%), as :mod:`benchmarks.scaling` measures it with training.
+
 Judged: conversion peak RSS from the smallest to the largest catalog (target < 2x); the 27K-shaped
 conversion's peak (target < 8 GB); the loader (target >= 1M rows per CPU second). The projection to the
 whole release (322M rows over 31 days) is a line through the two measured row counts at the largest
@@ -60,6 +63,8 @@ def parse_args(argv) -> argparse.Namespace:
                                                         "the loader's warm-up and its timed day)")
     ap.add_argument("--k27-rows-per-day", type=float, default=1e7, help="at most 1e7 (the generator's limit)")
     ap.add_argument("--k27-days", type=int, default=3, help="at least 3")
+    ap.add_argument("--row-days", type=int, default=30,
+                    help="the row axis' second point: the smallest catalog with this many days (0: none)")
     ap.add_argument("--no-k27", action="store_true", help="the catalog axis only")
     ap.add_argument("--k27-train-steps", type=int, default=50,
                     help="train the 27K-shaped data set this many steps on the 2 x 2 layout (4 workers, sharding "
@@ -115,8 +120,8 @@ def tables(r: Dict[str, Any]) -> str:
              "convert peak RSS MB"] + [f"{p} peak MB" for p in phase_names]
             + ["loader rank 0 of 4 rows per CPU second (per wall second)"])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for s in r["catalog"] + ([r["k27"]] if r["k27"] else []):
-        label = f"{s['n_videos']:,}" + (" (27K-shaped)" if s is r["k27"] else "")
+    for s in r["catalog"] + [x for x in (r.get("rows"), r["k27"]) if x]:
+        label = f"{s['n_videos']:,}" + (" (27K-shaped)" if s is r["k27"] else " (row axis)" if s is r.get("rows") else "")
         loader = s["loader_0_of_4"]
         cells = [label, f"{s['rows']:,} ({s['days']} x {s['rows_per_day']:,})", f"{s['distinct_videos']:,}",
                  f"{s['convert_seconds']:.0f}", f"{s['convert_peak_rss_mb']:.0f}"]
@@ -133,11 +138,17 @@ def tables(r: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def targets(catalog: List[Dict[str, Any]], k27: Dict[str, Any] | None) -> Dict[str, Dict[str, Any]]:
+def targets(catalog: List[Dict[str, Any]], k27: Dict[str, Any] | None,
+            rows: Dict[str, Any] | None = None) -> Dict[str, Dict[str, Any]]:
     growth = catalog[-1]["convert_peak_rss_mb"] / catalog[0]["convert_peak_rss_mb"]
     out = {"convert_peak_rss_catalog_growth": {
         "target": f"< {TARGETS['catalog_growth']:.0f}x ({catalog[0]['n_videos']:,} to {catalog[-1]['n_videos']:,} videos)",
         "value": growth, "shown": f"{growth:.2f}x", "met": growth < TARGETS["catalog_growth"]}}
+    if rows:
+        more = rows["convert_peak_rss_mb"] / catalog[0]["convert_peak_rss_mb"] - 1
+        out["convert_peak_rss_row_growth"] = {
+            "target": f"< 10% ({catalog[0]['rows']:,} to {rows['rows']:,} rows, {rows['n_videos']:,} videos)",
+            "value": more, "shown": f"{more * 100:+.1f}%", "met": more < 0.10}
     if k27:
         out["k27_shaped_convert_peak_rss_mb"] = {"target": "< 8 GB", "value": k27["convert_peak_rss_mb"],
                                                  "shown": f"{k27['convert_peak_rss_mb']:,.0f} MB",
@@ -146,7 +157,7 @@ def targets(catalog: List[Dict[str, Any]], k27: Dict[str, Any] | None) -> Dict[s
         peak = k27["train_2x2"]["peak_rss_mb_per_worker"]
         out["k27_shaped_train_2x2_peak_rss_mb_per_worker"] = {"target": "< 6 GB", "value": peak,
                                                              "shown": f"{peak:,.0f} MB", "met": peak < 6 * 1024}
-    lowest = min(s["loader_0_of_4"]["rows_per_cpu_second"] for s in catalog + ([k27] if k27 else []))
+    lowest = min(s["loader_0_of_4"]["rows_per_cpu_second"] for s in catalog + [x for x in (rows, k27) if x])
     out["loader_rank0_of_4_rows_per_cpu_second_lowest"] = {
         "target": ">= 1M", "value": lowest, "shown": f"{lowest:,.0f}",
         "met": lowest >= TARGETS["loader_rows_per_cpu_second"]}
@@ -174,6 +185,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command, load_start = command_line("benchmarks.scaling_catalog", argv), os.getloadavg()[0]
     catalog = [measure_one(args.out_dir, n, args.rows_per_day, args.days) for n in args.videos]
+    rows = measure_one(args.out_dir, args.videos[0], args.rows_per_day, args.row_days) if args.row_days else None
     k27 = None if args.no_k27 else measure_one(args.out_dir, args.videos[-1], args.k27_rows_per_day, args.k27_days)
     if k27 and args.k27_train_steps:
         root = os.path.join(args.out_dir, "processed", data_key(args.videos[-1], args.k27_rows_per_day),
@@ -183,7 +195,8 @@ def main(argv=None) -> int:
         print(f"  train 2 x 2: peak RSS per worker {k27['train_2x2']['peak_rss_mb_per_worker']:.0f} MB", flush=True)
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "command": command, "commit": code_state(),
               "load_average": {"start": load_start, "end": os.getloadavg()[0]},
-              "catalog": catalog, "k27": k27, "targets": targets(catalog, k27), "projection": projection(catalog, k27)}
+              "catalog": catalog, "rows": rows, "k27": k27, "targets": targets(catalog, k27, rows),
+              "projection": projection(catalog, k27)}
     body = tables(result)
     print("\n" + body)
     out = os.path.join(REPO, "outputs", "benchmarks", "scaling-catalog.json")

@@ -61,3 +61,42 @@ def test_the_committed_data_scaling_record_has_every_figure_per_size_from_a_clea
         assert len(r[key]) == len(r["rows"]) and all(v > 0 for v in r[key]), key
     assert {"convert_peak_rss_growth", "loader_rank0_of_4_one_core_rows_per_sec_lowest",
             "train_peak_rss_per_worker_growth"} <= set(r["targets"])
+
+
+@pytest.mark.slow  # generates, converts and loads three small data sets in subprocesses
+def test_the_catalog_benchmark_runs_small_and_records_nothing(tmp_path):
+    committed = os.path.join(REPO, "benchmarks", "results.json")
+    before = open(committed).read()
+    proc = run_command([sys.executable, "-m", "benchmarks.scaling_catalog", "--videos", "2000,20000",
+                        "--rows-per-day", "3000", "--row-days", "4", "--k27-rows-per-day", "6000",
+                        "--k27-train-steps", "0",
+                        "--out-dir", str(tmp_path), "--no-record"], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert open(committed).read() == before
+    with open(os.path.join(REPO, "outputs", "benchmarks", "scaling-catalog.json")) as f:
+        r = json.load(f)
+    assert [s["n_videos"] for s in r["catalog"]] == [2000, 20000] and r["k27"]["rows"] == 18000
+    assert r["rows"]["n_videos"] == 2000 and r["rows"]["rows"] == 12000
+    for s in r["catalog"] + [r["rows"], r["k27"]]:
+        assert s["convert_peak_rss_mb"] >= max(p["peak_rss_mb"] for p in s["convert_phases"].values()) > 0
+        assert {"check joins", "video table", "day files"} <= set(s["convert_phases"])
+        assert s["loader_0_of_4"]["rows_per_cpu_second"] > 0
+    assert {"convert_peak_rss_catalog_growth", "convert_peak_rss_row_growth",
+            "k27_shaped_convert_peak_rss_mb"} <= set(r["targets"])
+
+
+def test_the_committed_catalog_record_has_the_catalog_axis_and_the_27k_shaped_run():
+    with open(os.path.join(REPO, "benchmarks", "results.json")) as f:
+        r = json.load(f)["data_scaling"]["catalog"]
+    assert r["commit"]["clean"] and len(r["commit"]["commit"]) == 40
+    videos = [s["n_videos"] for s in r["catalog"]]
+    assert videos == sorted(videos) and videos[0] <= 300_000 and videos[-1] >= 32_000_000
+    assert len({s["rows"] for s in r["catalog"]}) == 1  # the catalog grows, the rows do not
+    k = r["k27"]
+    assert k["n_videos"] >= 32_000_000 and k["days"] >= 3 and k["rows_per_day"] >= 10_000_000
+    assert r["rows"]["n_videos"] == videos[0] and r["rows"]["rows"] >= 10 * r["catalog"][0]["rows"]
+    for s in r["catalog"] + [r["rows"], k]:
+        assert s["convert_seconds"] > 0 and s["convert_peak_rss_mb"] > 0 and s["convert_phases"]
+    assert {"convert_peak_rss_catalog_growth", "convert_peak_rss_row_growth", "k27_shaped_convert_peak_rss_mb",
+            "k27_shaped_train_2x2_peak_rss_mb_per_worker", "loader_rank0_of_4_rows_per_cpu_second_lowest"} \
+        <= set(r["targets"])
