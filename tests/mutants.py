@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (68; see docs/contributing.md for the last full run's time)
+    .venv/bin/python tests/mutants.py            # every mutant (73; see docs/contributing.md for the last full run's time)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
@@ -318,6 +318,21 @@ MUTANTS = (
     Mutant("CL1", "the resource tracker started under train.log's pipes (every run's command ends 10 s late)",
            "recsys_hdet/components/console_log.py", "        resource_tracker.ensure_running()\n", "",
            ["tests/test_train.py::test_the_console_log_closes_without_waiting_on_the_resource_tracker"]),
+    Mutant("J1", "the retraining job trains without checking the day files first", "pipelines/retrain.py",
+           "                check_inputs(root)  # every file the days' runs will read, before anything trains\n", "",
+           ["tests/test_retrain_checks.py::test_a_damaged_input_file_ends_the_job_as_bad_input_before_any_worker_starts"]),
+    Mutant("J2", "the dry run skips the day's setup (its settings comparison)", "pipelines/retrain.py",
+           "        for note in setup_day(cfg, registry, plans[0], all_days, current=current).notes:\n", "        for note in []:\n",
+           ["tests/test_retrain_checks.py::test_the_dry_run_exits_as_the_run_does_and_an_execution_key_is_noted"]),
+    Mutant("W1", "the raw program maps an unseen id to the missing row", "recsys_hdet/serving/raw_program.py",
+           "torch.full_like(raw, OOV_ROW))", "torch.full_like(raw, MISSING_ROW))",
+           ["tests/test_serving_raw.py::test_the_raw_program_scores_raw_requests_as_convert_and_predict_do"]),
+    Mutant("L1", "an interval without a finite step logged as loss 0.0", "recsys_hdet/trainer.py",
+           "stats[:num_tasks] / good_steps  #", "stats[:num_tasks] / good_steps.clamp(min=1)  #",
+           ["tests/test_lr_find.py::test_a_sweep_whose_model_turned_non_finite_logs_nan_and_suggests_from_its_finite_steps"]),
+    Mutant("V1", "the converter keeps the last of a repeated video's rows", "data_tools/feature_tables.py",
+           '.unique(subset="video_id", keep="first", maintain_order=True)', '.unique(subset="video_id", keep="last", maintain_order=True)',
+           ["tests/test_convert_catalog.py::test_a_repeated_video_keeps_its_first_row_wherever_it_is_in_the_file"]),
 )
 
 
