@@ -36,7 +36,7 @@ def check_joins(files, users: str, videos: str, max_unmatched_fraction: float,
     Memory follows the feature file's id count as one sorted int64 array (32M videos: 256 MB) and the
     log's distinct ids, never the feature file's other columns: duplicates are found on the sorted ids,
     and only the rows of a repeated id are compared column by column (grouping every row by id with its
-    values took 15.8 GB at a 32M-video catalog)."""
+    values holds the whole file: BENCHMARKS.md, "Reading the catalog axis")."""
     ids = pl.concat([scan_raw_csv(f).select(parse_expr("user_id", pl.Int64, lenient_int=False),
                                              parse_expr("video_id", pl.Int64, lenient_int=False)) for f in files])
     counts: dict = {}
@@ -147,9 +147,8 @@ def write_video_table(tmp: str, videos: str, string_base: dict | None, write: bo
     order (``string_base``: an earlier conversion's, kept).
 
     Only the videos of the typed log ``lpath`` are kept: they are the only rows a day or a vocabulary
-    joins, so the joins' memory follows the log's distinct videos, not the catalog (KuaiRand-27K's 32M
-    videos: the whole table took 7.1 GB to deduplicate and 1.9 GB in each join). The string codes are
-    still those of every value in the file."""
+    joins, so the joins' memory follows the log's distinct videos, not the catalog (KuaiRand-27K's is
+    32M videos). The string codes are still those of every value in the file."""
     vlf = scan_raw_csv(videos)
     v_str = VIDEO_STRINGS
     vvocab = _string_vocab(vlf, v_str, string_base)
@@ -173,7 +172,7 @@ def write_video_table(tmp: str, videos: str, string_base: dict | None, write: bo
         vq = vq.with_row_index(_FILE_ROW).join(logged.lazy(), on="video_id", how="semi")
         # The log's videos' rows are streamed out of the file first; only then deduplicated and their strings
         # encoded: polars runs neither sort, keep-first nor replace_strict in its streaming engine, and a
-        # query holding one runs whole in memory (7.1 GB at 32M videos).
+        # query holding one runs whole in memory, the whole file's rows with it.
         vq.sink_parquet(vpath)
         pl.read_parquet(vpath).sort(_FILE_ROW).unique(subset="video_id", keep="first", maintain_order=True) \
             .drop(_FILE_ROW).with_columns(*[_encode(c, vvocab[c]) for c in v_str]).write_parquet(vpath)

@@ -8,14 +8,10 @@ the scale where its metric is closest to normal.
 - **AUC**: DeLong's variance (each positive's share of negatives scored below it, each negative's share
   of positives above, ties one half), on the logit scale so the interval stays inside (0, 1).
 
-Why not a bootstrap: a seeded percentile bootstrap (400 resamples) was built and measured against these on the
-same slices drawn from one population with known metrics (1,000 slices per size; the share of intervals that
-held the population's AUC / NE / calibration): at 9 positives these held 0.91 / 0.91 / 0.95 and the bootstrap
-0.88 / 0.92 / 0.94; at 18, 0.95 / 0.94 / 0.96 and 0.94 / 0.94 / 0.95; at 37, 0.95 / 0.93 / 0.96 and 0.94 /
-0.94 / 0.95 (tests/test_report_intervals.py repeats the check at 9 and 37). As good where slices are
-smallest, they cost O(rows log rows) per task where the bootstrap costs resamples x rows: on the demo's
-150,000-row held-out day the metrics took 0.82 s of one core with these against 0.47 s without intervals and
-1.63 s with the (vectorized) bootstrap; and they are exact functions of the rows, so no seed.
+Why not a bootstrap: measured side by side on slices with known metrics, a seeded percentile bootstrap held
+the true values no more often, even at 9 positives, and cost twice as much (the figures: docs/outputs.md,
+"Intervals"; tests/test_report_intervals.py repeats the coverage check at 9 and 37 positives). These cost
+O(rows log rows) per task and are exact functions of the rows, so no seed.
 
 Limits: rows are treated as independent (a user's impressions are not quite), so intervals are somewhat
 narrow where a few users carry many rows (the same limit as the paired NE difference). On a handful of
