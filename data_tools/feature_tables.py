@@ -39,11 +39,12 @@ def check_joins(files, users: str, videos: str, max_unmatched_fraction: float,
     values holds the whole file: BENCHMARKS.md, "Reading the catalog axis")."""
     ids = pl.concat([scan_raw_csv(f).select(parse_expr("user_id", pl.Int64, lenient_int=False),
                                              parse_expr("video_id", pl.Int64, lenient_int=False)) for f in files])
-    counts: dict = {}
-    # counted through a column: polars answers a bare pl.len() over a CSV scan by reading the whole file
-    # into memory (1 GB for 9M rows)
-    log_rows = ids.select(pl.col("user_id").fill_null(0).count()).collect(engine="streaming").item()
-    counts["log_rows"] = log_rows
+    # each id's log rows (streaming: memory ~ the log's distinct ids); every row is in one group, so they sum
+    # to the log's rows without a pass of their own
+    rows_per_id = {col: ids.group_by(col).agg(pl.len().alias("rows")).collect(engine="streaming")
+                   for col in ("user_id", "video_id")}
+    log_rows = int(rows_per_id["user_id"]["rows"].sum())
+    counts: dict = {"log_rows": log_rows}
     for kind, path, col in (("user", users, "user_id"), ("video", videos, "video_id")):
         table = scan_raw_csv(path).with_columns(parse_expr(col, pl.Int64))
         known = np.sort(table.select(col).collect(engine="streaming")[col].drop_nulls().to_numpy())
@@ -54,7 +55,7 @@ def check_joins(files, users: str, videos: str, max_unmatched_fraction: float,
                 pl.struct(pl.all().exclude(col)).n_unique().alias("distinct")).sort(col).collect()
             conflicting = per_id.filter(pl.col("distinct") > 1)[col]
             dup.update(conflicting=conflicting.len(), example=conflicting[0] if conflicting.len() else None)
-        per_log_id = ids.group_by(col).agg(pl.len().alias("rows")).collect(engine="streaming")
+        per_log_id = rows_per_id[col]
         logged = per_log_id[col].fill_null(_NEVER_AN_ID).to_numpy()
         at = np.minimum(np.searchsorted(known, logged), max(len(known) - 1, 0))
         matched = (known[at] == logged) if len(known) else np.zeros(len(logged), bool)
