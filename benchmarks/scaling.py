@@ -69,7 +69,7 @@ import time
 from typing import Any, Dict, List
 
 from benchmarks.recording import REPO, code_state, command_line, machine
-from benchmarks.scaling_data import FIXED_IDS, data_key, ensure_pieces, raw_inputs
+from benchmarks.scaling_data import FIXED_IDS, data_key, ensure_pieces, processed_root, raw_inputs
 from benchmarks.scaling_fits import embedding_row, fit, id_growth, projection, series, targets
 from benchmarks.scaling_measure import (LOADER_KEYS, LOG_EVERY, compose_config, config_overrides, measure,
                                         train)
@@ -156,13 +156,13 @@ def main(argv=None) -> int:
     days = [r // args.rows_per_day for r in args.rows]
     ids_videos = args.n_videos * args.ids_factor
     base_key, ids_key = data_key(args.n_videos, args.rows_per_day), data_key(ids_videos, args.rows_per_day)
-    raw, processed = os.path.join(args.out_dir, "raw"), os.path.join(args.out_dir, "processed")
-    roots = [os.path.join(processed, base_key, f"days_{n:03d}") for n in days]
+    raw = os.path.join(args.out_dir, "raw")
+    roots = [processed_root(args.out_dir, args.n_videos, args.rows_per_day, n) for n in days]
     # composed before anything runs: a bad --train-override stops here
     table = embedding_row(compose_config(config_overrides(roots[0], args.train_override)))
     pieces = ensure_pieces(os.path.join(raw, base_key), args.n_videos, args.rows_per_day, days)
     ids = {"pieces": ensure_pieces(os.path.join(raw, ids_key), ids_videos, args.rows_per_day, days[:1]),
-           "root": os.path.join(processed, ids_key, f"days_{days[0]:03d}"), "n_videos": ids_videos} \
+           "root": processed_root(args.out_dir, ids_videos, args.rows_per_day, days[0]), "n_videos": ids_videos} \
         if args.ids_factor else None
     with tempfile.TemporaryDirectory(prefix="scaling_") as workdir:
         m = measure_sizes(args, roots, pieces, ids, workdir)

@@ -45,7 +45,8 @@ import time
 from typing import Any, Dict, List
 
 from benchmarks.recording import REPO, RESULTS, code_state, command_line, machine, replace_benchmarks_section
-from benchmarks.scaling_data import FIXED_IDS, convert, data_facts, data_key, ensure_pieces, raw_inputs
+from benchmarks.scaling_data import (FIXED_IDS, convert, data_facts, data_key, ensure_pieces, processed_root,
+                                     raw_inputs)
 from benchmarks.scaling_fits import fit
 from benchmarks.scaling_measure import LOG_EVERY, loader_one_core, train
 from data_tools.fileio import write_json_atomic
@@ -84,9 +85,9 @@ def parse_args(argv) -> argparse.Namespace:
 
 def measure_one(out_dir: str, n_videos: int, rows_per_day: int, days: int) -> Dict[str, Any]:
     """One data set: generated when missing, converted (time, peak, phases), its loader on one core."""
-    key = data_key(n_videos, rows_per_day)
-    pieces = ensure_pieces(os.path.join(out_dir, "raw", key), n_videos, rows_per_day, [days])
-    root = os.path.join(out_dir, "processed", key, f"days_{days:03d}")
+    pieces = ensure_pieces(os.path.join(out_dir, "raw", data_key(n_videos, rows_per_day)), n_videos, rows_per_day,
+                           [days])
+    root = processed_root(out_dir, n_videos, rows_per_day, days)
     print(f"{n_videos:,} videos, {days} days of {rows_per_day:,} rows: converting", flush=True)
     row: Dict[str, Any] = {"n_videos": n_videos, "rows_per_day": rows_per_day, **convert(raw_inputs(pieces), root)}
     row.update(data_facts(root))
@@ -188,8 +189,7 @@ def main(argv=None) -> int:
     rows = measure_one(args.out_dir, args.videos[0], args.rows_per_day, args.row_days) if args.row_days else None
     k27 = None if args.no_k27 else measure_one(args.out_dir, args.videos[-1], args.k27_rows_per_day, args.k27_days)
     if k27 and args.k27_train_steps:
-        root = os.path.join(args.out_dir, "processed", data_key(args.videos[-1], args.k27_rows_per_day),
-                            f"days_{args.k27_days:03d}")
+        root = processed_root(args.out_dir, args.videos[-1], args.k27_rows_per_day, args.k27_days)
         with tempfile.TemporaryDirectory(prefix="scaling_catalog_") as workdir:
             k27["train_2x2"] = train(root, 4, args.k27_train_steps, [], workdir, group=2)
         print(f"  train 2 x 2: peak RSS per worker {k27['train_2x2']['peak_rss_mb_per_worker']:.0f} MB", flush=True)

@@ -28,6 +28,11 @@ def data_key(n_videos: int, rows_per_day: int) -> str:
     return f"v{n_videos}_r{rows_per_day}"
 
 
+def processed_root(out_dir: str, n_videos: int, rows_per_day: int, days: int) -> str:
+    """Where a data set of ``days`` days is converted to under --out-dir (its raw pieces: ``out_dir/raw/<key>``)."""
+    return os.path.join(out_dir, "processed", data_key(n_videos, rows_per_day), f"days_{days:03d}")
+
+
 def ensure_pieces(raw_dir: str, n_videos: int, rows_per_day: int, day_counts: List[int]) -> List[str]:
     """The raw pieces ``[0, d1), [d1, d2), ...`` for the sorted ``day_counts``, generated when missing."""
     pieces, start = [], 0
