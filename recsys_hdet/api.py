@@ -94,6 +94,18 @@ def worker(cfg: TrainConfig, record: Dict[str, Any], run_dir: str, job_start: fl
         dist.destroy_process_group()
 
 
+def run_record(cfg: DictConfig, typed: TrainConfig, root: str, warm_start: Optional[str]) -> Dict[str, Any]:
+    """``cfg``'s plain values as the checkpoints' manifests record them, with the paths the run resolved (the data
+    set ``root``, the ``warm_start`` checkpoint, the checkpoint ``trainer.branch_from`` names), set on ``typed``
+    (the workers' config) too."""
+    record = plain(cfg)
+    record["data"]["root"] = typed.data.root = root
+    record["trainer"]["warm_start"] = typed.trainer.warm_start = warm_start
+    if typed.trainer.branch_from:
+        record["trainer"]["branch_from"] = typed.trainer.branch_from = resolve_branch(record)
+    return record
+
+
 def record_config(cfg: DictConfig, run_dir: str, root: str, warm_start: Optional[str]) -> None:
     """Writes the run's saved config (``RunDir.CONFIG``: what evaluation, export and resume read) with the paths as
     the run resolved them, absolute, so that the run can be evaluated or exported from any directory.
@@ -122,11 +134,7 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
     typed = validate_config(cfg)  # the config typed once: the workers read its sections
     root = abs_path(typed.data.root) if torchrun_follower() else prepare_data(typed)
     warm_start = ensure_warm_start(typed)
-    cfg_dict = plain(cfg)  # the same values as the checkpoints' manifests record them
-    cfg_dict["data"]["root"] = typed.data.root = root
-    cfg_dict["trainer"]["warm_start"] = typed.trainer.warm_start = warm_start
-    if typed.trainer.branch_from:
-        cfg_dict["trainer"]["branch_from"] = typed.trainer.branch_from = resolve_branch(cfg_dict)
+    cfg_dict = run_record(cfg, typed, root, warm_start)
     os.makedirs(run_dir, exist_ok=True)
     if not torchrun_follower():
         record_config(cfg, run_dir, root, warm_start)

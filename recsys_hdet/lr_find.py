@@ -195,12 +195,10 @@ def run_sweeps(sweeps: Dict[str, DictConfig], run_dir: str) -> Dict[str, Any]:
     the config checked and typed, the data prepared, the warm start resolved, each sweep's config recorded and its
     directory locked. Raises ConfigError or DataError for a bad config or data (before anything is written) or a
     sweep directory another job holds."""
-    from recsys_hdet.api import TrainResult, record_config, ensure_warm_start
+    from recsys_hdet.api import TrainResult, ensure_warm_start, record_config, run_record
     from recsys_hdet.config import validate_config
-    from recsys_hdet.config_values import plain
     from recsys_hdet.distributed import launch, torchrun_follower
     from recsys_hdet.job_inputs import prepare_data
-    from recsys_hdet.resume import resolve_branch
     from recsys_hdet.run_dir import RunDir, RunDirInUse, run_dir_lock
     from data_tools.fileio import abs_path
 
@@ -211,11 +209,7 @@ def run_sweeps(sweeps: Dict[str, DictConfig], run_dir: str) -> Dict[str, Any]:
     jobs: List[Sweep] = []
     locks = []
     for axis, cfg in sweeps.items():
-        values = plain(cfg)  # as api.train records them in each checkpoint's manifest
-        values["data"]["root"] = typed[axis].data.root = root
-        values["trainer"]["warm_start"] = typed[axis].trainer.warm_start = warm_start
-        if typed[axis].trainer.branch_from:
-            values["trainer"]["branch_from"] = typed[axis].trainer.branch_from = resolve_branch(values)
+        values = run_record(cfg, typed[axis], root, warm_start)  # as api.train records them
         values["trainer"]["resume_from"] = None
         jobs.append((typed[axis], values, os.path.join(run_dir, f"sweep_{axis}"), sweep_heading(cfg, axis)))
     try:
