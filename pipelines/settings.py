@@ -95,9 +95,9 @@ def changed_settings(cfg: DictConfig, parent: Mapping[str, Any], parent_dir: str
     parent_run = RunDir(parent_dir)
     if parent.get("experiment") != experiment or not os.path.isfile(parent_run.path(RunDir.CONFIG)):
         return found
-    was = parent_run.config()
-    found.refused += config_changes(was, training, bool(cfg.carry_lr))
-    found.noted += execution_changes(was, training)
+    config = config_differences(parent_run.config(), training, bool(cfg.carry_lr))
+    found.refused += config.refused
+    found.noted += config.noted
     return found
 
 
@@ -125,18 +125,22 @@ def _config_diff(was: DictConfig, now: DictConfig, carry_lr: bool) -> Dict[str, 
             if not _job_key(key, skip) and old.get(key, "<absent>") != new.get(key, "<absent>")}
 
 
+def config_differences(was: DictConfig, now: DictConfig, carry_lr: bool) -> SettingsComparison:
+    """Every key of two resolved training configs that differs, leaving out :data:`JOB_KEYS` (the max LRs too
+    when ``carry_lr`` carries them), as ``key: old -> new``: a key of :data:`EXECUTION_KEYS` noted, any other
+    refused (a key of :data:`REFUSED_LAYOUT` with its reason)."""
+    found = SettingsComparison()
+    for key, line in _config_diff(was, now, carry_lr).items():
+        if _job_key(key, EXECUTION_KEYS):
+            found.noted.append(line)
+        else:
+            found.refused.append(line + (f" ({REFUSED_LAYOUT[key]})" if key in REFUSED_LAYOUT else ""))
+    return found
+
+
 def config_changes(was: DictConfig, now: DictConfig, carry_lr: bool) -> List[str]:
-    """``key: old -> new`` for every key of two resolved training configs that differs and changes what the run
-    trains: all but :data:`JOB_KEYS` (the max LRs too when ``carry_lr`` carries them) and :data:`EXECUTION_KEYS`;
-    a key of :data:`REFUSED_LAYOUT` with its reason."""
-    return [line + (f" ({REFUSED_LAYOUT[key]})" if key in REFUSED_LAYOUT else "")
-            for key, line in _config_diff(was, now, carry_lr).items() if not _job_key(key, EXECUTION_KEYS)]
-
-
-def execution_changes(was: DictConfig, now: DictConfig) -> List[str]:
-    """``key: old -> new`` for every key of :data:`EXECUTION_KEYS` that differs between two resolved training
-    configs."""
-    return [line for key, line in _config_diff(was, now, False).items() if _job_key(key, EXECUTION_KEYS)]
+    """The refused differences of :func:`config_differences` (what changes what the run trains)."""
+    return config_differences(was, now, carry_lr).refused
 
 
 def run_overrides(recorded: Sequence[str]) -> List[str]:
