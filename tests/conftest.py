@@ -9,6 +9,28 @@ from omegaconf import OmegaConf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# A script that imports torch with the project and the training stack refused, as a serving system loads an
+# exported program; it ends by printing the refused modules that got imported ("loaded []": none).
+_TORCH_ALONE = r"""
+import importlib.abc, json, sys
+BLOCKED = ("torchrec", "fbgemm_gpu", "hydra", "omegaconf", "polars", "pyarrow", "recsys_hdet", "data_tools", "pipelines")
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is not allowed here")
+sys.meta_path.insert(0, Refuse())
+import torch
+{body}
+print("loaded", sorted(m.split(".")[0] for m in sys.modules if m.split(".")[0] in BLOCKED))
+"""
+
+
+def run_torch_alone(body, *args, timeout=300):
+    """Runs ``body`` (Python; ``torch``, ``json`` and ``sys`` imported, ``sys.argv[1:]`` = ``args``) in a fresh
+    process that cannot import the project or the training stack."""
+    return subprocess.run([sys.executable, "-c", _TORCH_ALONE.replace("{body}", body), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):

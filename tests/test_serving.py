@@ -9,14 +9,13 @@ out-of-vocabulary row and counted; bad input exits 2 naming the file, row and co
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import polars as pl
 import pytest
 
-from conftest import run_command
+from conftest import run_command, run_torch_alone
 
 TASKS = ["contribution", "like", "long_dwell"]
 
@@ -59,16 +58,9 @@ def test_the_exported_model_scores_the_held_out_day_as_the_trained_model_did(hde
         assert (scores[f"label_{t}"] == trained[f"label_{t}"]).all()
 
 
-# Run with every project and training-stack import refused: the artifact needs torch (and json) alone.
-_MINIMAL = r"""
-import importlib.abc, json, sys
-BLOCKED = ("torchrec", "fbgemm_gpu", "hydra", "omegaconf", "polars", "pyarrow", "recsys_hdet", "data_tools", "pipelines")
-class Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"{name} is not allowed here")
-sys.meta_path.insert(0, Refuse())
-import torch
+# Run with every project and training-stack import refused (conftest.run_torch_alone): the artifact needs torch
+# (and json) alone.
+_SCORE = r"""
 model_dir, inputs, out = sys.argv[1:4]
 manifest = json.load(open(f"{model_dir}/manifest.json"))
 program = torch.export.load(f"{model_dir}/{manifest['program']}").module()
@@ -76,7 +68,6 @@ args = torch.load(inputs, weights_only=True)
 with torch.no_grad():
     probs = program(args["dense"], args["ids"], args["values"], args["offsets"])
 torch.save(probs, out)
-print("loaded", sorted(m.split(".")[0] for m in sys.modules if m.split(".")[0] in BLOCKED))
 """
 
 
@@ -92,8 +83,7 @@ def test_the_artifact_loads_and_runs_with_torch_alone(hdet_run, exported, tmp_pa
     check_processed(df, "held-out day", manifest)
     dense, ids, values, offsets = model_inputs(df, manifest)
     torch.save({"dense": dense, "ids": ids, "values": values, "offsets": offsets}, tmp_path / "inputs.pt")
-    proc = subprocess.run([sys.executable, "-c", _MINIMAL, str(exported), str(tmp_path / "inputs.pt"),
-                           str(tmp_path / "probs.pt")], capture_output=True, text=True, timeout=300)
+    proc = run_torch_alone(_SCORE, exported, tmp_path / "inputs.pt", tmp_path / "probs.pt")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loaded []" in proc.stdout  # none of the refused packages was imported
     probs = torch.load(tmp_path / "probs.pt").numpy()

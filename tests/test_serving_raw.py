@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from conftest import run_train
+from conftest import run_torch_alone, run_train
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "kuairand")
 LOGS = [os.path.join(FIXTURES, f) for f in ("log_standard_4_08_to_4_21_pure.csv", "log_standard_4_22_to_5_08_pure.csv",
@@ -120,23 +120,13 @@ def raw_request(log, users, videos, manifest):
     return request, table.select(user_id_raw="user_id", video_id_raw="video_id", time_ms="time_ms")
 
 
-# The program alone: every training-stack and project import refused (as tests/test_serving.py's check).
-_TORCH_ALONE = r"""
-import importlib.abc, json, sys
-BLOCKED = ("torchrec", "fbgemm_gpu", "hydra", "omegaconf", "polars", "pyarrow", "recsys_hdet", "data_tools",
-           "pipelines")
-class Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"{name} is not allowed here")
-sys.meta_path.insert(0, Refuse())
-import torch
+# The program alone: every training-stack and project import refused (conftest.run_torch_alone).
+_SCORE = r"""
 model_dir, request, out = sys.argv[1:4]
 manifest = json.load(open(f"{model_dir}/manifest.json"))
 program = torch.export.load(f"{model_dir}/{manifest['raw_program']['file']}").module()
 with torch.no_grad():
     torch.save(program(torch.load(request, weights_only=True)), out)
-print("loaded", sorted(m.split(".")[0] for m in sys.modules if m.split(".")[0] in BLOCKED))
 """
 
 
@@ -153,8 +143,7 @@ def test_the_raw_program_scores_raw_requests_as_convert_and_predict_do(trained_a
     assert list(request) != list(manifest["raw_program"]["inputs"])  # another key order than the program's
     assert sorted(request) == sorted(manifest["raw_program"]["inputs"])
     torch.save(request, tmp_path / "request.pt")
-    proc = subprocess.run([sys.executable, "-c", _TORCH_ALONE, str(model), str(tmp_path / "request.pt"),
-                           str(tmp_path / "probs.pt")], capture_output=True, text=True, timeout=300)
+    proc = run_torch_alone(_SCORE, model, tmp_path / "request.pt", tmp_path / "probs.pt")
     assert proc.returncode == 0 and "loaded []" in proc.stdout, proc.stderr[-3000:]
     probs = torch.load(tmp_path / "probs.pt").numpy()
 
