@@ -38,14 +38,11 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / (1024.0 * 1024.0)
 
 
-def _reset_peak() -> bool:
-    """Resets the high-water mark; False where the system has no such control."""
-    try:
+def _reset_peak() -> None:
+    """Resets the high-water mark where the system has that control (elsewhere a phase reads the peak so far)."""
+    with contextlib.suppress(OSError):
         with open(_CLEAR_REFS, "w") as f:
             f.write(_RESET_PEAK)
-        return True
-    except OSError:
-        return False
 
 
 class PhaseLog:
