@@ -25,8 +25,9 @@ contender, a run that diverges or ends at the base-rate predictor (NE >= 0.999 o
    - ``lr_finder``: the LR range test (Smith 2017; fastai's ``lr_find``, the product's
      ``python -m recsys_hdet.lr_find`` default sweep) before a plain run: two short sweeps from the start's
      initial model, one per axis, 100 steps from x0.001 to x10000 (:func:`studies.range_tests.finder_sweeps`),
-     each suggesting the multiplier at the smoothed loss's minimum / 10
-     (:func:`studies.range_tests.sweep_suggestion`, read with each sweep's own recorded range); then a plain run at the suggested LRs. Its cost counts the sweeps' steps and
+     each suggesting the multiplier at the smoothed loss's minimum / 10 (the loss smoothed over a window of 1
+     decade; :func:`studies.range_tests.sweep_suggestion`, read with each sweep's own recorded range); then a
+     plain run at the suggested LRs. Its cost counts the sweeps' steps and
      seconds. Its runs are ``{start}/lr_finder_wide...``,
    - planned at every start: the five above. The earlier contenders, read and reported where recorded:
      ``hdet`` (the product's earlier default, conf/hdet/enabled.yaml) and the controller issue's
@@ -142,7 +143,7 @@ class Runner:
                   variant: str = "lr_finder") -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
         """The two sweeps of a finder contender (:data:`FINDERS`), then the plain run at their suggestion (each
         sweep's suggestion read with the range its line records); (the run's line, the procedure's record)."""
-        prefix, sweep_range = FINDERS[variant]
+        prefix, sweep_range, window = FINDERS[variant]
         name = f"{start}/{prefix}"
         info: Dict[str, Any] = {"sweeps": {}, "multiplier": {}}
         for axis, overrides in finder_sweeps(embedding, dense, sweep_range).items():
@@ -152,7 +153,7 @@ class Runner:
             info["sweeps"][axis] = {"run": run_name(f"{name}/sweep_{axis}", seed),
                                     "status": sweep["status"], "steps": sweep["steps"],
                                     "wall_seconds": sweep["wall_seconds"]}
-            info["multiplier"][axis] = sweep_suggestion(sweep)
+            info["multiplier"][axis] = sweep_suggestion(sweep, window)
             if info["multiplier"][axis] is None:
                 return None, info
         lrs = (embedding * info["multiplier"]["embedding"], dense * info["multiplier"]["dense"])

@@ -69,8 +69,11 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
                                   for k in sorted(result["scorecard"])) + " |")
     if result.get("explore_round", {}).get("scored"):
         lines += render_explore_round(result["explore_round"])
-    if any(s["seeds"] for s in result["range_commit"]["starts"].values()):
-        lines += range_commit.render(result["range_commit"])
+    for table in (result["range_commit"], *result["range_commit_retired"].values()):
+        if any(s["seeds"] for s in table["starts"].values()):
+            lines += range_commit.render(table)
+    if result["range_rule_dev"]["windows"]["fastai_0.98"]["replicas"]["runs"]:
+        lines += range_commit.render_dev(result["range_rule_dev"])
     if any(s["seeds"] for s in result["finder_commit"]["starts"].values()):
         lines += range_commit.render_finder(result["finder_commit"])
     return "\n".join(lines) + "\n"

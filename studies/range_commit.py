@@ -13,33 +13,63 @@ default sweep, widened to x0.001-x10000 in 100 steps): its two sweeps alone, one
 same starts and seeds (``finder_commit``): whether a bias of the range test's rule shows in both (the sweep's
 speed, decades per step, under fastai's fixed smoothing) or in the replicas' sweeps only.
 
+Each form of the rule has its own kill test on its own seeds (:data:`KILL_TESTS`). The first form read the
+curves with fastai's per-step smoothing (0.98) on seeds 0-2 and was killed; the rule's smoothing window (1 decade
+of the multiplier) was then chosen on that test's recorded curves (:func:`rule_dev`, every candidate window
+re-read on the same curves, the replicas' and the finder's), and its own kill test runs on fresh seeds 3-5.
+
 Run by ``python -m studies.lr_truth --range-commit`` (its lines go to the truth study's results file, the
-tables to ``docs/results/lr_truth/lr_truth.json`` as ``range_commit`` and ``finder_commit``); this module holds the runs'
+tables to ``docs/results/lr_truth/lr_truth.json``: ``range_commit`` (the current form's kill test),
+``range_commit_retired`` (earlier forms'), ``range_rule_dev`` and ``finder_commit``); this module holds the runs'
 overrides and the tables.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
 from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
 from studies.contract import CONTRACT
-from studies.range_tests import HDET_RANGE_TEST, SWEEP, finder_sweeps, sweep_suggestion
+from studies.range_tests import HDET_RANGE_TEST, SWEEP, WINDOW_DECADES, finder_sweeps, sweep_suggestion
 from studies.starts import PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
 
 # (embedding, dense) factors of the anchor: the best cell, the four misset starts, and the two the issue adds.
 KILL_STARTS: Dict[str, Tuple[float, float]] = {
     k: STARTS[k] for k in ("best", "all_low", "all_high", "emb_low_dense_high", "emb_high_dense_low", "emb_low_30",
                            "all_high_3")}
-SEEDS = (0, 1, 2)
 SWEEP_RECORD = dict(zip(("steps", "low", "high"), SWEEP))  # as the tables record it
 WITHIN = 3.2  # the kill rule's band around the best cell, each axis
 KILL_SEEDS = 2  # this many seeds outside the band at one start stop the form
 
 
-def run_name(start: str, seed: int) -> str:
-    return f"range_commit/{start}/seed{seed}"
+
+
+@dataclass(frozen=True)
+class KillTest:
+    """One form of the rule's kill test: the rule it commits with, its seeds, its runs' name prefix."""
+
+    rule: str
+    window_decades: Optional[float]  # the loss's smoothing window; None: fastai's per-step 0.98
+    seeds: Tuple[int, ...]
+    prefix: str
+
+
+KILL_TESTS: Dict[str, KillTest] = {
+    "window_1_decade": KillTest("fastai's classic (smoothed minimum / 10), the loss smoothed over 1 decade of the "
+                                "multiplier", WINDOW_DECADES, (3, 4, 5), "range_commit_window1"),
+    "classic": KillTest("fastai's classic (smoothed minimum / 10), the loss smoothed per step by 0.98", None,
+                        (0, 1, 2), "range_commit"),
+}
+CURRENT = "window_1_decade"  # the form the product runs (recsys_hdet.components.range_rule)
+SEEDS = KILL_TESTS["classic"].seeds  # the finder's sweeps beside the first kill test
+DEV_WINDOWS = (0.25, 0.5, 1.0, 2.0, None)  # the candidate smoothing windows re-read on the first test's curves
+
+
+def run_name(start: str, seed: int, form: str = CURRENT) -> str:
+    return f"{KILL_TESTS[form].prefix}/{start}/seed{seed}"
 
 
 def overrides(start: str, seed: int, anchor: Tuple[float, float]) -> List[str]:
@@ -56,16 +86,18 @@ def committed(line: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     return rt if rt and rt.get("committed") else None
 
 
-def table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
+def table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float, float]] = None,
+          form: str = CURRENT) -> Dict[str, Any]:
     """Per start and seed the committed rates as factors of the best cell, whether they lie within x3.2 on
-    both axes, and the kill rule's verdict."""
+    both axes, and the kill rule's verdict, for one form's kill test."""
     anchor = anchor or recovery_anchor()
+    test = KILL_TESTS[form]
     starts: Dict[str, Any] = {}
     killed_at: List[str] = []
     for start, (fe, fd) in KILL_STARTS.items():
         rows = []
-        for seed in SEEDS:
-            rt = committed(results.get(run_name(start, seed)) or {})
+        for seed in test.seeds:
+            rt = committed(results.get(run_name(start, seed, form)) or {})
             if rt is None:
                 continue
             dense = math.exp(sum(math.log(rt["committed"][g]) for g in DENSE_GROUPS) / len(DENSE_GROUPS))
@@ -78,10 +110,12 @@ def table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float
         outside = sum(not r["within"] for r in rows)
         if outside >= KILL_SEEDS:
             killed_at.append(start)
-        starts[start] = {"factors": [fe, fd], "seeds": rows, "outside": outside, "complete": len(rows) == len(SEEDS)}
+        starts[start] = {"factors": [fe, fd], "seeds": rows, "outside": outside,
+                         "complete": len(rows) == len(test.seeds)}
     complete = all(s["complete"] for s in starts.values())
-    return {"rule": f"stop when at any start {KILL_SEEDS}+ seeds commit outside x{WITHIN:g} of the best cell "
-                    "on either axis", "anchor": {"embedding": anchor[0], "dense": anchor[1]}, "sweep": SWEEP_RECORD,
+    return {"form": form, "commit_rule": test.rule, "seeds": list(test.seeds),
+            "rule": f"stop when at any start {KILL_SEEDS}+ seeds commit outside x{WITHIN:g} of the best cell on either axis",
+            "anchor": {"embedding": anchor[0], "dense": anchor[1]}, "sweep": SWEEP_RECORD,
             "starts": starts, "killed_at": killed_at,
             "verdict": "killed" if killed_at else ("passed" if complete else "pending")}
 
@@ -101,10 +135,11 @@ def render_finder(t: Mapping[str, Any]) -> List[str]:
 
 
 def render(t: Mapping[str, Any]) -> List[str]:
-    lines = ["", "## The range test on the replicas: sweep and commit only (the kill test)", "",
+    lines = ["", f"## The range test on the replicas: sweep and commit only (the kill test, form `{t['form']}`)", "",
              f"Committed max LRs as factors of the best cell (embedding {t['anchor']['embedding']:g}, dense "
              f"{t['anchor']['dense']:g}), per seed; sweep {t['sweep']['steps']} steps from x{t['sweep']['low']:g} to "
-             f"x{t['sweep']['high']:g}. Rule: {t['rule']}. Verdict: **{t['verdict']}**"
+             f"x{t['sweep']['high']:g}, seeds {', '.join(map(str, t['seeds']))}; the suggestion: {t['commit_rule']}. "
+             f"Kill rule: {t['rule']}. Verdict: **{t['verdict']}**"
              + (f" (at {', '.join(t['killed_at'])})" if t["killed_at"] else "") + ".", "",
              "| start (emb, dense factor) | seed | embedding x best | dense x best | within x3.2 | edge |",
              "|---|---|---|---|---|---|"]
@@ -127,8 +162,10 @@ def finder_overrides(start: str, seed: int, axis: str, anchor: Tuple[float, floa
     return [f"+experiment={PRESET}", f"seed={seed}", *finder_sweeps(*start_lrs(start, anchor))[axis]]
 
 
-def finder_table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
-    """The finder's suggested max LRs as factors of the best cell, per start and seed (as :func:`table`)."""
+def finder_table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float, float]] = None,
+                 window_decades: Optional[float] = None) -> Dict[str, Any]:
+    """The finder's suggested max LRs as factors of the best cell, per start and seed (as :func:`table`), its
+    sweeps read with the loss smoothed over ``window_decades`` (None: fastai's per-step 0.98, as they ran)."""
     anchor = anchor or recovery_anchor()
     starts: Dict[str, Any] = {}
     for start, (fe, fd) in KILL_STARTS.items():
@@ -139,22 +176,84 @@ def finder_table(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tupl
                 continue
             of_best = {}
             for axis, line in lines.items():
-                m = sweep_suggestion(line)
+                m = sweep_suggestion(line, window_decades)
                 of_best[axis] = None if m is None else (fe if axis == "embedding" else fd) * m
             inside = all(f is not None and 1 / WITHIN <= f <= WITHIN for f in of_best.values())
             rows.append({"seed": seed, "of_best": of_best, "within": inside,
                          "seconds": sum(line.get("process_seconds") or 0 for line in lines.values())})
         starts[start] = {"factors": [fe, fd], "seeds": rows, "outside": sum(not r["within"] for r in rows)}
-    return {"sweep": SWEEP_RECORD, "starts": starts,
+    return {"sweep": SWEEP_RECORD, "window_decades": window_decades, "starts": starts,
             "outside_2_of_3_at": [s for s, v in starts.items() if v["outside"] >= KILL_SEEDS]}
 
 
-def train_all(run: Any, anchor: Optional[Tuple[float, float]] = None, starts: Sequence[str] = tuple(KILL_STARTS)) -> None:
-    """Trains every (start, seed) not yet recorded, seed-major, through ``run(name, overrides)``: the form's
-    sweep and commit, then the finder's two sweeps."""
+def rule_dev(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
+    """How the smoothing window was chosen: the first kill test's recorded curves (the replicas' sweeps and the
+    finder's, seeds 0-2) re-read with every candidate window of :data:`DEV_WINDOWS` (None: fastai's per-step 0.98,
+    the rule they ran under). Per window and kind of sweep: per axis the geometric mean of the suggestions as
+    factors of the best cell, the spread (standard deviation in decades), the runs outside x3.2, and the starts
+    where 2+ seeds lie outside on either axis (the kill rule applied to the re-read commits)."""
     anchor = anchor or recovery_anchor()
-    for seed in SEEDS:
+    steps, low, high = SWEEP
+    per_step = list(range(1, steps + 1))
+    out: Dict[str, Any] = {"sweep": SWEEP_RECORD, "seeds": list(KILL_TESTS["classic"].seeds), "windows": {}}
+    for window in DEV_WINDOWS:
+        beta = CLASSIC_SMOOTHING if window is None else smoothing(low, high, steps, window)
+        found: Dict[str, Dict[Tuple[str, int], Dict[str, Optional[float]]]] = {"replicas": {}, "finder": {}}
+        for start, factors in KILL_STARTS.items():
+            for seed in KILL_TESTS["classic"].seeds:
+                rt = committed(results.get(run_name(start, seed, "classic")) or {})
+                if rt is not None:
+                    found["replicas"][start, seed] = {
+                        axis: _times(factors[i], suggest_multiplier(per_step, rt["axes"][axis]["loss"], low, high,
+                                                                    steps, beta))
+                        for i, axis in enumerate(LR_AXES)}
+                lines = {a: results.get(finder_name(start, seed, a)) for a in LR_AXES}
+                if all(lines.values()):
+                    found["finder"][start, seed] = {axis: _times(factors[i], sweep_suggestion(lines[axis], window))
+                                                    for i, axis in enumerate(LR_AXES)}
+        entry: Dict[str, Any] = {"beta": beta}
+        for kind, runs in found.items():
+            outside = {start: sum(any(f is None or not 1 / WITHIN <= f <= WITHIN for f in axes.values())
+                                  for (s, _), axes in runs.items() if s == start) for start in KILL_STARTS}
+            entry[kind] = {"runs": len(runs), "killed_at": [s for s, n in outside.items() if n >= KILL_SEEDS],
+                           "axes": {axis: _spread([a[axis] for a in runs.values()]) for axis in LR_AXES}}
+        out["windows"]["fastai_0.98" if window is None else f"{window:g}"] = entry
+    return out
+
+
+def _times(factor: float, multiplier: Optional[float]) -> Optional[float]:
+    return None if multiplier is None else factor * multiplier
+
+
+def _spread(of_best: Sequence[Optional[float]]) -> Dict[str, Any]:
+    found = [math.log10(f) for f in of_best if f is not None]
+    mean = sum(found) / len(found) if found else math.nan
+    sd = (sum((x - mean) ** 2 for x in found) / len(found)) ** 0.5 if found else math.nan
+    return {"geomean": 10 ** mean, "sd_decades": sd, "none": len(of_best) - len(found),
+            "outside": sum(f is None or not 1 / WITHIN <= f <= WITHIN for f in of_best)}
+
+
+def render_dev(d: Mapping[str, Any]) -> List[str]:
+    lines = ["", "## How the smoothing window was chosen (the first kill test's curves re-read)", "",
+             f"Every recorded sweep of the first kill test (seeds {', '.join(map(str, d['seeds']))}; the replicas' "
+             "and the finder's) re-read with each candidate window; the window with the fewest runs outside x3.2 on "
+             "the replicas' sweeps was declared before its own kill test on fresh seeds.", "",
+             "| window (decades) | beta | sweeps | embedding: geomean x best, sd (decades), outside | dense: same | "
+             "killed at |", "|---|---|---|---|---|---|"]
+    for window, e in d["windows"].items():
+        for kind in ("replicas", "finder"):
+            a = e[kind]["axes"]
+            cell = lambda x: f"{x['geomean']:.2f}, {x['sd_decades']:.2f}, {x['outside']}"  # noqa: E731
+            lines.append(f"| {window} | {e['beta']:.3f} | {kind} ({e[kind]['runs']}) | {cell(a['embedding'])} | "
+                         f"{cell(a['dense'])} | {', '.join(e[kind]['killed_at']) or '-'} |")
+    return lines
+
+
+def train_all(run: Any, anchor: Optional[Tuple[float, float]] = None, starts: Sequence[str] = tuple(KILL_STARTS)) -> None:
+    """Trains every (start, seed) of the current form's kill test not yet recorded, seed-major, through
+    ``run(name, overrides)``: its sweep and commit. (The earlier form's runs and the finder's sweeps beside them
+    reproduce from the commit their lines name.)"""
+    anchor = anchor or recovery_anchor()
+    for seed in KILL_TESTS[CURRENT].seeds:
         for start in starts:
             run(run_name(start, seed), overrides(start, seed, anchor))
-            for axis in LR_AXES:
-                run(finder_name(start, seed, axis), finder_overrides(start, seed, axis, anchor))

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from recsys_hdet.components.range_rule import suggest_multiplier
+from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
 from recsys_hdet.constants import DENSE_GROUPS
 from studies.contract import CONTRACT
 from studies.starts import lr_overrides
 
 # (steps, low, high): the sweep of the finder and of the range test on the replicas.
 SWEEP: Tuple[int, float, float] = (100, 0.001, 10000.0)
+# The smoothing window (decades of the multiplier) the sweeps are read with: the product's rule
+# (recsys_hdet.components.range_rule.SMOOTHING_DECADES). None: fastai's per-step 0.98, the rule the narrow finder's
+# recorded runs and the first kill test were read with.
+WINDOW_DECADES: Optional[float] = 1.0
 # The retired narrow finder's sweep (lr_find's default before it was widened): its recorded runs are read.
 NARROW_SWEEP: Tuple[int, float, float] = (100, 0.01, 100.0)
 # The range test on the replicas: each replica sweeps one axis (the other held at x low) before the pass, every
@@ -44,10 +48,13 @@ def finder_sweeps(embedding: float, dense: float, sweep: Tuple[int, float, float
                       "optim.schedule.range_test.groups=[" + ",".join(DENSE_GROUPS) + "]"]}
 
 
-def sweep_suggestion(record: Mapping[str, Any]) -> Optional[float]:
+def sweep_suggestion(record: Mapping[str, Any], window_decades: Optional[float] = WINDOW_DECADES) -> Optional[float]:
     """The suggestion (fastai's classic rule, :func:`recsys_hdet.components.range_rule.suggest_multiplier`) from a
-    range-test run's results line, read with the range the line records. None without a logged step."""
+    range-test run's results line, read with the range the line records and the loss smoothed over
+    ``window_decades`` (None: fastai's per-step 0.98). None without a logged step."""
     rt = record.get("range_test") or {}
     if not rt.get("step"):
         return None
-    return suggest_multiplier(rt["step"], rt["loss"], float(rt["low"]), float(rt["high"]), int(rt["steps"]))
+    steps, low, high = int(rt["steps"]), float(rt["low"]), float(rt["high"])
+    beta = CLASSIC_SMOOTHING if window_decades is None else smoothing(low, high, steps, window_decades)
+    return suggest_multiplier(rt["step"], rt["loss"], low, high, steps, beta)

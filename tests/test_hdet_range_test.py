@@ -96,7 +96,7 @@ def test_the_plan_sweeps_one_axis_per_replica_and_holds_the_other_low_and_pools_
     assert axes["embedding"]["loss"][:4] == [2.0, 1.0, 0.5, 9.0] and axes["embedding"]["loss"][4] is None
     assert axes["dense"]["multiplier"] == suggest_multiplier([1, 2, 3, 4, 5], [2.0, 1.5, 1.0, 0.8, 0.7], 0.01, 100.0, 5)
     assert axes["dense"]["range_edge"] == "high" and axes["dense"]["cut_at"] is None
-    assert read_curve([1.0, 0.5, math.inf]) == (1, 2) and read_curve([2.0, 1.0]) == (1, None)
+    assert read_curve([1.0, 0.5, math.inf], 0.9) == (1, 2) and read_curve([2.0, 1.0], 0.9) == (1, None)
     # no finite loss at all: the configured rates are kept, and the record says so
     nan = commit(plan, torch.full((4, 5), math.nan, dtype=torch.float64), [0, 1, 2, 3])
     assert nan["embedding"]["multiplier"] == 1.0 and nan["embedding"]["no_suggestion"]

@@ -13,8 +13,9 @@ other. Here the replicas that a data-parallel run has anyway run it in parallel,
   dense gradients within each replica).
 - **Cheap logs.** Each rank writes its step loss into a preallocated tensor (no host sync per step); one
   all-gather at the end gives every rank every curve.
-- **Commit.** Every rank reads the same curves with the same rule (fastai's classic:
-  :func:`~recsys_hdet.components.range_rule.suggest_multiplier`), so all commit the same multipliers
+- **Commit.** Every rank reads the same curves with the same rule (fastai's classic, the loss smoothed over a
+  window fixed in decades of the sweep: :func:`~recsys_hdet.components.range_rule.suggest_multiplier`), so all
+  commit the same multipliers
   without another collective. An axis whose curve has no finite loss keeps multiplier 1 (its configured
   rates), said in the record.
 
@@ -32,7 +33,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence
 
 import torch
 
-from recsys_hdet.components.range_rule import check_sweep, range_edge, read_curve, suggest_multiplier, sweep_multiplier
+from recsys_hdet.components.range_rule import (check_sweep, range_edge, read_curve, smoothing, suggest_multiplier,
+                                               sweep_multiplier)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
     """Each axis's suggestion from every rank's curve (``curves[rank, step]``: the rank's loss at each sweep
     step): the curve of an axis is the mean over the ranks of the replicas that swept it. Returns per axis
     its ``multiplier`` (1.0 with ``no_suggestion`` when the curve has no finite loss), ``range_edge``, the
-    multiplier at which the rule cut the curve (``cut_at``, None if it never did), the ranks pooled and
+    multiplier at which the rule cut the curve (``cut_at``, None if it never did), the loss's ``smoothing``
+    (the moving average's per-step factor), the ranks pooled and
     the curve itself (``loss``: one value per step)."""
     out: Dict[str, Any] = {}
     per_step = list(range(1, plan.steps + 1))  # the loss of step k counts as logged after k + 1 steps (lr_find's)
@@ -72,13 +75,15 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
             raise ValueError(f"no replica sweeps the {axis} axis: the range test needs at least {len(plan.axes)} "
                              "replicas (trainer.nproc / trainer.sharding_group_size)")
         curve = [float(x) for x in curves[ranks].double().mean(0)]
-        multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps)
-        _, cut = read_curve(curve)
+        beta = smoothing(plan.low, plan.high, plan.steps)
+        multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta)
+        _, cut = read_curve(curve, beta)
         out[axis] = {
             "multiplier": 1.0 if multiplier is None else multiplier,
             "no_suggestion": multiplier is None,
             "range_edge": None if multiplier is None else range_edge(multiplier, plan.low, plan.high, plan.steps),
             "cut_at": None if cut is None else sweep_multiplier(cut, plan.low, plan.high, plan.steps),
+            "smoothing": beta,
             "ranks": ranks,
             "loss": [x if math.isfinite(x) else None for x in curve],
         }
