@@ -1,0 +1,76 @@
+"""The range test's kill test tables (studies/range_commit.py): each form's runs and seeds, the kill rule's verdict,
+and the re-reading of the first form's recorded curves with every candidate smoothing window."""
+
+import math
+
+import pytest
+
+from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
+from recsys_hdet.constants import DENSE_GROUPS
+from studies import range_commit as rc
+
+ANCHOR = (60.0, 0.003)
+
+
+def _line(start, emb_of_best, dense_of_best, curves=None):
+    """A sweep-and-commit run's results line that committed these factors of the best cell."""
+    committed = {"embedding": ANCHOR[0] * emb_of_best, **{g: ANCHOR[1] * dense_of_best for g in DENSE_GROUPS}}
+    fe, fd = rc.KILL_STARTS[start]
+    axes = {"embedding": {"multiplier": emb_of_best / fe, "range_edge": None},
+            "dense": {"multiplier": dense_of_best / fd, "range_edge": None}}
+    for axis, curve in (curves or {}).items():
+        axes[axis]["loss"] = curve
+    return {"status": "stopped", "hdet": {"range_test": {"committed": committed, "axes": axes}}}
+
+
+def test_a_form_reads_its_own_runs_and_seeds_and_two_seeds_outside_at_one_start_kill_it():
+    assert rc.CURRENT == "window_1_decade" and rc.KILL_TESTS[rc.CURRENT].seeds == (3, 4, 5)
+    assert rc.KILL_TESTS["classic"].seeds == (0, 1, 2) and rc.KILL_TESTS["classic"].window_decades is None
+    assert rc.run_name("best", 3) == "range_commit_window1/best/seed3"
+    assert rc.run_name("best", 0, "classic") == "range_commit/best/seed0"  # the first form's recorded lines
+    results = {rc.run_name(s, seed): _line(s, 1.0, 1.0) for s in rc.KILL_STARTS for seed in (3, 4, 5)}
+    t = rc.table(results, ANCHOR)
+    assert t["verdict"] == "passed" and t["killed_at"] == [] and t["seeds"] == [3, 4, 5]
+    # x3.2 is inside, just past it is not; one seed outside at a start is allowed, two kill the form there
+    results[rc.run_name("all_low", 3)] = _line("all_low", 3.2 * 0.999, 1 / 3.2 * 1.001)
+    results[rc.run_name("all_low", 4)] = _line("all_low", 1.0, 3.2 * 1.01)
+    t = rc.table(results, ANCHOR)
+    assert t["starts"]["all_low"]["outside"] == 1 and t["verdict"] == "passed"
+    results[rc.run_name("all_low", 5)] = _line("all_low", 1 / 3.2 / 1.01, 1.0)
+    t = rc.table(results, ANCHOR)
+    assert t["killed_at"] == ["all_low"] and t["verdict"] == "killed"
+    of_best = t["starts"]["all_low"]["seeds"][1]["of_best"]
+    assert of_best["embedding"] == pytest.approx(1.0) and of_best["dense"] == pytest.approx(3.232)
+    # the classic form's lines are not the current form's, and a missing seed leaves the verdict pending
+    assert rc.table({k.replace("range_commit_window1", "range_commit"): v for k, v in results.items()},
+                    ANCHOR)["verdict"] == "pending"
+    del results[rc.run_name("best", 4)]
+    assert rc.table({k: v for k, v in results.items() if "all_low" not in k}, ANCHOR)["verdict"] == "pending"
+
+
+def test_the_windows_re_read_the_first_form_s_curves_as_the_rule_reads_them():
+    """rule_dev re-reads each recorded curve with each window: the suggestion is the rule's on that curve times the
+    start's factor; with fastai's 0.98 it is the rule the curves were committed under."""
+    steps, low, high = rc.SWEEP
+    # the loss falls until step 60 then rises slowly: the smoothed minimum, and so the suggestion, moves with the
+    # window
+    curve = [1.0 - 0.005 * k if k <= 60 else 0.7 + 0.01 * (k - 60) for k in range(steps)]
+    per_step = list(range(1, steps + 1))
+    results = {rc.run_name(s, seed, "classic"): _line(s, 1.0, 1.0, {"embedding": curve, "dense": curve})
+               for s in rc.KILL_STARTS for seed in (0, 1, 2)}
+    dev = rc.rule_dev(results, ANCHOR)
+    assert list(dev["windows"]) == ["0.25", "0.5", "1", "2", "fastai_0.98"]
+    for key, window in (("1", 1.0), ("fastai_0.98", None)):
+        beta = CLASSIC_SMOOTHING if window is None else smoothing(low, high, steps, window)
+        m = suggest_multiplier(per_step, curve, low, high, steps, beta)
+        entry = dev["windows"][key]
+        assert entry["beta"] == pytest.approx(beta) and entry["replicas"]["runs"] == 21
+        assert entry["finder"]["runs"] == 0  # no finder lines here
+        emb = entry["replicas"]["axes"]["embedding"]
+        # every start's factor times the same multiplier: the geometric mean of the factors times m
+        logs = [math.log10(f[0] * m) for f in rc.KILL_STARTS.values()]
+        assert emb["geomean"] == pytest.approx(10 ** (sum(logs) / len(logs)))
+        outside_starts = [s for s, f in rc.KILL_STARTS.items() if not 1 / 3.2 <= f[0] * m <= 3.2
+                          or not 1 / 3.2 <= f[1] * m <= 3.2]
+        assert entry["replicas"]["killed_at"] == outside_starts
+    assert dev["windows"]["0.25"]["beta"] < dev["windows"]["1"]["beta"] < dev["windows"]["fastai_0.98"]["beta"]
