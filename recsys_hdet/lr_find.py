@@ -52,7 +52,7 @@ import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.train)
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.range_rule import range_edge, smoothing, suggest_multiplier
+from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, range_edge, suggest_multiplier
 from recsys_hdet.constants import LR_AXES
 from recsys_hdet.config import (CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_dir_argument,
                                 run_hydra_command)
@@ -253,7 +253,7 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
     rt = cfg.optim.schedule.range_test
     low, high = float(rt.low), float(rt.high)
     record: Dict[str, Any] = {"range_test": {"steps": int(rt.steps), "low": low, "high": high,
-                                             "smoothing": smoothing(low, high, int(rt.steps))},
+                                             "smoothing": CLASSIC_SMOOTHING},
                               "start": {g: float(cfg.optim.lr[g]) for gs in LR_AXES.values() for g in gs}, "sweeps": {}}
     results = run_sweeps({axis: sweep_config(cfg, axis) for axis in LR_AXES}, run_dir)
     for axis, result in results.items():

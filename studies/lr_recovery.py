@@ -25,8 +25,8 @@ contender, a run that diverges or ends at the base-rate predictor (NE >= 0.999 o
    - ``lr_finder``: the LR range test (Smith 2017; fastai's ``lr_find``, the product's
      ``python -m recsys_hdet.lr_find`` default sweep) before a plain run: two short sweeps from the start's
      initial model, one per axis, 100 steps from x0.001 to x10000 (:func:`studies.range_tests.finder_sweeps`),
-     each suggesting the multiplier at the smoothed loss's minimum / 10 (the loss smoothed over a window of 1
-     decade; :func:`studies.range_tests.sweep_suggestion`, read with each sweep's own recorded range); then a
+     each suggesting the multiplier at the smoothed loss's minimum / 10 (fastai's rule and smoothing;
+     :func:`studies.range_tests.sweep_suggestion`, read with each sweep's own recorded range); then a
      plain run at the suggested LRs. Its cost counts the sweeps' steps and
      seconds. Its runs are ``{start}/lr_finder_wide...``,
    - planned at every start: the five above. The earlier contenders, read and reported where recorded:

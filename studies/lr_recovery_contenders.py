@@ -10,7 +10,7 @@ from typing import List, Sequence, Tuple
 
 from recsys_hdet.constants import LR_AXES
 from studies.hdet_forms import HDET_ANNEAL_EFFECT
-from studies.range_tests import HDET_RANGE_TEST, NARROW_SWEEP, SWEEP, WINDOW_DECADES
+from studies.range_tests import FINDER_WINDOW_DECADES, HDET_RANGE_TEST, NARROW_SWEEP, SWEEP
 from studies.starts import lr_overrides
 
 # The two LRs the study reports per start: the embedding group's, and the dense groups' geometric mean.
@@ -57,7 +57,7 @@ VARIANTS = {"plain_rollback": (), "hdet_range_test": HDET_RANGE_TEST, "prodigy":
 # finder contender -> (its runs' name under the start, its sweep (steps, low, high), the smoothing window its
 # sweeps are read with (decades; None: fastai's per-step 0.98)); the wide finder's runs have names of their own,
 # so that they never meet the narrow finder's recorded lines.
-FINDERS = {"lr_finder": ("lr_finder_wide", SWEEP, WINDOW_DECADES),
+FINDERS = {"lr_finder": ("lr_finder_wide", SWEEP, FINDER_WINDOW_DECADES),
            "lr_finder_narrow": ("lr_finder", NARROW_SWEEP, None)}
 # Read and reported where recorded, never trained again.
 RETIRED_VARIANTS = ("lr_finder_narrow",)

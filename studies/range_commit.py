@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
 from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
 from studies.contract import CONTRACT
-from studies.range_tests import HDET_RANGE_TEST, SWEEP, WINDOW_DECADES, finder_sweeps, sweep_suggestion
+from studies.range_tests import HDET_RANGE_TEST, REPLICA_WINDOW_DECADES, SWEEP, finder_sweeps, sweep_suggestion
 from studies.starts import PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
 
 # (embedding, dense) factors of the anchor: the best cell, the four misset starts, and the two the issue adds.
@@ -59,7 +59,7 @@ class KillTest:
 
 KILL_TESTS: Dict[str, KillTest] = {
     "window_1_decade": KillTest("fastai's classic (smoothed minimum / 10), the loss smoothed over 1 decade of the "
-                                "multiplier", WINDOW_DECADES, (3, 4, 5), "range_commit_window1"),
+                                "multiplier", REPLICA_WINDOW_DECADES, (3, 4, 5), "range_commit_window1"),
     "classic": KillTest("fastai's classic (smoothed minimum / 10), the loss smoothed per step by 0.98", None,
                         (0, 1, 2), "range_commit"),
 }

@@ -19,10 +19,11 @@ from studies.starts import lr_overrides
 
 # (steps, low, high): the sweep of the finder and of the range test on the replicas.
 SWEEP: Tuple[int, float, float] = (100, 0.001, 10000.0)
-# The smoothing window (decades of the multiplier) the sweeps are read with: the product's rule
-# (recsys_hdet.components.range_rule.SMOOTHING_DECADES). None: fastai's per-step 0.98, the rule the narrow finder's
-# recorded runs and the first kill test were read with.
-WINDOW_DECADES: Optional[float] = 1.0
+# The smoothing window (decades of the multiplier) a finder's sweeps are read with; None: fastai's per-step 0.98,
+# as lr_find and fastai read them (every finder of the studies).
+FINDER_WINDOW_DECADES: Optional[float] = None
+# The range test on the replicas' window (recsys_hdet.hdet.range_test.SMOOTHING_DECADES), its second form.
+REPLICA_WINDOW_DECADES = 1.0
 # The retired narrow finder's sweep (lr_find's default before it was widened): its recorded runs are read.
 NARROW_SWEEP: Tuple[int, float, float] = (100, 0.01, 100.0)
 # The range test on the replicas: each replica sweeps one axis (the other held at x low) before the pass, every
@@ -48,7 +49,7 @@ def finder_sweeps(embedding: float, dense: float, sweep: Tuple[int, float, float
                       "optim.schedule.range_test.groups=[" + ",".join(DENSE_GROUPS) + "]"]}
 
 
-def sweep_suggestion(record: Mapping[str, Any], window_decades: Optional[float] = WINDOW_DECADES) -> Optional[float]:
+def sweep_suggestion(record: Mapping[str, Any], window_decades: Optional[float] = FINDER_WINDOW_DECADES) -> Optional[float]:
     """The suggestion (fastai's classic rule, :func:`recsys_hdet.components.range_rule.suggest_multiplier`) from a
     range-test run's results line, read with the range the line records and the loss smoothed over
     ``window_decades`` (None: fastai's per-step 0.98). None without a logged step."""

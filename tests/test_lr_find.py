@@ -28,7 +28,7 @@ def test_the_suggestion_is_a_tenth_of_the_multiplier_the_best_loss_was_trained_a
         == pytest.approx(0.01, rel=1e-12)
     assert suggest_multiplier([], [], 0.01, 100.0, 100) is None
     assert suggest_multiplier([1], [math.inf], 0.01, 100.0, 100) is None
-    # Smoothing (bias-corrected; the default window of 1 decade is 0.911 per step here) lags the minimum: on a valley whose raw minimum follows 51 of 100 steps the
+    # Smoothing (0.98, bias-corrected) lags the minimum: on a valley whose raw minimum follows 51 of 100 steps the
     # suggestion lies above the raw one and below the end of the range.
     steps = list(range(1, 101))
     valley = [(k - 51) ** 2 / 1000 + 1.0 for k in steps]
@@ -44,9 +44,11 @@ def test_the_suggestion_is_a_tenth_of_the_multiplier_the_best_loss_was_trained_a
 def test_the_smoothing_window_spans_the_same_rates_whatever_the_sweep_s_length():
     """The loss is smoothed over a window of decades of the multiplier, not of steps: on one curve of the rate
     (falling until x10, then rising slowly, where the smoothed minimum trails the loss the most), sweeps of
-    100, 200 and 400 steps over x0.001-x10000 suggest within 10% of each other; fastai's fixed 0.98 per step
-    moves the suggestion with the sweep's length (a window of 50 steps is 3.5 decades at 100 steps, 0.9 at 400)."""
-    from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, SMOOTHING_DECADES, smoothing, sweep_multiplier
+    100, 200 and 400 steps over x0.001-x10000 suggest within 10% of each other; fastai's fixed 0.98 per step (the
+    default, lr_find's) moves the suggestion with the sweep's length (a window of 50 steps is 3.5 decades at 100
+    steps, 0.9 at 400). The range test on the replicas reads with a window of 1 decade."""
+    from recsys_hdet.components.range_rule import smoothing, sweep_multiplier
+    from recsys_hdet.hdet.range_test import SMOOTHING_DECADES
 
     def loss(rate):
         x = math.log10(rate)
@@ -54,14 +56,16 @@ def test_the_smoothing_window_spans_the_same_rates_whatever_the_sweep_s_length()
 
     def suggestion(n, beta=None):
         curve = [loss(sweep_multiplier(k, 0.001, 10000.0, n)) for k in range(n)]
-        return suggest_multiplier(list(range(1, n + 1)), curve, 0.001, 10000.0, n, beta)
+        if beta is None:
+            return suggest_multiplier(list(range(1, n + 1)), curve, 0.001, 10000.0, n)
+        return suggest_multiplier(list(range(1, n + 1)), curve, 0.001, 10000.0, n, beta(n))
 
-    window = [suggestion(n) for n in (100, 200, 400)]
+    window = [suggestion(n, lambda n: smoothing(0.001, 10000.0, n, SMOOTHING_DECADES)) for n in (100, 200, 400)]
     assert max(window) / min(window) < 1.1, window
     assert all(1.0 < m < 3.2 for m in window)  # above the raw minimum's x1, by the window's lag
-    classic = [suggestion(n, CLASSIC_SMOOTHING) for n in (100, 400)]
+    classic = [suggestion(n) for n in (100, 400)]
     assert classic[0] / classic[1] > 1.5, classic
-    assert SMOOTHING_DECADES == 1.0 and smoothing(0.001, 10000.0, 100) == pytest.approx(math.exp(-7 / 99))
+    assert SMOOTHING_DECADES == 1.0 and smoothing(0.001, 10000.0, 100, 1.0) == pytest.approx(math.exp(-7 / 99))
 
 
 def test_the_widened_default_range_suggests_above_x10_where_the_loss_still_falls_at_x100():

@@ -397,7 +397,8 @@ def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path
 
 
 def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_default_range():
-    from recsys_hdet.components.range_rule import SMOOTHING_DECADES
+    from recsys_hdet.hdet.range_test import SMOOTHING_DECADES
+    from studies.range_tests import REPLICA_WINDOW_DECADES
     from recsys_hdet.config_schema import RangeTestConfig
     from studies.lr_recovery_contenders import FINDERS, LABELS, variant_overrides
     from studies.range_tests import HDET_RANGE_TEST, finder_sweeps
@@ -408,9 +409,10 @@ def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_def
     assert variant_overrides("hdet_range_test", 6.0, 0.0003)[-4:] == list(HDET_RANGE_TEST)
     default = RangeTestConfig()
     assert FINDERS["lr_finder"][1] == (default.steps, default.low, default.high) == (100, 0.001, 10000.0)
-    # the wide finder's sweeps are read with the product's rule; the narrow finder's recorded ones with the rule
-    # they were run under (fastai's per-step 0.98)
-    assert FINDERS["lr_finder"][2] == SMOOTHING_DECADES and FINDERS["lr_finder_narrow"][2] is None
+    # both finders' sweeps are read as lr_find and fastai read them (the per-step 0.98); the replicas' form's
+    # window is the product's
+    assert FINDERS["lr_finder"][2] is None and FINDERS["lr_finder_narrow"][2] is None
+    assert REPLICA_WINDOW_DECADES == SMOOTHING_DECADES
     wide = finder_sweeps(60.0, 0.003)
     assert "optim.schedule.range_test.low=0.001" in wide["dense"] and "optim.schedule.range_test.high=10000.0" in wide["dense"]
     assert "optim.lr.embedding=0.06" in wide["dense"] and "optim.lr.transformer=0.003" in wide["dense"]

@@ -1,5 +1,5 @@
-"""How an LR range test's curve is read: fastai's classic suggestion (the smoothed minimum / 10) with the
-smoothing fixed in decades of the sweep, and where the suggestion lies in the range.
+"""How an LR range test's curve is read: fastai's classic suggestion (the smoothed minimum / 10), with fastai's
+per-step smoothing or a smoothing window fixed in decades of the sweep, and where the suggestion lies in the range.
 
 The one owner of the rule that both range tests apply: the command that sweeps before a plain run
 (:mod:`recsys_hdet.lr_find`, one sweep per axis after the other) and the range test on HDET's replicas
@@ -11,13 +11,10 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence, Tuple
 
-# The smoothing of the loss, as a window on the sweep's own axis: the moving average's time constant spans this
-# many decades of the multiplier, whatever the sweep's length and range (:func:`smoothing`). fastai's fixed
-# per-step 0.98 is a window of 50 steps: 3.5 decades on a 100-step sweep over 7 decades, so the smoothed
-# minimum lags the loss's by up to a decade and the suggestion follows it up. How the window was chosen:
-# docs/hdet.md (range-test-rule).
-SMOOTHING_DECADES = 1.0
-# fastai's per-step smoothing: the rule the sweeps recorded before SMOOTHING_DECADES were read with.
+# fastai's per-step smoothing of the loss (a window of 50 steps), which lr_find applies as fastai does. A
+# window of 50 steps spans 3.5 decades of the multiplier on a 100-step sweep over 7 decades, and the smoothed
+# minimum lags the loss's by up to a decade; :func:`smoothing` gives the factor of a window fixed in decades
+# instead (the range test on the replicas reads with one: recsys_hdet.hdet.range_test).
 CLASSIC_SMOOTHING = 0.98
 # fastai's rule: the suggestion is the multiplier at the smoothed minimum divided by this, so it lies in
 # [low, high] / this (range_edge reads those ends).
@@ -39,7 +36,7 @@ def sweep_multiplier(step: int, low: float, high: float, sweep_steps: int) -> fl
     return low * (high / low) ** pct
 
 
-def smoothing(low: float, high: float, sweep_steps: int, decades: float = SMOOTHING_DECADES) -> float:
+def smoothing(low: float, high: float, sweep_steps: int, decades: float) -> float:
     """The per-step factor of the loss's moving average whose time constant spans ``decades`` decades of a sweep
     from ``low`` to ``high`` in ``sweep_steps`` steps: exp(-(decades per step) / ``decades``)."""
     return math.exp(-math.log10(high / low) / (sweep_steps - 1) / decades)
@@ -63,12 +60,11 @@ def read_curve(losses: Sequence[Optional[float]], beta: float) -> Tuple[Optional
 
 
 def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
-                       sweep_steps: int, beta: Optional[float] = None) -> Optional[float]:
+                       sweep_steps: int, beta: float = CLASSIC_SMOOTHING) -> Optional[float]:
     """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
-    trained when ``losses[k]`` was logged), read by :func:`read_curve` with the smoothing ``beta`` (default: the
-    window of :data:`SMOOTHING_DECADES` on this sweep, :func:`smoothing`): the multiplier of the max LR at the
-    smoothed minimum, divided by :data:`SUGGESTION_DIVISOR`. None without a finite logged loss."""
-    beta = smoothing(low, high, sweep_steps) if beta is None else beta
+    trained when ``losses[k]`` was logged), read by :func:`read_curve` with the smoothing ``beta`` (default:
+    fastai's): the multiplier of the max LR at the smoothed minimum, divided by :data:`SUGGESTION_DIVISOR`. None
+    without a finite logged loss."""
     best, _ = read_curve(losses[:len(steps)], beta)
     if best is None:
         return None

@@ -14,8 +14,8 @@ other. Here the replicas that a data-parallel run has anyway run it in parallel,
 - **Cheap logs.** Each rank writes its step loss into a preallocated tensor (no host sync per step); one
   all-gather at the end gives every rank every curve.
 - **Commit.** Every rank reads the same curves with the same rule (fastai's classic, the loss smoothed over a
-  window fixed in decades of the sweep: :func:`~recsys_hdet.components.range_rule.suggest_multiplier`), so all
-  commit the same multipliers
+  window of :data:`SMOOTHING_DECADES` of the multiplier where fastai smooths over 50 steps:
+  :func:`~recsys_hdet.components.range_rule.suggest_multiplier`), so all commit the same multipliers
   without another collective. An axis whose curve has no finite loss keeps multiplier 1 (its configured
   rates), said in the record.
 
@@ -35,6 +35,11 @@ import torch
 
 from recsys_hdet.components.range_rule import (check_sweep, range_edge, read_curve, smoothing, suggest_multiplier,
                                                sweep_multiplier)
+
+
+# The loss's smoothing window, in decades of the multiplier (the form's second rule; the first read with fastai's
+# per-step 0.98, 3.5 decades on the default sweep). Its kill tests: docs/hdet.md.
+SMOOTHING_DECADES = 1.0
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
             raise ValueError(f"no replica sweeps the {axis} axis: the range test needs at least {len(plan.axes)} "
                              "replicas (trainer.nproc / trainer.sharding_group_size)")
         curve = [float(x) for x in curves[ranks].double().mean(0)]
-        beta = smoothing(plan.low, plan.high, plan.steps)
+        beta = smoothing(plan.low, plan.high, plan.steps, SMOOTHING_DECADES)
         multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta)
         _, cut = read_curve(curve, beta)
         out[axis] = {
