@@ -7,7 +7,8 @@ apart) and rows the model never saw: a new user, video, author, music, tab, tag 
 date in YYYYMMDD form, an upload after the request, a user and a video with no feature row, a new day. The
 request a serving system would send for those rows, scored by the program in a process that cannot import
 torchrec, polars or the project, matches ``predict`` (convert through the model's vocabularies, then the
-processed program) on every row and task within 1e-6.
+processed program) on every row and task within 1e-6. benchmarks/gpu_check.py's step 7 (the raw program moved
+to a device, read with torch alone) runs with the device cpu on a request saved from the same raw files.
 """
 
 import datetime as dt
@@ -21,7 +22,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from conftest import run_torch_alone, run_train
+from conftest import REPO, run_torch_alone, run_train
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "kuairand")
 LOGS = [os.path.join(FIXTURES, f) for f in ("log_standard_4_08_to_4_21_pure.csv", "log_standard_4_22_to_5_08_pure.csv",
@@ -92,34 +93,6 @@ def _scoring_files(tmp_path):
     return tmp_path / "log.csv", tmp_path / "users.csv", tmp_path / "videos.csv"
 
 
-def raw_request(log, users, videos, manifest):
-    """The request a serving system sends for the log's rows, from the raw files (as a feature store holds
-    them): ids as int64 (-1: none), string categoricals as the manifest's codes, values float64 (NaN:
-    empty), dates YYYYMMDD (0: none), each row's raw tags. Returns the tensors and the rows' keys."""
-    import torch
-
-    df = _strings(log).with_columns(pl.col("user_id", "video_id").cast(pl.Int64))
-    df = df.join(_strings(users).with_columns(pl.col("user_id").cast(pl.Int64)), on="user_id", how="left",
-                 maintain_order="left") \
-        .join(_strings(videos).with_columns(pl.col("video_id").cast(pl.Int64)), on="video_id", how="left",
-              maintain_order="left")
-    columns = {c: pl.col(c).cast(pl.Int64) for c in ("user_id", "video_id", "tab", "date", "hourmin")}
-    columns.update({c: pl.col(c).cast(pl.Float64).cast(pl.Int64).fill_null(-1) for c in ("author_id", "music_id")})
-    columns.update({c: pl.col(c).replace_strict(values, list(range(1, len(values) + 1)), default=0,
-                                                return_dtype=pl.Int64).fill_null(0)
-                    for c, values in manifest["string_vocabs"].items()})
-    columns.update({c: pl.col(c).cast(pl.Float64).fill_null(float("nan")) for c, spec in
-                    manifest["raw_program"]["inputs"].items() if spec["dtype"] == "float64"})
-    columns["upload_dt"] = pl.col("upload_dt").str.replace_all("-", "").cast(pl.Int64).fill_null(0)
-    table = df.select(**columns, tags=pl.col("tag").str.split(",").list.eval(pl.element().cast(pl.Int64))
-                      .fill_null(pl.lit([], dtype=pl.List(pl.Int64))), time_ms=pl.col("time_ms").cast(pl.Int64))
-    request = {c: torch.from_numpy(table[c].to_numpy()) for c in columns}
-    lengths = table["tags"].list.len().to_numpy().astype(np.int64)
-    request["tag_offsets"] = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
-    request["tag_values"] = torch.from_numpy(table["tags"].explode().drop_nulls().to_numpy().astype(np.int64))
-    return request, table.select(user_id_raw="user_id", video_id_raw="video_id", time_ms="time_ms")
-
-
 # The program alone: every training-stack and project import refused (conftest.run_torch_alone).
 _SCORE = r"""
 model_dir, request, out = sys.argv[1:4]
@@ -134,6 +107,7 @@ def test_the_raw_program_scores_raw_requests_as_convert_and_predict_do(trained_a
     import torch
 
     from recsys_hdet.serving.predict import predict
+    from recsys_hdet.serving.raw_request import raw_request
 
     model = trained_and_exported / "model"
     manifest = json.loads((model / "manifest.json").read_text())
@@ -164,6 +138,53 @@ def test_the_raw_program_scores_raw_requests_as_convert_and_predict_do(trained_a
     assert worst < 1e-6, worst
 
 
+# gpu_check's step 7 as the GPU machine runs it: torch alone (conftest.run_torch_alone), the device cpu here.
+_STEP_7 = r"""
+repo, model_dir = sys.argv[1:3]
+sys.path.insert(0, repo)
+from benchmarks.gpu_check import check_raw_program
+print("step 7:", check_raw_program(model_dir, "cpu", seconds=0.2))
+"""
+
+
+def test_gpu_check_runs_the_saved_raw_request_with_torch_alone_and_fails_on_a_difference(trained_and_exported,
+                                                                                          tmp_path):
+    """benchmarks/gpu_check.py step 7 with the device "cpu" (the GPU machine gives "cuda"): the request
+    ``--save-raw-inputs`` writes beside the artifact (the raw log's rows of the held-out day, made a request by
+    recsys_hdet.serving.raw_request) is read in a process that cannot import polars, torchrec or the project,
+    scored by the moved program within 1e-5 of the saved probabilities, and timed (a positive rate). Saved
+    probabilities 1e-3 off fail the step; an artifact without raw_model.pt2 is a SKIP."""
+    import re
+
+    import torch
+
+    from benchmarks import gpu_check
+
+    model = tmp_path / "model"
+    shutil.copytree(trained_and_exported / "model", model)
+    manifest = json.loads((model / "manifest.json").read_text())
+    log, users, videos = _scoring_files(tmp_path)
+    assert gpu_check.main(["--artifact", str(model), "--save-raw-inputs", str(log), str(users), str(videos)]) == 0
+    saved = torch.load(model / gpu_check.RAW_INPUTS_FILE, weights_only=True)
+    held_out = _strings(log).filter(pl.col("date") == manifest["eval_days"][-1]).height
+    assert 0 < held_out < 118 and saved["probs"].shape == (held_out, len(TASKS))
+    assert sorted(saved["request"]) == sorted(manifest["raw_program"]["inputs"])
+
+    proc = run_torch_alone(_STEP_7, REPO, model)
+    assert proc.returncode == 0 and "loaded []" in proc.stdout, proc.stderr[-3000:]
+    found = re.search(r"max \|cpu - cpu\| (\S+) over (\d+) rows x 3 tasks .* forward rows/s: cpu ([\d,]+) at batch",
+                      proc.stdout)
+    assert found, proc.stdout
+    assert float(found[1]) < 1e-5 and int(found[2]) == held_out and float(found[3].replace(",", "")) > 0, found[0]
+
+    saved["probs"] += 1e-3
+    torch.save(saved, model / gpu_check.RAW_INPUTS_FILE)
+    with pytest.raises(RuntimeError, match="differ from the CPU's"):
+        gpu_check.check_raw_program(str(model), "cpu", seconds=0.01)
+    os.remove(model / "raw_model.pt2")
+    assert gpu_check.check_raw_program(str(model), "cpu").startswith("SKIP")
+
+
 def _rows(request, start, stop):
     """Rows start..stop-1 of a request (their tags with them)."""
     offsets = request["tag_offsets"]
@@ -177,6 +198,8 @@ def test_a_request_is_read_by_name_in_batches_from_one_row_and_one_without_an_in
     """Any key order; a row scores the same alone (one row: the size-1 batch the program must not refuse) as in
     a batch; a request missing an input is refused naming the inputs."""
     import torch
+
+    from recsys_hdet.serving.raw_request import raw_request
 
     model = trained_and_exported / "model"
     manifest = json.loads((model / "manifest.json").read_text())
