@@ -292,6 +292,10 @@ class TrainerConfig:
     dense_gradients: DenseGradients = DenseGradients.allreduce
     threads_per_worker: Optional[int] = None   # null: the cores this job may use (CPU affinity) / local workers, >= 1
     log_every: int = 25               # steps per RunDir.METRICS record (and divergence check)
+    # Steps per computation of the training NE, calibration and AUC (a collective over the interval's rows, the
+    # costliest part of a record): null, every record; a multiple of log_every records the loss every log_every
+    # steps and these every metrics_every (an LR range test logs its loss every step: python -m recsys_hdet.lr_find).
+    metrics_every: Optional[int] = None
     diverge_loss: float = 2.0         # a check fails when the interval's avg task loss exceeds this (or none is finite)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     rollback: RollbackConfig = field(default_factory=RollbackConfig)
@@ -325,6 +329,10 @@ class TrainerConfig:
                 f"must divide trainer.nproc={self.nproc}")
         if self.threads_per_worker is not None:
             at_least("trainer.threads_per_worker", self.threads_per_worker, 1)
+        if self.metrics_every is not None:
+            require(is_number(self.metrics_every) and self.metrics_every >= 1
+                    and self.metrics_every % self.log_every == 0, "trainer.metrics_every", self.metrics_every,
+                    f"must be null or a positive multiple of trainer.log_every={self.log_every}")
         positive("trainer.diverge_loss", self.diverge_loss)
         positive("trainer.collective_timeout_s", self.collective_timeout_s)
         at_least("trainer.max_restarts", self.max_restarts, 0)

@@ -24,8 +24,9 @@ The sweeps run one after the other on one launch of the workers (:func:`run_swee
 its curve is bit for bit that of a run of its own (compared on the demo and tiny data: tests/test_lr_find.py).
 
 Limits: the sweeps train the first ``steps`` steps of the pass on the config's data and layout, so
-their cost is 2 x ``steps`` steps (in the recovery study 200 steps beside a 960-step pass), each logged
-(``trainer.log_every=1``: the training metrics' compute every step makes a sweep's step about 3x a pass's);
+their cost is 2 x ``steps`` steps (in the recovery study 200 steps beside a 960-step pass), each one's loss
+logged (``trainer.log_every=1``; the training metrics, whose computation every step made a sweep's step about
+4x a pass's, once at the end: ``trainer.metrics_every``);
 rollback is off and the divergence check at its default, so a sweep ends where its loss explodes, as a
 range test does (said as "loss exploded ... (expected)", not as a failure). The suggestion is for the
 config's schedule (one-cycle), from its start: HDET and the parameter-free dense optimizers (Prodigy,
@@ -72,7 +73,8 @@ def range_test_curve(metrics: Sequence[Dict[str, Any]]) -> tuple[List[int], List
 
 def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
     """The range test of one axis: ``cfg`` with the range-test schedule for the axis's groups, the other
-    axis's max LRs x ``low``, a stop after ``steps`` steps, the loss logged every step, no checkpoints,
+    axis's max LRs x ``low``, a stop after ``steps`` steps, the loss logged every step (the training NE, AUC
+    and calibration once, at the end: ``trainer.metrics_every``), no checkpoints,
     no rollback, and a fresh run directory (``trainer.resume=never``)."""
     rt = cfg.optim.schedule.range_test
     sweep = OmegaConf.create(OmegaConf.to_container(cfg))
@@ -82,6 +84,7 @@ def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
                 sweep.optim.lr[g] = float(cfg.optim.lr[g]) * float(rt.low)
     for key, value in {"optim.schedule.name": "range_test", "optim.schedule.range_test.groups": list(LR_AXES[axis]),
                        "trainer.stop_at_step": int(rt.steps), "trainer.log_every": 1,
+                       "trainer.metrics_every": int(rt.steps),
                        "trainer.rollback.max_rollbacks": 0, "trainer.periodic_checkpoint.every_steps": 0,
                        "trainer.resume": "never",
                        "trainer.checkpoint": False, "trainer.tensorboard": False}.items():

@@ -14,8 +14,8 @@ from recsys_hdet.run_dir import RunDir
 
 FINISHED = "finished"
 # Config keys a resumed run may change: how it logs, evaluates and checkpoints, not what it trains.
-RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.eval_batch_size", "trainer.profile", "trainer.checkpoint",
-                    "trainer.periodic_checkpoint", "trainer.resume", "trainer.resume_from", "trainer.max_restarts",
+RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.metrics_every", "trainer.eval_batch_size", "trainer.profile",
+                    "trainer.checkpoint", "trainer.periodic_checkpoint", "trainer.resume", "trainer.resume_from", "trainer.max_restarts",
                     "trainer.tensorboard", "trainer.threads_per_worker", "trainer.branch_from", "trainer.stop_at_step",
                     "model.compile_dense")  # compiled or eager: the same computation
 

@@ -207,9 +207,11 @@ class Trainer:
             f"{train_days[0]}..{train_days[-1]}; layout {self.world} ranks = "
             f"{self.pgs.layout.sharding_group_size} per sharding group x {self.pgs.layout.replicas} replicas"
         )
-        # NE, calibration and AUC per task over each logging interval, reduced over the ranks.
+        # NE, calibration and AUC per task over each metrics interval (trainer.metrics_every, else each logging
+        # interval), reduced over the ranks.
         train_metrics = TrainMetrics(self.tasks, int(cfg.data.batch_size), self.world, self.rank,
-                                     int(cfg.trainer.log_every), self.pgs.device, self.pgs.world)
+                                     int(cfg.trainer.metrics_every or cfg.trainer.log_every), self.pgs.device,
+                                     self.pgs.world)
         embedding_averaging = PeriodicEmbeddingAveraging(averager, lambda: lr_control.embedding_sync_every, total_steps)
         return Job(meta, train_days, eval_days, stream, total_steps, model, train_step, train_metrics, optimizer,
                    averager, embedding_averaging, lr_control, loop, rollback, checkpoints, resume_from)
@@ -300,7 +302,12 @@ class Trainer:
         Returns (why the interval diverged or '', the RunDir.METRICS record: rank 0 writes it, the
         interval's all-reduced sums for LoopState.end_interval)."""
         loop, examples_per_step, num_tasks = job.loop, job.stream.examples_per_step, len(self.tasks)
-        train_metrics = job.train_metrics.compute()  # ne, calibration, auc: {task: value} on rank 0 (a collective)
+        every = self.cfg.trainer.metrics_every
+        due = every is None or loop.step % int(every) == 0 or bool(forced) \
+            or loop.step in (job.total_steps, self.cfg.trainer.stop_at_step)
+        # ne, calibration, auc: {task: value} on rank 0 (a collective: every rank takes the same decision); between
+        # two computations the records carry the loss alone and the rows wait for the next one
+        train_metrics = job.train_metrics.compute() if due else {}
         # Rank 0's training NE rides on the all-reduce (the other ranks add zeros): every rank checks the same NE.
         ne = [float((train_metrics.get("ne") or {}).get(t, math.nan)) if self.rank == 0 else 0.0 for t in self.tasks]
         stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps), *ne], dtype=torch.float64)])

@@ -40,7 +40,8 @@ def finder_sweeps(embedding: float, dense: float, sweep: Tuple[int, float, float
     steps, low, high = sweep
     common = ["optim.schedule.name=range_test", f"optim.schedule.range_test.steps={steps}",
               f"optim.schedule.range_test.low={low}", f"optim.schedule.range_test.high={high}",
-              f"trainer.stop_at_step={steps}", "trainer.log_every=1", "trainer.rollback.max_rollbacks=0",
+              f"trainer.stop_at_step={steps}", "trainer.log_every=1", f"trainer.metrics_every={steps}",
+              "trainer.rollback.max_rollbacks=0",
               "trainer.periodic_checkpoint.every_steps=0", "trainer.checkpoint=false", "trainer.tensorboard=false",
               f"data.reserve_rows={CONTRACT.reserve_rows}"]
     return {"embedding": [*lr_overrides(embedding, dense * low), *common,

@@ -63,6 +63,8 @@ def _config_error(*overrides):
         ("trainer.dense_gradients=ring", ["trainer.dense_gradients", "one of [allreduce, local]"]),
         ("trainer.periodic_checkpoint.every_steps=30",
          ["trainer.periodic_checkpoint.every_steps", "multiple of trainer.log_every=25"]),
+        ("trainer.metrics_every=30", ["trainer.metrics_every", "30", "multiple of trainer.log_every=25"]),
+        ("trainer.metrics_every=0", ["trainer.metrics_every", "positive multiple"]),
     ],
 )
 def test_invalid_config_value_is_named(override, needles):

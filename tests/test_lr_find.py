@@ -154,6 +154,9 @@ def test_lr_find_prints_a_line_per_sweep_and_the_suggested_max_lrs_with_its_cost
         assert sweep["status"] == status and sweep["steps"] == steps and sweep["seconds"] > 0
         logged = [m for m in read_jsonl(os.path.join(sweep["run_dir"], "metrics.jsonl")) if "lr" in m]
         assert [m["step"] for m in logged] == list(range(1, steps + 1))  # the loss every step
+        # the training NE, calibration and AUC once, where the sweep stopped (trainer.metrics_every; the diverged
+        # sweep never reached it): a record carrying them every step made a sweep's step about 4x a pass's
+        assert [m["step"] for m in logged if "ne" in m] == ([8] if status == "stopped" else [])
         for g in held:  # the other axis held at its max LR x low
             assert all(m["lr"][g] == pytest.approx(start[g] * 0.01, rel=1e-9) for m in logged)
         for g in swept:  # x0.01 to x100000 of its max LR, geometrically, over the 8 steps (a record after k steps
