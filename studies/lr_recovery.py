@@ -83,7 +83,7 @@ from studies.lr_recovery_contenders import (CONTROLLER_VARIANTS, FINDERS, FORM_V
                                            RETIRED_VARIANTS, VARIANTS, variant_overrides)
 from studies.lr_recovery_grid import (cell_json, cell_lrs, cell_of, grid_name, neighbourhood_runs, plain_cells,
                                       plateau_analysis, plateau_json)
-from studies.lr_recovery_plan import START_LABELS, extra_starts, planned, recorded_starts
+from studies.lr_recovery_plan import START_LABELS, extra_starts, planned, range_test_verdict, recorded_starts
 from studies.lr_recovery_report import RETIRED, plot, render_markdown
 from studies.lr_recovery_summary import (BENCHMARK_FILE, contender_cost, hdet_overrides, orderings, run_entry,
                                          summarize_start, variant_summary, wall_time)
@@ -240,7 +240,10 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
         "seeds": list(seeds), "best_cell": cell_json(cells[an["best"]], an) if an else None,
         "plateau": plateau["cells"] if plateau else None, "plateau_rule": plateau["rule"] if plateau else None,
         "starts": results, "forms": forms, "variants": variant_summary(results),
-        "retired": RETIRED,
+        "retired": {**RETIRED, **({} if range_test_verdict() == "passed" else {
+            "hdet_range_test": f"the range test on the replicas: its kill test's verdict is {range_test_verdict()} "
+                               "(docs/results/lr_truth/lr_truth.json, range_commit; both forms killed), so it is not "
+                               "run in full (docs/hdet.md, range-test-rule 1)"})},
         "wall_time": wall_time(results), "contender_cost": wall,
         "targets": {**targets(results, ("hdet", *CONTROLLER_VARIANTS)), RANGE_TEST: range_test_targets(results, wall)},
         "chosen_rule": chosen_rule(),

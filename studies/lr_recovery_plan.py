@@ -6,12 +6,15 @@ is trained at which start (:func:`planned`).
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any, Dict, Sequence, Tuple
 
+from data_tools.fileio import read_json
 from recsys_hdet.constants import DENSE_GROUPS
 from studies.contract import StudyMismatch
 from studies.lr_recovery_contenders import CONTROLLER_VARIANTS, RETIRED_VARIANTS
+from studies.provenance import REPO
 from studies.starts import STARTS
 
 # What each start of :data:`studies.starts.STARTS` is.
@@ -29,15 +32,26 @@ EARLIER_STARTS = ("best", "old_tuned", "all_low", "all_high", "emb_low_dense_hig
 # and emb_high_dense_low they are "not planned" (a run recorded there is read, and not counted as planned): the
 # pre-registered rule's step 1 (which reads every start) already excludes every variant at the best start.
 CONTROLLER_STARTS = ("best", "all_low", "all_high", "emb_low_dense_high", "emb_low")
+# The range test on the replicas' kill test (studies/range_commit.py, ``range_commit`` there): the form runs in
+# full only once it has passed (docs/hdet.md, range-test-rule 1).
+KILL_TEST_FILE = os.path.join(REPO, "docs", "results", "lr_truth", "lr_truth.json")
+
+
+def range_test_verdict(path: str = KILL_TEST_FILE) -> str:
+    """The current form's kill-test verdict: "passed", "killed" or "pending" (no table yet)."""
+    return str(((read_json(path) or {}).get("range_commit") or {}).get("verdict", "pending"))
 
 
 def planned(variant: str, start: str) -> bool:
     """Whether ``variant`` is trained at ``start``. The controller forms (``hdet`` and the controller issue's
     variants) are dominated: planned only where they were before (``hdet`` at :data:`EARLIER_STARTS`, the
-    variants at :data:`CONTROLLER_STARTS`), never at a newer start; the retired finder nowhere; every other
-    contender at every start, a ``--start`` start included."""
+    variants at :data:`CONTROLLER_STARTS`), never at a newer start; the retired finder nowhere; the range test
+    on the replicas only once its kill test passed (:func:`range_test_verdict`); every other contender at every
+    start, a ``--start`` start included."""
     if variant in RETIRED_VARIANTS:
         return False
+    if variant == "hdet_range_test":
+        return range_test_verdict() == "passed"
     if variant in CONTROLLER_VARIANTS:
         return start in CONTROLLER_STARTS
     if variant == "hdet":

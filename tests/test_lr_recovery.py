@@ -202,6 +202,7 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
     """docs/results/lr_recovery/lr_recovery_f3/results.jsonl rebuilds the committed report's figures (no training), and every
     recorded run names the clean commit it trained from."""
     from studies.lr_recovery import study
+    from studies.lr_recovery_plan import range_test_verdict
     from studies.lr_recovery_report import render_markdown
     from studies.results import StudyFiles
     from studies.starts import STARTS
@@ -225,7 +226,8 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
     for name, s in committed["starts"].items():  # the controller's variants are planned at its starts only
         for v, runs in s["runs"].items():
             expected = (v != "lr_finder_narrow" and (v not in CONTROLLER_VARIANTS or name in CONTROLLER_STARTS)
-                        and (v != "hdet" or name in EARLIER_STARTS))
+                        and (v != "hdet" or name in EARLIER_STARTS)
+                        and (v != "hdet_range_test" or range_test_verdict() == "passed"))
             assert all(run["planned"] == expected for run in runs), (name, v)
     planned = sum(run["planned"] for s in committed["starts"].values() for v in s["runs"].values() for run in v)
     done = sum(bool(run["planned"] and run["outcome"]) for s in committed["starts"].values() for v in s["runs"].values()
@@ -367,8 +369,10 @@ def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path
     assert odd["lr"] == {"embedding": 1.2, "dense": 0.12} and odd["factors"] == [0.02, 40.0] and odd["from_command_line"]
     status = {v: runs[0]["status"] for v, runs in odd["runs"].items()}
     assert {v for v, st in status.items() if st == "not run yet"} == {
-        "plain_rollback", "hdet_range_test", "prodigy", "schedulefree", "lr_finder"}
-    assert {v for v, st in status.items() if st == "not planned"} == {*HDET_VARIANTS, "lr_finder_narrow"}
+        "plain_rollback", "prodigy", "schedulefree", "lr_finder"}
+    # the range test on the replicas: killed by its kill test, so not planned (recorded runs are still read)
+    assert {v for v, st in status.items() if st == "not planned"} == {*HDET_VARIANTS, "lr_finder_narrow",
+                                                                      "hdet_range_test"}
     assert odd["runs"]["lr_finder"][0]["run"] == "odd/lr_finder_wide/seed0"
     assert odd["runs"]["hdet_range_test"][0]["run"] == "odd/hdet_range_test/seed0"
     assert odd["runs"]["plain_rollback"][0]["run"] == "odd/plain_rollback/seed0"  # off the lattice
@@ -385,11 +389,19 @@ def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path
     assert r["starts"]["odd"]["runs"]["hdet_range_test"][0]["outcome"] == "completed"
     assert main([*argv, "--start", "odd=0.02,40"]) == 0  # the same factors again: fine
     capsys.readouterr()
-    # Planning: the new contenders everywhere, the dominated controller forms only where they ran before.
+    # Planning: the new contenders everywhere, the dominated controller forms only where they ran before, the
+    # range test on the replicas only once its kill test passed (both forms were killed: docs/hdet.md).
+    from studies import lr_recovery_plan
+
+    assert lr_recovery_plan.range_test_verdict() == "killed"
     for start in (*STARTS, "odd"):
-        assert all(planned(v, start) for v in ("plain_rollback", "hdet_range_test", "prodigy", "schedulefree",
-                                               "lr_finder"))
-        assert not planned("lr_finder_narrow", start)
+        assert all(planned(v, start) for v in ("plain_rollback", "prodigy", "schedulefree", "lr_finder"))
+        assert not planned("lr_finder_narrow", start) and not planned("hdet_range_test", start)
+    assert "hdet_range_test" in r["retired"] and "verdict is killed" in r["retired"]["hdet_range_test"]
+    passed = tmp_path / "lr_truth.json"
+    passed.write_text(json.dumps({"range_commit": {"verdict": "passed"}}))
+    assert lr_recovery_plan.range_test_verdict(str(passed)) == "passed"
+    assert lr_recovery_plan.range_test_verdict(str(tmp_path / "none.json")) == "pending"
     for start in ("emb_low_30", "all_high_3", "odd"):
         assert not any(planned(v, start) for v in HDET_VARIANTS)
     assert planned("hdet", "emb_high_dense_low") and planned("hdet_explore", "all_low")
