@@ -74,3 +74,45 @@ def test_the_windows_re_read_the_first_form_s_curves_as_the_rule_reads_them():
                           or not 1 / 3.2 <= f[1] * m <= 3.2]
         assert entry["replicas"]["killed_at"] == outside_starts
     assert dev["windows"]["0.25"]["beta"] < dev["windows"]["1"]["beta"] < dev["windows"]["fastai_0.98"]["beta"]
+
+
+def _values(overrides):
+    """Overrides as {key: value}, numbers compared as numbers (a line recorded 10000 where today's spell 10000.0)."""
+    def value(v):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return {k: value(v) for k, v in (o.split("=", 1) for o in overrides)}
+
+
+def test_each_probe_changes_one_thing_of_the_recorded_finder_sweep_and_compares_seed_by_seed():
+    """studies/range_probes.py: a probe's sweep is the recorded finder_commit sweep (its overrides as recorded, less
+    trainer.metrics_every, which came later and changes no loss) with the probe's one change; the table pairs each
+    probe's suggestion with the recorded sweep of the same seed."""
+    from studies import range_probes as rp
+    from studies.results import load, study_overrides
+
+    recorded = load(rp.TRUTH_RESULTS)
+    for seed in rp.SEEDS:
+        base = study_overrides(recorded[rp.recorded_name(seed)])
+        half = rp.overrides("half_batch", seed, ANCHOR)
+        assert half[:2] == ["+experiment=baseline_low", f"seed={seed}"]
+        assert half[-2:] == ["trainer.nproc=2", "trainer.sharding_group_size=2"]
+        assert _values(o for o in half[2:-2] if not o.startswith("trainer.metrics_every=")) == _values(base)
+        trains = rp.overrides("embedding_trains", seed, ANCHOR)
+        assert trains[-1] == "optim.lr.embedding=60" and "optim.lr.embedding=0.06" not in trains
+        assert sorted(set(half[:-2]) ^ set(trains)) == ["optim.lr.embedding=0.06", "optim.lr.embedding=60"]
+    with pytest.raises(ValueError, match="not one of"):
+        rp.overrides("other", 0, ANCHOR)
+    rt = lambda loss: {"range_test": {"steps": 100, "low": 0.001, "high": 10000.0,  # noqa: E731
+                                      "step": list(range(1, len(loss) + 1)), "loss": loss}, "status": "diverged",
+                       "steps": len(loss)}
+    early, late = [1.0 - 0.01 * k for k in range(30)] + [9.0], [1.0 - 0.01 * k for k in range(60)] + [9.0]
+    results = {rp.probe_name("half_batch", s): rt(early) for s in rp.SEEDS}
+    t = rp.table(results, {rp.recorded_name(s): rt(late) for s in rp.SEEDS})
+    ratio = t["probes"]["half_batch"]["ratio_geomean"]
+    from studies.range_tests import sweep_suggestion
+
+    assert ratio == pytest.approx(sweep_suggestion(rt(early)) / sweep_suggestion(rt(late)), rel=1e-12) and ratio < 0.5
+    assert t["probes"]["embedding_trains"]["seeds"] == [] and t["probes"]["embedding_trains"]["ratio_geomean"] is None
