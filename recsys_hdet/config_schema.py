@@ -295,6 +295,7 @@ class TrainerConfig:
     # Steps per computation of the training NE, calibration and AUC (a collective over the interval's rows, the
     # costliest part of a record): null, every record; a multiple of log_every records the loss every log_every
     # steps and these every metrics_every (an LR range test logs its loss every step: python -m recsys_hdet.lr_find).
+    # Between two computations the collapse check reads the interval's loss over its positive rate's entropy.
     metrics_every: Optional[int] = None
     diverge_loss: float = 2.0         # a check fails when the interval's avg task loss exceeds this (or none is finite)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)

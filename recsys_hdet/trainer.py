@@ -33,7 +33,7 @@ from recsys_hdet.provenance import code_version
 from recsys_hdet.components.metrics_log import MetricLogger, lr_trajectory, peak_rss_mb, print_summary, truncate_jsonl
 from data_tools.fileio import write_json_atomic
 from recsys_hdet.evaluation.scoring import predict_batches, score_held_out
-from recsys_hdet.components.train_metrics import TrainMetrics, weighted_task_mean
+from recsys_hdet.components.train_metrics import TrainMetrics, entropy_ne, weighted_task_mean
 from recsys_hdet.components.train_pipeline import TimedBatches, TrainStep
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState, TrainClock
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params, schedulefree_warmup
@@ -308,9 +308,11 @@ class Trainer:
         # ne, calibration, auc: {task: value} on rank 0 (a collective: every rank takes the same decision); between
         # two computations the records carry the loss alone and the rows wait for the next one
         train_metrics = job.train_metrics.compute() if due else {}
-        # Rank 0's training NE rides on the all-reduce (the other ranks add zeros): every rank checks the same NE.
+        # Rank 0's training NE rides on the all-reduce (the other ranks add zeros): every rank checks the same NE;
+        # so do the interval's positive labels and rows, for the NE the check reads between two computations.
         ne = [float((train_metrics.get("ne") or {}).get(t, math.nan)) if self.rank == 0 else 0.0 for t in self.tasks]
-        stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps), *ne], dtype=torch.float64)])
+        stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps), *ne], dtype=torch.float64),
+                           job.train_metrics.interval_positives()])
         dist.all_reduce(stats)
         good_steps = stats[num_tasks + 1] - stats[num_tasks]
         mean = stats[:num_tasks] / good_steps  # no finite step in the interval: NaN (0/0), never a loss of 0
@@ -328,7 +330,11 @@ class Trainer:
         # Where the LR control tolerates a non-finite replica (it is excluded and restored at the
         # next sync), the interval fails only when no replica produced a finite loss in it.
         non_finite = (good_steps == 0) if job.lr_control.tolerates_non_finite_replicas else (stats[num_tasks] > 0)
-        ne_all = {t: float(stats[num_tasks + 2 + i]) for i, t in enumerate(self.tasks)}
+        if due:
+            ne_all = {t: float(stats[num_tasks + 2 + i]) for i, t in enumerate(self.tasks)}
+        else:  # the interval's loss over the entropy of its positive rate (the collapse check's NE, not recorded)
+            positives, rows = stats[2 * num_tasks + 2:3 * num_tasks + 2], float(stats[-1])
+            ne_all = {t: entropy_ne(float(mean[i]), float(positives[i]), rows) for i, t in enumerate(self.tasks)}
         return forced or interval_failure(avg, bool(non_finite), ne_all, self.cfg.trainer, loop), metrics_record, stats
 
     # ------------------------------------------------------------------------------------------

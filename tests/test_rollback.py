@@ -54,8 +54,14 @@ def test_a_planted_divergence_is_rolled_back_and_the_run_completes(tmp_path, dat
 COLLAPSE = "zero_dense@step=36"
 
 
-def test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes(tmp_path, data_cache, tiny_dataset):
-    proc = _run(tmp_path / "collapse", COLLAPSE, data_cache)
+@pytest.mark.parametrize("metrics_every", [None, 25])
+def test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes(tmp_path, data_cache, tiny_dataset,
+                                                                                  metrics_every):
+    """The check reads torchrec's training NE where it is computed, and between two computations
+    (``trainer.metrics_every``: here at step 25 and the pass's end only) the interval's loss over its positive rate's
+    entropy: the same collapse found at the same check."""
+    extra = [] if metrics_every is None else [f"trainer.metrics_every={metrics_every}"]
+    proc = _run(tmp_path / "collapse", COLLAPSE, data_cache, *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     s = read_json(tmp_path / "collapse" / "summary.json")
     assert s["status"] == "completed" and s["rollback"]["count"] == 1
@@ -63,8 +69,13 @@ def test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_complete
     assert (event["step"], event["restored_step"]) == (40, 35)
     assert "collapsed to the base-rate predictor" in event["reason"] and "trainer.collapse.ne=0.999" in event["reason"]
     records = {m["step"]: m for m in read_jsonl(tmp_path / "collapse" / "metrics.jsonl")}
-    assert all(v >= 0.999 for v in records[40]["ne"].values())  # what the check saw
-    assert max(records[45]["ne"].values()) < 1.1  # the restored model predicts again
+    if metrics_every is None:
+        assert all(v >= 0.999 for v in records[40]["ne"].values())  # what the check saw
+        assert max(records[45]["ne"].values()) < 1.1  # the restored model predicts again
+    else:
+        # and at the pass's end (over steps 26-46, the rolled-back ones included: the held-out NE below is the
+        # restored model's)
+        assert [step for step, m in records.items() if "ne" in m] == [25, s["steps"]]
     for task, m in s["eval"].items():
         assert m["ne"] < 1.1, (task, m)
 

@@ -24,9 +24,20 @@ carries the rollback). torchrec 1.8's metrics need torchmetrics 1.0.x (its own p
 
 from __future__ import annotations
 
+import math
 from typing import Dict, List
 
 import torch
+
+
+def entropy_ne(mean_loss: float, positives: float, rows: float) -> float:
+    """Normalized entropy from an interval's mean log loss and its positive rate: the loss over the entropy of
+    the base-rate predictor (the NE torchrec.metrics computes, up to its clamping of predictions); NaN without
+    rows or with a rate of 0 or 1."""
+    p = positives / rows if rows > 0 else math.nan
+    if not 0 < p < 1:
+        return math.nan
+    return mean_loss / -(p * math.log(p) + (1 - p) * math.log(1 - p))
 
 
 def weighted_task_mean(per_task: torch.Tensor, weights: torch.Tensor) -> float:
@@ -60,6 +71,7 @@ class TrainMetrics:
                                              process_group=process_group)
         self._predictions: List[torch.Tensor] = []
         self._labels: List[torch.Tensor] = []
+        self._positives = torch.zeros(len(self.tasks) + 1, dtype=torch.float64)  # per task, then the rows
         if world_size == 1:
             # Nothing to reduce over. torchmetrics would still all-gather every state (the AUC's whole
             # window) through the process group, and gloo copies it on its own thread: a copy that
@@ -77,6 +89,15 @@ class TrainMetrics:
         ``compute``)."""
         self._predictions.append(predictions.detach())
         self._labels.append(labels.detach())
+        self._positives[:-1] += labels.detach().double().sum(0).cpu()
+        self._positives[-1] += labels.shape[0]
+
+    def interval_positives(self) -> torch.Tensor:
+        """This rank's positive labels per task and rows (the last entry) since the previous call, float64: with
+        the interval's mean loss, the training NE the divergence check reads between two :meth:`compute`
+        (:func:`entropy_ne`); restarts the count."""
+        out, self._positives = self._positives, torch.zeros_like(self._positives)
+        return out
 
     def compute(self) -> Dict[str, Dict[str, float]]:
         """The interval's ``{metric: {task: value}}`` over every rank (a collective: call on all ranks)."""
