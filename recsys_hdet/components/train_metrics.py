@@ -71,7 +71,8 @@ class TrainMetrics:
                                              process_group=process_group)
         self._predictions: List[torch.Tensor] = []
         self._labels: List[torch.Tensor] = []
-        self._positives = torch.zeros(len(self.tasks) + 1, dtype=torch.float64)  # per task, then the rows
+        # positive labels per task, then the rows, on the labels' device (no host copy per step)
+        self._positives = torch.zeros(len(self.tasks) + 1, dtype=torch.float64, device=device)
         if world_size == 1:
             # Nothing to reduce over. torchmetrics would still all-gather every state (the AUC's whole
             # window) through the process group, and gloo copies it on its own thread: a copy that
@@ -89,14 +90,14 @@ class TrainMetrics:
         ``compute``)."""
         self._predictions.append(predictions.detach())
         self._labels.append(labels.detach())
-        self._positives[:-1] += labels.detach().double().sum(0).cpu()
+        self._positives[:-1] += labels.detach().double().sum(0)
         self._positives[-1] += labels.shape[0]
 
     def interval_positives(self) -> torch.Tensor:
-        """This rank's positive labels per task and rows (the last entry) since the previous call, float64: with
-        the interval's mean loss, the training NE the divergence check reads between two :meth:`compute`
-        (:func:`entropy_ne`); restarts the count."""
-        out, self._positives = self._positives, torch.zeros_like(self._positives)
+        """This rank's positive labels per task and rows (the last entry) since the previous call, float64 on the
+        CPU: with the interval's mean loss, the training NE the divergence check reads between two
+        :meth:`compute` (:func:`entropy_ne`); restarts the count."""
+        out, self._positives = self._positives.cpu(), torch.zeros_like(self._positives)
         return out
 
     def compute(self) -> Dict[str, Dict[str, float]]:
