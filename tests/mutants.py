@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (73; see docs/contributing.md for the last full run's time)
+    .venv/bin/python tests/mutants.py            # every mutant (75; see docs/contributing.md for the last full run's time)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
@@ -333,6 +333,16 @@ MUTANTS = (
     Mutant("V1", "the converter keeps the last of a repeated video's rows", "data_tools/feature_tables.py",
            '.unique(subset="video_id", keep="first", maintain_order=True)', '.unique(subset="video_id", keep="last", maintain_order=True)',
            ["tests/test_convert_catalog.py::test_a_repeated_video_keeps_its_first_row_wherever_it_is_in_the_file"]),
+    Mutant("C1", "between two training-metric computations the collapse check sees no NE (a sweep runs on past a "
+           "collapse)", "recsys_hdet/trainer.py",
+           "ne_all = {t: entropy_ne(float(mean[i]), float(positives[i]), rows)",
+           "ne_all = {t: math.nan + 0 * entropy_ne(float(mean[i]), float(positives[i]), rows)",
+           ["tests/test_rollback.py::test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes"]),
+    Mutant("C2", "the interval's positive counts are never restarted (the collapse check's rate is the pass's)",
+           "recsys_hdet/components/train_metrics.py",
+           "out, self._positives = self._positives.cpu(), torch.zeros_like(self._positives)",
+           "out = self._positives.cpu()",
+           ["tests/test_train_metrics.py::test_interval_metrics_are_those_of_every_rank_s_rows_since_the_last_compute"]),
 )
 
 
