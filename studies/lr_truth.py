@@ -241,6 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "range_commit_retired": {form: range_commit.table(study.results, form=form)
                                             for form in range_commit.KILL_TESTS if form != range_commit.CURRENT},
                    "range_rule_dev": range_commit.rule_dev(study.results),
+                   "range_divisor_dev": range_commit.divisor_dev(study.results),
                    "finder_commit": range_commit.finder_table(study.results)})
     wall = sum(r["process_seconds"] or 0 for r in study.results.values())
     result.update({"mode": args.mode, "starts": {k: list(v) for k, v in mode.starts.items()}, "seeds": list(mode.seeds),

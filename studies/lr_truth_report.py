@@ -74,6 +74,8 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
             lines += range_commit.render(table)
     if result["range_rule_dev"]["windows"]["fastai_0.98"]["replicas"]["runs"]:
         lines += range_commit.render_dev(result["range_rule_dev"])
+    if result.get("range_divisor_dev", {}).get("runs"):
+        lines += range_commit.render_divisor_dev(result["range_divisor_dev"])
     if any(s["seeds"] for s in result["finder_commit"]["starts"].values()):
         lines += range_commit.render_finder(result["finder_commit"])
     return "\n".join(lines) + "\n"

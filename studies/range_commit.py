@@ -16,12 +16,15 @@ speed, decades per step, under fastai's fixed smoothing) or in the replicas' swe
 Each form of the rule has its own kill test on its own seeds (:data:`KILL_TESTS`). The first form read the
 curves with fastai's per-step smoothing (0.98) on seeds 0-2 and was killed; the rule's smoothing window (1 decade
 of the multiplier) was then chosen on that test's recorded curves (:func:`rule_dev`, every candidate window
-re-read on the same curves, the replicas' and the finder's), and its own kill test runs on fresh seeds 3-5.
+re-read on the same curves, the replicas' and the finder's), and its own kill test on seeds 3-5 killed it too,
+the dense axis committed about 2x above the best cell. The third form divides each axis's smoothed minimum by its
+own divisor, chosen on both tests' recorded curves (seeds 0-5, :func:`divisor_dev`), and its kill test runs on
+fresh seeds 6-8.
 
 Run by ``python -m studies.lr_truth --range-commit`` (its lines go to the truth study's results file, the
 tables to ``docs/results/lr_truth/lr_truth.json``: ``range_commit`` (the current form's kill test),
-``range_commit_retired`` (earlier forms'), ``range_rule_dev`` and ``finder_commit``); this module holds the runs'
-overrides and the tables.
+``range_commit_retired`` (earlier forms'), ``range_rule_dev``, ``range_divisor_dev`` and ``finder_commit``); this
+module holds the runs' overrides and the tables.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
 from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
 from studies.contract import CONTRACT
-from studies.range_tests import HDET_RANGE_TEST, REPLICA_WINDOW_DECADES, SWEEP, finder_sweeps, sweep_suggestion
+from studies.range_tests import (HDET_RANGE_TEST, REPLICA_DIVISORS, REPLICA_WINDOW_DECADES, SWEEP, finder_sweeps,
+                                  sweep_suggestion)
 from studies.starts import PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
 
 # (embedding, dense) factors of the anchor: the best cell, the four misset starts, and the two the issue adds.
@@ -55,15 +59,21 @@ class KillTest:
     window_decades: Optional[float]  # the loss's smoothing window; None: fastai's per-step 0.98
     seeds: Tuple[int, ...]
     prefix: str
+    divisors: Optional[Mapping[str, float]] = None  # per axis; None: fastai's 10 on both
 
 
 KILL_TESTS: Dict[str, KillTest] = {
+    "divisors_10_20": KillTest("the smoothed minimum / 10 (embedding) and / 20 (dense), the loss smoothed over 1 "
+                               "decade of the multiplier", REPLICA_WINDOW_DECADES, (6, 7, 8), "range_commit_divisors",
+                               REPLICA_DIVISORS),
     "window_1_decade": KillTest("fastai's classic (smoothed minimum / 10), the loss smoothed over 1 decade of the "
                                 "multiplier", REPLICA_WINDOW_DECADES, (3, 4, 5), "range_commit_window1"),
     "classic": KillTest("fastai's classic (smoothed minimum / 10), the loss smoothed per step by 0.98", None,
                         (0, 1, 2), "range_commit"),
 }
-CURRENT = "window_1_decade"  # the form the product runs (recsys_hdet.components.range_rule)
+CURRENT = "divisors_10_20"  # the form the product runs (recsys_hdet.hdet.range_test, hdet.range_test.divisors)
+DEV_FORMS = ("classic", "window_1_decade")  # the recorded kill tests whose curves chose the divisors
+DEV_DIVISORS = (5.0, 7.5, 10.0, 12.5, 15.0, 20.0, 25.0, 30.0)  # the candidates, each axis
 SEEDS = KILL_TESTS["classic"].seeds  # the finder's sweeps beside the first kill test
 DEV_WINDOWS = (0.25, 0.5, 1.0, 2.0, None)  # the candidate smoothing windows re-read on the first test's curves
 
@@ -219,6 +229,66 @@ def rule_dev(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[fl
                            "axes": {axis: _spread([a[axis] for a in runs.values()]) for axis in LR_AXES}}
         out["windows"]["fastai_0.98" if window is None else f"{window:g}"] = entry
     return out
+
+
+def divisor_dev(results: Mapping[str, Mapping[str, Any]], anchor: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
+    """How the third form's divisors were chosen: the replicas' recorded curves of the first two kill tests (seeds
+    0-5, :data:`DEV_FORMS`) re-read with the second form's window (1 decade) and each candidate divisor of
+    :data:`DEV_DIVISORS`, per axis: the geometric mean of the suggestions as factors of the best cell, the spread,
+    the runs outside x3.2 on that axis and the starts where 2+ of 3 seeds do. Per axis the ``chosen`` divisor is the
+    one whose geometric mean lies nearest the best cell (the centre, which the second kill test showed to be off;
+    the spread does not depend on the divisor)."""
+    anchor = anchor or recovery_anchor()
+    steps, low, high = SWEEP
+    per_step = list(range(1, steps + 1))
+    beta = smoothing(low, high, steps, REPLICA_WINDOW_DECADES)
+    curves: Dict[Tuple[str, str, int], Tuple[Tuple[float, float], Dict[str, Any]]] = {}
+    for form in DEV_FORMS:
+        for start, factors in KILL_STARTS.items():
+            for seed in KILL_TESTS[form].seeds:
+                rt = committed(results.get(run_name(start, seed, form)) or {})
+                if rt is not None:
+                    curves[form, start, seed] = (factors, rt["axes"])
+    out: Dict[str, Any] = {"sweep": SWEEP_RECORD, "window_decades": REPLICA_WINDOW_DECADES, "runs": len(curves),
+                           "forms": {f: list(KILL_TESTS[f].seeds) for f in DEV_FORMS}, "axes": {}, "chosen": {}}
+    for i, axis in enumerate(LR_AXES):
+        rows: Dict[str, Any] = {}
+        for divisor in DEV_DIVISORS:
+            of_best = {key: _times(factors[i], suggest_multiplier(per_step, axes[axis]["loss"], low, high, steps, beta,
+                                                                  divisor))
+                       for key, (factors, axes) in curves.items()}
+            outside = _by_form_start(of_best)
+            rows[f"{divisor:g}"] = {**_spread(list(of_best.values())),
+                                    "killed_at": [f"{start} (seeds {', '.join(map(str, KILL_TESTS[form].seeds))})"
+                                                  for (form, start), n in outside.items() if n >= KILL_SEEDS]}
+        out["axes"][axis] = rows
+        if curves:
+            out["chosen"][axis] = float(min(rows, key=lambda d: abs(math.log10(rows[d]["geomean"]))))
+    return out
+
+
+def _by_form_start(of_best: Mapping[Tuple[str, str, int], Optional[float]]) -> Dict[Tuple[str, str], int]:
+    """Per (form, start) the runs outside x3.2 (a kill test's seeds are one form's)."""
+    counts: Dict[Tuple[str, str], int] = {}
+    for (form, start, _), f in of_best.items():
+        counts[form, start] = counts.get((form, start), 0) + (f is None or not 1 / WITHIN <= f <= WITHIN)
+    return counts
+
+
+def render_divisor_dev(d: Mapping[str, Any]) -> List[str]:
+    lines = ["", "## How the third form's divisors were chosen (the first two kill tests' curves re-read)", "",
+             f"The replicas' {d['runs']} recorded sweep pairs (seeds "
+             + ", ".join(f"{f}: {', '.join(map(str, s))}" for f, s in d["forms"].items())
+             + f") re-read with the {d['window_decades']:g}-decade window and each divisor, per axis; the divisor "
+             "whose geometric mean lies nearest the best cell was declared before the form's kill test on fresh "
+             f"seeds (chosen: {', '.join(f'{a} /{v:g}' for a, v in d['chosen'].items()) or 'none'}).", "",
+             "| axis | divisor | geomean x best | sd (decades) | outside x3.2 | starts with 2+ seeds outside |",
+             "|---|---|---|---|---|---|"]
+    for axis, rows in d["axes"].items():
+        for divisor, r in rows.items():
+            lines.append(f"| {axis} | {divisor} | {r['geomean']:.2f} | {r['sd_decades']:.2f} | {r['outside']} | "
+                         f"{', '.join(r['killed_at']) or '-'} |")
+    return lines
 
 
 def _times(factor: float, multiplier: Optional[float]) -> Optional[float]:

@@ -26,10 +26,14 @@ FINDER_WINDOW_DECADES: Optional[float] = None
 REPLICA_WINDOW_DECADES = 1.0
 # The retired narrow finder's sweep (lr_find's default before it was widened): its recorded runs are read.
 NARROW_SWEEP: Tuple[int, float, float] = (100, 0.01, 100.0)
+# The range test on the replicas' divisor per axis (hdet.range_test.divisors), its third form: the dense groups'
+# chosen on the first two forms' recorded curves (studies.range_commit.divisor_dev); fastai's 10 before it.
+REPLICA_DIVISORS: Dict[str, float] = {"embedding": 10.0, "dense": 20.0}
 # The range test on the replicas: each replica sweeps one axis (the other held at x low) before the pass, every
 # rank commits the suggestion, and the pass trains plain from the step-0 state (recsys_hdet/hdet/range_test_job.py).
 HDET_RANGE_TEST = ("hdet=enabled", f"hdet.range_test.steps={SWEEP[0]}", f"hdet.range_test.low={SWEEP[1]:g}",
-                   f"hdet.range_test.high={SWEEP[2]:g}")
+                   f"hdet.range_test.high={SWEEP[2]:g}",
+                   *(f"hdet.range_test.divisors.{axis}={d:g}" for axis, d in REPLICA_DIVISORS.items()))
 
 
 def finder_sweeps(embedding: float, dense: float, sweep: Tuple[int, float, float] = SWEEP) -> Dict[str, List[str]]:

@@ -11,6 +11,7 @@ from recsys_hdet.constants import LR_AXES
 from recsys_hdet.components.range_rule import read_curve, suggest_multiplier, sweep_multiplier
 from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
 
+FASTAI = {"embedding": 10.0, "dense": 10.0}  # fastai's divisor on both axes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -41,7 +42,7 @@ class PlantedQuadratics:
 def planted_suggestions(max_lrs, edges, together=False, steps=100):
     """The committed max LR per axis from a two-replica sweep on the planted quadratics; ``together``: both axes
     rise on every replica (one joint sweep, as a single range test of every group would)."""
-    plan = ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0)
+    plan = ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0, FASTAI)
     curves = []
     for replica in (0, 1):
         objective = PlantedQuadratics(edges)
@@ -83,7 +84,7 @@ def test_each_axis_finds_its_planted_edge_with_the_other_axis_misset_100x(misset
 
 
 def test_the_plan_sweeps_one_axis_per_replica_and_holds_the_other_low_and_pools_replicas():
-    plan = ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0)
+    plan = ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, FASTAI)
     assert [plan.axis_of(r) for r in range(4)] == ["embedding", "dense", "embedding", "dense"]
     assert plan.multipliers(0, 4) == {"embedding": pytest.approx(100.0), **{g: 0.01 for g in LR_AXES["dense"]}}
     assert plan.multipliers(1, 2) == {"embedding": 0.01, **{g: pytest.approx(1.0) for g in LR_AXES["dense"]}}
@@ -106,6 +107,22 @@ def test_the_plan_sweeps_one_axis_per_replica_and_holds_the_other_low_and_pools_
         sweep(plan, 0, iter(range(2)), lambda b: torch.tensor(1.0), lambda m: None, lambda c: c[None])
 
 
+def test_each_axis_is_read_with_its_own_divisor():
+    """The third form's rule: the same curves read with divisors 10 and 20 commit the embedding where fastai's rule
+    does and the dense groups at half that multiplier; the record names the divisor, and the range's top end moves
+    with it (the largest suggestion a sweep can make is high / divisor)."""
+    curves = torch.tensor([[2.0, 1.0, 0.5, 0.4, 9.0], [2.0, 1.5, 1.0, 0.8, 0.7]], dtype=torch.float64)
+    fastai = commit(ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, FASTAI), curves, [0, 1])
+    third = commit(ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, {"embedding": 10.0, "dense": 20.0}), curves, [0, 1])
+    assert third["embedding"]["multiplier"] == fastai["embedding"]["multiplier"]
+    assert third["dense"]["multiplier"] == pytest.approx(fastai["dense"]["multiplier"] / 2)
+    assert (third["embedding"]["divisor"], third["dense"]["divisor"]) == (10.0, 20.0)
+    assert fastai["dense"]["range_edge"] == "high" and third["dense"]["range_edge"] == "high"
+    for bad in ({"embedding": 10.0}, {"embedding": 10.0, "dense": 0.5}):
+        with pytest.raises(ValueError, match="divisors"):
+            ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, bad)
+
+
 def test_one_replica_or_another_form_is_refused_before_training(tmp_path, data_cache, tiny_dataset):
     from recsys_hdet.api import compose_config
     from recsys_hdet.config import validate_config
@@ -119,7 +136,9 @@ def test_one_replica_or_another_form_is_refused_before_training(tmp_path, data_c
                           "sets its own step size")):
         with pytest.raises(ConfigError, match=named):
             validate_config(compose_config([*base, *extra]))
-    for bad in ("hdet.range_test.steps=1", "hdet.range_test.low=0", "hdet.range_test.high=0.0001"):
+    for bad in ("hdet.range_test.steps=1", "hdet.range_test.low=0", "hdet.range_test.high=0.0001",
+                "hdet.range_test.divisors.dense=0.5",
+                "+hdet.range_test.divisors.other=10"):
         with pytest.raises(ConfigError, match="hdet.range_test"):
             validate_config(compose_config([*base, "trainer.nproc=2", "trainer.sharding_group_size=1", bad]))
 

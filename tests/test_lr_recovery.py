@@ -415,10 +415,15 @@ def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_def
     from studies.lr_recovery_contenders import FINDERS, LABELS, variant_overrides
     from studies.range_tests import HDET_RANGE_TEST, finder_sweeps
 
+    from recsys_hdet.hdet.config import ReplicaRangeTestConfig
+    from studies.range_tests import REPLICA_DIVISORS
+
     assert HDET_RANGE_TEST == ("hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001",
-                               "hdet.range_test.high=10000")
+                               "hdet.range_test.high=10000", "hdet.range_test.divisors.embedding=10",
+                               "hdet.range_test.divisors.dense=20")
+    assert REPLICA_DIVISORS == ReplicaRangeTestConfig().divisors  # the study pins the product's third form
     assert LABELS["hdet_range_test"] == "HDET range test on the replicas (100-step sweep, x0.001-x10000)"
-    assert variant_overrides("hdet_range_test", 6.0, 0.0003)[-4:] == list(HDET_RANGE_TEST)
+    assert variant_overrides("hdet_range_test", 6.0, 0.0003)[-6:] == list(HDET_RANGE_TEST)
     default = RangeTestConfig()
     assert FINDERS["lr_finder"][1] == (default.steps, default.low, default.high) == (100, 0.001, 10000.0)
     # both finders' sweeps are read as lr_find and fastai read them (the per-step 0.98); the replicas' form's

@@ -24,27 +24,31 @@ def _line(start, emb_of_best, dense_of_best, curves=None):
 
 
 def test_a_form_reads_its_own_runs_and_seeds_and_two_seeds_outside_at_one_start_kill_it():
-    assert rc.CURRENT == "window_1_decade" and rc.KILL_TESTS[rc.CURRENT].seeds == (3, 4, 5)
+    assert rc.CURRENT == "divisors_10_20" and rc.KILL_TESTS[rc.CURRENT].seeds == (6, 7, 8)
+    assert rc.KILL_TESTS[rc.CURRENT].divisors == {"embedding": 10.0, "dense": 20.0}
+    assert rc.KILL_TESTS["window_1_decade"].seeds == (3, 4, 5) and rc.KILL_TESTS["window_1_decade"].divisors is None
     assert rc.KILL_TESTS["classic"].seeds == (0, 1, 2) and rc.KILL_TESTS["classic"].window_decades is None
-    assert rc.run_name("best", 3) == "range_commit_window1/best/seed3"
+    assert rc.run_name("best", 6) == "range_commit_divisors/best/seed6"
+    assert rc.run_name("best", 3, "window_1_decade") == "range_commit_window1/best/seed3"
     assert rc.run_name("best", 0, "classic") == "range_commit/best/seed0"  # the first form's recorded lines
-    results = {rc.run_name(s, seed): _line(s, 1.0, 1.0) for s in rc.KILL_STARTS for seed in (3, 4, 5)}
+    assert "hdet.range_test.divisors.dense=20" in rc.overrides("best", 6, ANCHOR)
+    results = {rc.run_name(s, seed): _line(s, 1.0, 1.0) for s in rc.KILL_STARTS for seed in (6, 7, 8)}
     t = rc.table(results, ANCHOR)
-    assert t["verdict"] == "passed" and t["killed_at"] == [] and t["seeds"] == [3, 4, 5]
+    assert t["verdict"] == "passed" and t["killed_at"] == [] and t["seeds"] == [6, 7, 8]
     # x3.2 is inside, just past it is not; one seed outside at a start is allowed, two kill the form there
-    results[rc.run_name("all_low", 3)] = _line("all_low", 3.2 * 0.999, 1 / 3.2 * 1.001)
-    results[rc.run_name("all_low", 4)] = _line("all_low", 1.0, 3.2 * 1.01)
+    results[rc.run_name("all_low", 6)] = _line("all_low", 3.2 * 0.999, 1 / 3.2 * 1.001)
+    results[rc.run_name("all_low", 7)] = _line("all_low", 1.0, 3.2 * 1.01)
     t = rc.table(results, ANCHOR)
     assert t["starts"]["all_low"]["outside"] == 1 and t["verdict"] == "passed"
-    results[rc.run_name("all_low", 5)] = _line("all_low", 1 / 3.2 / 1.01, 1.0)
+    results[rc.run_name("all_low", 8)] = _line("all_low", 1 / 3.2 / 1.01, 1.0)
     t = rc.table(results, ANCHOR)
     assert t["killed_at"] == ["all_low"] and t["verdict"] == "killed"
     of_best = t["starts"]["all_low"]["seeds"][1]["of_best"]
     assert of_best["embedding"] == pytest.approx(1.0) and of_best["dense"] == pytest.approx(3.232)
     # the classic form's lines are not the current form's, and a missing seed leaves the verdict pending
-    assert rc.table({k.replace("range_commit_window1", "range_commit"): v for k, v in results.items()},
+    assert rc.table({k.replace("range_commit_divisors", "range_commit_window1"): v for k, v in results.items()},
                     ANCHOR)["verdict"] == "pending"
-    del results[rc.run_name("best", 4)]
+    del results[rc.run_name("best", 7)]
     assert rc.table({k: v for k, v in results.items() if "all_low" not in k}, ANCHOR)["verdict"] == "pending"
 
 
@@ -74,6 +78,37 @@ def test_the_windows_re_read_the_first_form_s_curves_as_the_rule_reads_them():
                           or not 1 / 3.2 <= f[1] * m <= 3.2]
         assert entry["replicas"]["killed_at"] == outside_starts
     assert dev["windows"]["0.25"]["beta"] < dev["windows"]["1"]["beta"] < dev["windows"]["fastai_0.98"]["beta"]
+
+
+def test_the_divisors_re_read_both_earlier_forms_curves_and_the_one_nearest_the_best_cell_is_chosen():
+    """divisor_dev re-reads the first two kill tests' curves (seeds 0-5) with the 1-decade window and each candidate
+    divisor: each suggestion is the start's factor times the curve's smoothed minimum over the divisor, and per axis
+    the divisor whose geometric mean lies nearest the best cell is chosen."""
+    steps, low, high = rc.SWEEP
+    beta = smoothing(low, high, steps, 1.0)
+    per_step = list(range(1, steps + 1))
+
+    def curve_with_minimum_at(k):
+        return [1.0 - 0.005 * i if i <= k else 1.0 - 0.005 * k + 0.02 * (i - k) for i in range(steps)]
+
+    curves = {"embedding": curve_with_minimum_at(55), "dense": curve_with_minimum_at(70)}
+    m = {a: suggest_multiplier(per_step, c, low, high, steps, beta, 1.0) for a, c in curves.items()}
+    results = {}
+    for form in rc.DEV_FORMS:
+        for s, (fe, fd) in rc.KILL_STARTS.items():
+            for seed in rc.KILL_TESTS[form].seeds:  # every start's sweeps read the same multipliers
+                results[rc.run_name(s, seed, form)] = _line(s, 1.0, 1.0, curves)
+    dev = rc.divisor_dev(results, ANCHOR)
+    assert dev["runs"] == 42 and list(dev["axes"]["dense"]) == ["5", "7.5", "10", "12.5", "15", "20", "25", "30"]
+    for axis, i in (("embedding", 0), ("dense", 1)):
+        logs = [math.log10(f[i] * m[axis] / 10) for f in rc.KILL_STARTS.values()]
+        assert dev["axes"][axis]["10"]["geomean"] == pytest.approx(10 ** (sum(logs) / len(logs)))
+        assert dev["axes"][axis]["20"]["geomean"] == pytest.approx(dev["axes"][axis]["10"]["geomean"] / 2)
+        best = min(rc.DEV_DIVISORS, key=lambda d: abs(sum(logs) / len(logs) + math.log10(10 / d)))
+        assert dev["chosen"][axis] == best
+    # the window_1_decade seeds' lines count too, and no other form's
+    assert rc.divisor_dev({k: v for k, v in results.items() if "window1" not in k}, ANCHOR)["runs"] == 21
+    assert rc.divisor_dev({}, ANCHOR)["chosen"] == {}
 
 
 def _values(overrides):

@@ -1,5 +1,6 @@
-"""How an LR range test's curve is read: fastai's classic suggestion (the smoothed minimum / 10), with fastai's
-per-step smoothing or a smoothing window fixed in decades of the sweep, and where the suggestion lies in the range.
+"""How an LR range test's curve is read: fastai's classic suggestion (the smoothed minimum / 10, or / another
+divisor), with fastai's per-step smoothing or a smoothing window fixed in decades of the sweep, and where the
+suggestion lies in the range.
 
 The one owner of the rule that both range tests apply: the command that sweeps before a plain run
 (:mod:`recsys_hdet.lr_find`, one sweep per axis after the other) and the range test on HDET's replicas
@@ -17,8 +18,9 @@ from typing import Optional, Sequence, Tuple
 # instead (the range test on the replicas reads with one: recsys_hdet.hdet.range_test).
 CLASSIC_SMOOTHING = 0.98
 # fastai's rule: the suggestion is the multiplier at the smoothed minimum divided by this, so it lies in
-# [low, high] / this (range_edge reads those ends).
-SUGGESTION_DIVISOR = 10
+# [low, high] / this (range_edge reads those ends). The range test on the replicas divides per axis (its
+# hdet.range_test.divisors: how far below its stability edge an axis trains best, which depends on the model).
+SUGGESTION_DIVISOR = 10.0
 
 
 def check_sweep(key: str, steps: int, low: float, high: float) -> None:
@@ -60,25 +62,27 @@ def read_curve(losses: Sequence[Optional[float]], beta: float) -> Tuple[Optional
 
 
 def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
-                       sweep_steps: int, beta: float = CLASSIC_SMOOTHING) -> Optional[float]:
+                       sweep_steps: int, beta: float = CLASSIC_SMOOTHING,
+                       divisor: float = SUGGESTION_DIVISOR) -> Optional[float]:
     """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
     trained when ``losses[k]`` was logged), read by :func:`read_curve` with the smoothing ``beta`` (default:
-    fastai's): the multiplier of the max LR at the smoothed minimum, divided by :data:`SUGGESTION_DIVISOR`. None
-    without a finite logged loss."""
+    fastai's): the multiplier of the max LR at the smoothed minimum, divided by ``divisor`` (default: fastai's
+    :data:`SUGGESTION_DIVISOR`). None without a finite logged loss."""
     best, _ = read_curve(losses[:len(steps)], beta)
     if best is None:
         return None
     best_at = steps[best]
     # a record at step k follows k trained steps; the last of them (0-based k - 1) ran at the multiplier of k - 1
-    return sweep_multiplier(best_at - 1, low, high, sweep_steps) / SUGGESTION_DIVISOR
+    return sweep_multiplier(best_at - 1, low, high, sweep_steps) / divisor
 
 
-def range_edge(multiplier: float, low: float, high: float, sweep_steps: int, within_steps: int = 1) -> Optional[str]:
-    """"high" when the suggestion lies within ``within_steps`` sweep steps of the largest the range allows (the
-    loss still fell, or barely stopped falling, at the sweep's end: the rate may lie higher), "low" when it lies
-    as near the smallest (the loss rose from the first steps), else None."""
+def range_edge(multiplier: float, low: float, high: float, sweep_steps: int, within_steps: int = 1,
+               divisor: float = SUGGESTION_DIVISOR) -> Optional[str]:
+    """"high" when the suggestion (made with ``divisor``) lies within ``within_steps`` sweep steps of the largest
+    the range allows (the loss still fell, or barely stopped falling, at the sweep's end: the rate may lie
+    higher), "low" when it lies as near the smallest (the loss rose from the first steps), else None."""
     step_ratio = (high / low) ** (within_steps / (sweep_steps - 1))
-    top, bottom = high / SUGGESTION_DIVISOR, low / SUGGESTION_DIVISOR
+    top, bottom = high / divisor, low / divisor
     if multiplier >= top / step_ratio * (1 - 1e-9):
         return "high"
     if multiplier <= bottom * step_ratio * (1 + 1e-9):

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any, Dict, List, Mapping, Optional
 
 from recsys_hdet.config_values import at_least, fraction, is_number, require
+from recsys_hdet.constants import LR_AXES
 
 
 class HDETSpace(StrEnum):
@@ -252,11 +253,16 @@ class ReplicaRangeTestConfig:
     """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test`; docs/hdet.md): ``steps`` > 0 turns
     the form on. Before the pass each replica sweeps one axis (the embedding; the dense groups together) from max
     LR x ``low`` to x ``high`` over ``steps`` steps, the other axis held at x ``low``; the run commits each axis's
-    suggestion (fastai's rule) and trains plain from the step-0 state at the committed max LRs (cost: these
-    steps, in parallel)."""
+    suggestion and trains plain from the step-0 state at the committed max LRs (cost: these steps, in parallel).
+    The suggestion is fastai's rule (the smoothed loss's minimum) divided per axis by ``divisors``: how far below
+    its stability edge the axis trains best. That distance belongs to the model and its optimizers, not to the
+    start; the defaults were measured on the benchmark's model against its grid's best cell (docs/hdet.md, the
+    third form), where the dense groups' edge, read with the embedding held low, lies about 20x above their best
+    rate and the embedding's about 10x (fastai's 10)."""
     steps: int = 0
     low: float = 0.001
     high: float = 10000.0
+    divisors: Dict[str, float] = field(default_factory=lambda: {"embedding": 10.0, "dense": 20.0})
 
     def __post_init__(self) -> None:
         require(isinstance(self.steps, int) and (self.steps == 0 or self.steps >= 2), "hdet.range_test.steps",
@@ -264,6 +270,11 @@ class ReplicaRangeTestConfig:
         require(is_number(self.low) and self.low > 0, "hdet.range_test.low", self.low, "must be a number > 0")
         require(is_number(self.high) and self.high > self.low, "hdet.range_test.high", self.high,
                 f"must be a number above hdet.range_test.low={self.low}")
+        require(set(self.divisors) == set(LR_AXES), "hdet.range_test.divisors", dict(self.divisors),
+                f"needs one divisor per axis: {', '.join(LR_AXES)}")
+        for axis, divisor in self.divisors.items():
+            require(is_number(divisor) and divisor >= 1, f"hdet.range_test.divisors.{axis}", divisor,
+                    "must be a number >= 1 (the suggestion lies below the stability edge)")
 
 
 @dataclass

@@ -14,10 +14,13 @@ other. Here the replicas that a data-parallel run has anyway run it in parallel,
 - **Cheap logs.** Each rank writes its step loss into a preallocated tensor (no host sync per step); one
   all-gather at the end gives every rank every curve.
 - **Commit.** Every rank reads the same curves with the same rule (fastai's classic, the loss smoothed over a
-  window of :data:`SMOOTHING_DECADES` of the multiplier where fastai smooths over 50 steps:
+  window of :data:`SMOOTHING_DECADES` of the multiplier where fastai smooths over 50 steps, the smoothed
+  minimum divided by the axis's divisor where fastai divides by 10:
   :func:`~recsys_hdet.components.range_rule.suggest_multiplier`), so all commit the same multipliers
   without another collective. An axis whose curve has no finite loss keeps multiplier 1 (its configured
-  rates), said in the record.
+  rates), said in the record. The divisor is per axis because the axes' edges are read apart: an axis swept
+  with the other held low meets an edge that lies further above its best rate in the pass (where both
+  train) for one axis than for the other (docs/hdet.md, the third form).
 
 What happens to the replicas' weights after the sweep is the job's business (it restores the step-0
 state: :mod:`recsys_hdet.hdet.range_test_job`). This module knows nothing of models: a step is a function
@@ -44,15 +47,20 @@ SMOOTHING_DECADES = 1.0
 
 @dataclass(frozen=True)
 class ReplicaSweepPlan:
-    """Which replica sweeps which axis, over which range, in how many steps."""
+    """Which replica sweeps which axis, over which range, in how many steps, and how each axis's curve is read
+    (its ``divisors``: the smoothed minimum's multiplier over this is the suggestion)."""
 
     axes: Mapping[str, Sequence[str]]  # axis name -> its LR groups
     steps: int
     low: float
     high: float
+    divisors: Mapping[str, float]  # axis name -> its divisor
 
     def __post_init__(self) -> None:
         check_sweep("hdet.range_test", self.steps, self.low, self.high)
+        if set(self.divisors) != set(self.axes) or not all(d >= 1 for d in self.divisors.values()):
+            raise ValueError(f"hdet.range_test.divisors={dict(self.divisors)}: needs one divisor >= 1 per axis "
+                             f"({', '.join(self.axes)})")
 
     def axis_of(self, replica: int) -> str:
         names = list(self.axes)
@@ -70,7 +78,7 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
     step): the curve of an axis is the mean over the ranks of the replicas that swept it. Returns per axis
     its ``multiplier`` (1.0 with ``no_suggestion`` when the curve has no finite loss), ``range_edge``, the
     multiplier at which the rule cut the curve (``cut_at``, None if it never did), the loss's ``smoothing``
-    (the moving average's per-step factor), the ranks pooled and
+    (the moving average's per-step factor), the ``divisor`` it was read with, the ranks pooled and
     the curve itself (``loss``: one value per step)."""
     out: Dict[str, Any] = {}
     per_step = list(range(1, plan.steps + 1))  # the loss of step k counts as logged after k + 1 steps (lr_find's)
@@ -81,14 +89,17 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
                              "replicas (trainer.nproc / trainer.sharding_group_size)")
         curve = [float(x) for x in curves[ranks].double().mean(0)]
         beta = smoothing(plan.low, plan.high, plan.steps, SMOOTHING_DECADES)
-        multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta)
+        divisor = float(plan.divisors[axis])
+        multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta, divisor)
         _, cut = read_curve(curve, beta)
         out[axis] = {
             "multiplier": 1.0 if multiplier is None else multiplier,
             "no_suggestion": multiplier is None,
-            "range_edge": None if multiplier is None else range_edge(multiplier, plan.low, plan.high, plan.steps),
+            "range_edge": None if multiplier is None else range_edge(multiplier, plan.low, plan.high, plan.steps,
+                                                                     divisor=divisor),
             "cut_at": None if cut is None else sweep_multiplier(cut, plan.low, plan.high, plan.steps),
             "smoothing": beta,
+            "divisor": divisor,
             "ranks": ranks,
             "loss": [x if math.isfinite(x) else None for x in curve],
         }

@@ -45,7 +45,8 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
     """Runs the sweep on this rank's replica and returns (the committed max LR per group, the record that
     rank 0 also writes to ``range_test.json`` in the run directory)."""
     rt, layout, optimizer, stream = cfg.hdet.range_test, handles.layout, handles.optimizer, handles.stream
-    plan = ReplicaSweepPlan(LR_AXES, int(rt.steps), float(rt.low), float(rt.high))
+    plan = ReplicaSweepPlan(LR_AXES, int(rt.steps), float(rt.low), float(rt.high),
+                            {axis: float(d) for axis, d in rt.divisors.items()})
     max_lrs = {g: float(cfg.optim.lr[g]) for g in optimizer.groups}
     replica_of_rank = ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size).replica_of_rank
     weights = handles.task_weights.double()
@@ -84,7 +85,8 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Tuple[Dict[str, float],
         optimizer.apply_hparams()
     axes = commit(plan, curves, replica_of_rank)
     committed = {g: float(f"{max_lrs[g] * axes[axis]['multiplier']:.6g}") for axis, gs in LR_AXES.items() for g in gs}
-    record = {"steps": plan.steps, "low": plan.low, "high": plan.high, "start": max_lrs, "committed": committed,
+    record = {"steps": plan.steps, "low": plan.low, "high": plan.high, "divisors": dict(plan.divisors),
+              "start": max_lrs, "committed": committed,
               "axes": axes, "replica_axis": {str(r): plan.axis_of(r) for r in range(layout.replicas)},
               "dense_gradients_reduced_over": reduced_over,
               "seconds": time.perf_counter() - start}
