@@ -31,7 +31,7 @@ def run_once(mode, async_save: bool, workdir: str):
     n = mode["nproc"]
     run_dir = os.path.join(workdir, f"run_{time.time_ns()}")
     cmd = [sys.executable, "-m", "recsys_hdet.train", f"run_dir={run_dir}", *pipeline_overrides(mode, n),
-           "hdet=enabled", "hdet.controller_start=0", "hdet.sync_every=100", f"trainer.sharding_group_size={max(1, n // 2)}",
+           "hdet=controller", "hdet.controller_start=0", "hdet.sync_every=100", f"trainer.sharding_group_size={max(1, n // 2)}",
            f"trainer.periodic_checkpoint.every_steps={mode.get('checkpoint_every', 100)}",
            f"trainer.periodic_checkpoint.async_save={str(async_save).lower()}"]
     check(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True), cmd)

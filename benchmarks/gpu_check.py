@@ -325,12 +325,12 @@ def _training_steps(work: str, gpus: int) -> None:
     step("3 1-process run (nccl, TrainPipelineSparseDist)",
          lambda: train(work, "one", 1, "trainer.sharding_group_size=1"))
     step("4 1-process HDET run (serving signal, periodic checkpoint)",
-         lambda: train(work, "one_hdet", 1, "trainer.sharding_group_size=1", "hdet=enabled", "hdet.alpha=0.2",
+         lambda: train(work, "one_hdet", 1, "trainer.sharding_group_size=1", "hdet=controller", "hdet.alpha=0.2",
                        "hdet.sync_every=4", "hdet.signal=serving", "trainer.periodic_checkpoint.every_steps=20"))
     two = (lambda: train(work, "two", 2, "trainer.sharding_group_size=2")) if gpus >= 2 else \
         (lambda: f"SKIP: {gpus} GPU (nccl needs one per rank)")
     step("5a 2-process nccl run (one sharding group)", two)
-    two_hdet = (lambda: train(work, "two_hdet", 2, "trainer.sharding_group_size=1", "hdet=enabled", "hdet.alpha=0.2",
+    two_hdet = (lambda: train(work, "two_hdet", 2, "trainer.sharding_group_size=1", "hdet=controller", "hdet.alpha=0.2",
                               "hdet.sync_every=4")) if gpus >= 2 else (lambda: f"SKIP: {gpus} GPU")
     step("5b 2-process nccl HDET run (two embedding replicas)", two_hdet)
 

@@ -9,7 +9,7 @@ so that drift in machine load hits every contender alike:
 - ``torchrec_ddp``: our pipeline without HDET in TorchRec's standard layout (one sharding group of
   4: the planner shards the tables over all ranks, DDP for the dense part). Every replica takes
   identical updates, which is what alpha = 0 means, and no HDET hook runs at all
-- ``hdet_T1000``, ``hdet_T100``: the same with HDET on (conf/hdet/enabled.yaml's spread and
+- ``hdet_T1000``, ``hdet_T100``: the same with HDET on (conf/hdet/controller.yaml's spread and
   controller, on from the first sync, with the training-loss signal) and converge every 1000 / 100 steps
 - ``scaling_1``, ``scaling_2``: ``torchrec_ddp`` on 1 and 2 workers (4 is ``torchrec_ddp`` itself)
 - ``checkpoint_every_100``: HDET on a 2 x 2 layout with a periodic checkpoint every 100 steps:

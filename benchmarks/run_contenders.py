@@ -95,7 +95,7 @@ def contenders(mode: Dict[str, Any], before: bool = False) -> Dict[str, Callable
 
     # The engine's own cost is measured with the training-loss signal (no probe); hdet_probe_T100 is the
     # same with the default probe signal, so their difference in hook time is the probe's cost.
-    hdet = ["hdet=enabled", "hdet.controller_start=0", "hdet.signal=train"]
+    hdet = ["hdet=controller", "hdet.controller_start=0", "hdet.signal=train"]
     runs: Dict[str, Callable[[str], Dict[str, Any]]] = {
         "torch_reference": reference,
         "torchrec_ddp": pipeline([]),

@@ -125,7 +125,7 @@ def setup_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequ
     if cfg.carry_lr and not bool(composed.hdet.enabled):
         raise CarryWithoutController(
             f"day {plan.day}: carry_lr=true carries the rates HDET's controller ended with, but experiment="
-            f"{experiment} trains plain (hdet.enabled=false): set carry_lr=false, or add 'hdet=enabled' to overrides")
+            f"{experiment} trains plain (hdet.enabled=false): set carry_lr=false, or add 'hdet=controller' to overrides")
     found = changed_settings(cfg, parent_manifest, current_dir, composed, experiment) if current_dir \
         else SettingsComparison()
     if found.refused and not cfg.allow_config_change:

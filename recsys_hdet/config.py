@@ -100,12 +100,12 @@ def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
     h = cfg.hdet
     _require(h.enabled or cfg.trainer.dense_gradients == "allreduce", "trainer.dense_gradients",
              str(cfg.trainer.dense_gradients), "'local' leaves the dense replicas apart until an HDET sync "
-             "averages them: needs hdet=enabled")
+             "averages them: needs HDET's controller (hdet=controller)")
     _require(not h.enabled or cfg.optim.schedule.name == "one_cycle", "optim.schedule.name",
              str(cfg.optim.schedule.name), "HDET moves the one-cycle schedule's base: needs one_cycle")
     _require(not h.enabled or cfg.optim.dense.type != "schedulefree_adamw", "optim.dense.type",
              str(cfg.optim.dense.type), "Schedule-Free AdamW trains at a constant LR with no schedule for HDET to "
-             "move: not with hdet=enabled")
+             "move: not with HDET (hdet.enabled=true)")
     if h.enabled and h.range_test.steps:
         check_range_test(cfg)
     elif h.enabled and h.signal in PROBE_SIGNALS:

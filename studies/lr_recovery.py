@@ -30,7 +30,7 @@ contender, a run that diverges or ends at the base-rate predictor (NE >= 0.999 o
      plain run at the suggested LRs. Its cost counts the sweeps' steps and
      seconds. Its runs are ``{start}/lr_finder_wide...``,
    - planned at every start: the five above. The earlier contenders, read and reported where recorded:
-     ``hdet`` (the product's earlier default, conf/hdet/enabled.yaml) and the controller issue's
+     ``hdet`` (the product's earlier default, conf/hdet/controller.yaml) and the controller issue's
      pre-registered variants (``hdet_explore``, ``hdet_effect_fixed``, ``hdet_aimd``, ``hdet_rprop``):
      dominated (every one missed every target), so planned only at the starts they were planned at before
      (``hdet`` at the seven earlier starts, the variants at :data:`CONTROLLER_STARTS`), never at emb_low_30,

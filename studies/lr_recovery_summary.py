@@ -17,6 +17,7 @@ from studies.lr_recovery_contenders import HDET_VARIANTS, NO_LR_AREA, REPORTED, 
 from studies.lr_recovery_grid import Cell
 from studies.provenance import REPO
 from studies.record import mean_ne
+from studies.results import study_overrides
 from studies.stats import paired
 from studies.trajectory import final_bases, geomean, record_trajectory
 
@@ -208,4 +209,4 @@ def summarize_start(per_variant: Dict[str, List[Dict[str, Any]]], records: Dict[
 
 def hdet_overrides(record: Dict[str, Any]) -> List[str]:
     """The ``hdet`` overrides a finished run was launched with (its results line's record of it)."""
-    return [o for o in record["overrides"] if o == "hdet=enabled" or o.startswith("hdet.")]
+    return [o for o in study_overrides(record) if o in ("hdet=enabled", "hdet=controller") or o.startswith("hdet.")]

@@ -145,7 +145,7 @@ class Study:
             for signal in self.signal_runs:
                 signal_overrides = SIGNAL_RUNS[signal]
                 self.run(f"{prefix}/{pct(fraction)}/signal_{signal}",
-                         [*base, f"trainer.branch_from={ckpt}", "hdet=enabled", *signal_overrides,
+                         [*base, f"trainer.branch_from={ckpt}", "hdet=controller", *signal_overrides,
                           "hdet.space=log", f"hdet.alpha={ALPHA}", f"hdet.sync_every={T}", f"hdet.controller_start={at}",
                           f"trainer.stop_at_step={at + self.mode.windows * T}"])
 
@@ -187,7 +187,7 @@ class Study:
                         self.run(f"{prefix}/{pct(fraction)}/{group}_x{mult:.3g}", [*self.common(e, d, seed), *branch])
                     name = f"{prefix}/{pct(fraction)}/round_x1" if mult == 1.0 else \
                         f"{prefix}/{pct(fraction)}/round_{group}_x{mult:.3g}"
-                    self.run(name, [*self.common(e, d, seed), *branch, "hdet=enabled", "hdet.signal=anneal_probe",
+                    self.run(name, [*self.common(e, d, seed), *branch, "hdet=controller", "hdet.signal=anneal_probe",
                                     "hdet.space=log", "hdet.alpha=0", "hdet.autolr=false", f"hdet.sync_every={R}",
                                     f"trainer.stop_at_step={at + R}"])
 

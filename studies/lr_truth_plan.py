@@ -15,7 +15,7 @@ GROUPS = LR_AXES  # what a branch multiplies
 ROUND_MULTIPLIERS = (1.0, 10 ** 0.5, 10.0)  # explore_round: x1, x3.16, x10 of the start, one group (or all)
 MULTIPLIERS = (0.5, 1.0, 2.0)
 FRACTIONS = (0.25, 0.5, 0.75)
-ALPHA = 0.25  # the product's spread (conf/hdet/enabled.yaml)
+ALPHA = 0.25  # the controller's spread (conf/hdet/controller.yaml)
 # A signal run per (start, seed, checkpoint) for each of these (name: its overrides); the scorecard's
 # losses are their sync records' "losses", and the probe run's "train_losses" (the window loss).
 # discounted_credit_greedy: the same signal with mu = 0 at the last iterate (one step of a T = 50

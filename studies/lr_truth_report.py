@@ -48,7 +48,7 @@ def render(result: Dict[str, Any], mode_name: str, mode: Mode, wall: float) -> s
     lines += ["", "## Scorecard", "",
               "Agreement of each signal's sign (mean over seeds) with the truth's side, over the cases whose truth is "
               "x0.5 or x2; cases with truth `none` or `x1` are not scored.", "",
-              f"The product's default (conf/hdet/enabled.yaml): `{result['chosen']}`.", "",
+              f"The controller's (conf/hdet/controller.yaml): `{result['chosen']}`.", "",
               "`<signal>/effect` is the effect-size controller (score=effect) run on the signal's losses: its value is "
               "its mean move per sync in trust regions (0: at rest). The last column counts the `none` cases where it "
               f"rests (mean move under {REST} trust region per sync); the other scores never rest.", "",

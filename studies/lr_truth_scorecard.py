@@ -18,7 +18,7 @@ from studies.stats import paired_ci95
 
 DIVERGED_NE = 1.0  # a diverged run scores as the base-rate predictor (docs/results/lr_recovery/lr_recovery.md's rule)
 SCORES = ("zscore", "rank", "regression", "effect")
-# score "effect": the product's effect-size controller (conf/hdet/enabled.yaml's effect_scale, min_t
+# score "effect": the product's effect-size controller (conf/hdet/controller.yaml's effect_scale, min_t
 # and trust region ln(1 + alpha)); its value is the move it makes over the windows, as a fraction of
 # the largest (a whole trust region every sync): 0 where it rests.
 EFFECT = {"effect_scale": 0.005, "min_t": 2.0}
@@ -180,11 +180,11 @@ def collect(results: Dict[str, Dict[str, Any]], mode: Mode) -> Dict[str, Any]:
 
 
 def chosen_signal() -> str:
-    """The product's default signal and score (``hdet=enabled`` composed: conf/hdet/enabled.yaml over the
+    """The controller's signal and score (``hdet=controller`` composed: conf/hdet/controller.yaml over the
     schema's defaults), as the scorecard names it."""
     from recsys_hdet.config import compose
 
-    h = compose("config", ["hdet=enabled"]).hdet
+    h = compose("config", ["hdet=controller"]).hdet
     return f"{h.signal}/{h.score}"
 
 

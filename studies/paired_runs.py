@@ -44,7 +44,7 @@ from studies.stats import paired_ci95
 
 # The earlier defaults (probe signal, regression score), dominated in the earlier recovery study
 # (docs/results/lr_recovery/lr_recovery_f2): the form the embedding_window set trained with.
-HDET_PROBE_REGRESSION = ("hdet=enabled", "hdet.space=log", "hdet.score=regression", "hdet.signal=probe", "hdet.alpha=0.25",
+HDET_PROBE_REGRESSION = ("hdet=controller", "hdet.space=log", "hdet.score=regression", "hdet.signal=probe", "hdet.alpha=0.25",
             "hdet.controller_start=0", "hdet.beta=0.9", "hdet.travel_decades=3.0")
 COMMON = (f"+experiment={PRESET}", "trainer.checkpoint=false", "trainer.tensorboard=false")
 # The point the recovery study's starts are factors of (docs/results/lr_recovery/lr_recovery.json), read once.

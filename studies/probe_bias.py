@@ -55,7 +55,7 @@ STARTS: Dict[str, Tuple[float, float]] = {"tuned": (6.0, 0.03), "all_low": (0.6,
 # The controller every form below varies: the recovery study's first scale-free form (probe signal,
 # centred ranks, log space, x2 spread, from step 0). Frozen here, so that these runs stay resumable and
 # comparable after the study moved on to the form this diagnostic chose (regression, x1.25 spread).
-RANK_X2 = ("hdet=enabled", "hdet.space=log", "hdet.score=rank", "hdet.signal=probe", "hdet.alpha=1.0",
+RANK_X2 = ("hdet=controller", "hdet.space=log", "hdet.score=rank", "hdet.signal=probe", "hdet.alpha=1.0",
            "hdet.controller_start=0", "hdet.beta=0.5", "hdet.travel_decades=3.0")
 
 

@@ -13,6 +13,7 @@ a git-ignored working directory (:func:`work_dir`: ``outputs/studies/<its folder
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -89,8 +90,39 @@ def is_finished(results: Mapping[str, Mapping[str, Any]], name: str) -> bool:
 
 def study_overrides(record: Mapping[str, Any]) -> List[str]:
     """The overrides a study passed to the run: its recorded ones without ``+experiment=`` and ``seed=``,
-    which the study runner adds itself."""
-    return [o for o in record["overrides"] if not o.startswith(("+experiment=", "seed="))]
+    which the study runner adds itself, in today's spelling (:func:`current_spelling`)."""
+    return current_spelling([o for o in record["overrides"] if not o.startswith(("+experiment=", "seed="))],
+                            record.get("commit"))
+
+
+# Until this commit conf/hdet/enabled.yaml held the HDET controller that conf/hdet/controller.yaml holds now;
+# since, hdet=enabled loads the range test on the replicas. A run recorded at this commit or an earlier one that
+# spelled hdet=enabled without a range test (no hdet.range_test.steps > 0) trained the controller.
+CONTROLLER_WAS_ENABLED_UNTIL = "4540089b3e200167417cf1d1e06ecd02edf9856f"
+
+
+def current_spelling(overrides: List[str], commit: Optional[str]) -> List[str]:
+    """A recorded run's overrides as a study spells them today: ``hdet=enabled`` read as ``hdet=controller`` where
+    it loaded the controller (:data:`CONTROLLER_WAS_ENABLED_UNTIL`), so a finished run compares equal to the
+    study's overrides and retrains (``--verify``) as it trained. Unchanged where git cannot place the commit (a
+    resumed study then refuses the run, naming both spellings)."""
+    if "hdet=enabled" not in overrides or not commit or any(
+            o.startswith("hdet.range_test.steps=") and o.split("=", 1)[1] not in ("0", "") for o in overrides):
+        return list(overrides)
+    if not _recorded_before_controller_moved(commit):
+        return list(overrides)
+    return ["hdet=controller" if o == "hdet=enabled" else o for o in overrides]
+
+
+@functools.lru_cache(maxsize=None)
+def _recorded_before_controller_moved(commit: str) -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", REPO, "merge-base", "--is-ancestor", commit, CONTROLLER_WAS_ENABLED_UNTIL],
+                              capture_output=True).returncode == 0
+    except OSError:
+        return False
 
 
 def work_dir(out: str) -> str:

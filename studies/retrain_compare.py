@@ -4,7 +4,7 @@ Per seed (``--seeds``, paired: both arms of a seed share its cold start and the 
 cold start (version 1, plain, on the first 3 days of the retrain_demo data set) is copied into two
 registries; then for each of ``--days`` new days (appended to the shared data set, same ground
 truth, drift continued) both run the scheduled job (experiment ``retrain_daily``, warm start from the
-published model, ``carry_lr`` off): ``hdet`` with ``hdet=enabled`` (conf/hdet/enabled.yaml's controller
+published model, ``carry_lr`` off): ``hdet`` with ``hdet=controller`` (conf/hdet/controller.yaml's controller
 explores on every day), ``plain`` with ``hdet=disabled``. The ``hdet`` arm's setting differs from the
 plain cold start's, so it runs with ``allow_config_change=true`` until it has published a day of its own. Writes
 ``docs/results/retrain_compare/retraining.{md,json}``: per day and arm, the candidate's held-out NE per task (the
@@ -49,7 +49,7 @@ from data_tools.exit_status import ExitStatus
 # arm -> the training overrides of its days (after the demo overrides); the cold start trains plain. Every run
 # reserves the HDET probe's rows (hdet.probe_rows in the demo overrides), so both arms train the same rows.
 SAME_ROWS = ("data.reserve_rows=1024",)
-ARMS = {"hdet": ("hdet=enabled", *SAME_ROWS), "plain": ("hdet=disabled", *SAME_ROWS)}
+ARMS = {"hdet": ("hdet=controller", *SAME_ROWS), "plain": ("hdet=disabled", *SAME_ROWS)}
 COLD_START = ("hdet=disabled", *SAME_ROWS)
 
 
@@ -156,7 +156,7 @@ def write_docs(out: str, docs: str, days_asked: int, seeds: List[int]) -> None:
 Data: the retrain_demo synthetic set (`conf/data/retrain_demo.yaml`), 3 days for each seed's cold start
 (version 1, plain), then one day appended at a time. Each day both registries of a seed run
 `python -m pipelines.retrain seed=S` (experiment `retrain_daily`, warm start from the published model,
-2 workers, `carry_lr` off): `hdet` with `hdet=enabled` (conf/hdet/enabled.yaml's controller, exploring on
+2 workers, `carry_lr` off): `hdet` with `hdet=controller` (conf/hdet/controller.yaml's controller, exploring on
 every day), `plain` with `hdet=disabled`. NE: the day's held-out slice (10% of the day, about 1,600 rows,
 never trained on), scored by the candidate of that day; the oracle is the generator's true
 probabilities on the same rows. Both arms train the same rows (1,024 of each day reserved for HDET's probe,

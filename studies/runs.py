@@ -19,7 +19,8 @@ from recsys_hdet.run_dir import RunDir
 from studies.contract import StudyMismatch
 from studies.provenance import REPO, code_state
 from studies.record import record_from_run_dir
-from studies.results import StudyFiles, append, dumps, is_finished, load, run_name, study_overrides
+from studies.results import (StudyFiles, append, current_spelling, dumps, is_finished, load, run_name,
+                             study_overrides)
 
 
 def train_run(final: str, overrides: Sequence[str], env: Optional[Mapping[str, str]] = None,
@@ -104,8 +105,9 @@ def recorded_overrides(path: str) -> Optional[List[str]]:
     """The overrides a finished study run was launched with (its ``ablation_run.json``); None when the
     run has no record of them."""
     recorded = RunDir(path).path(RunDir.STUDY_RUN)
-    overrides = (read_json(recorded) or {}).get("overrides") if os.path.isfile(recorded) else None
-    return None if overrides is None else list(overrides)
+    info = (read_json(recorded) or {}) if os.path.isfile(recorded) else {}
+    overrides = info.get("overrides")
+    return None if overrides is None else current_spelling(list(overrides), info.get("commit"))
 
 
 def run_one(study: StudyFiles, cfg: AblationConfig, seed: int, extra_overrides: Sequence[str],

@@ -38,7 +38,7 @@ from studies.reporting import fmt as _f, machine_line, write_reports
 from studies.results import ResultsError, StudyFiles
 from studies.runs import AblationConfig, run_one
 
-COMMON = ("hdet=enabled", "hdet.autolr=false", "hdet.space=log", "hdet.score=rank")
+COMMON = ("hdet=controller", "hdet.autolr=false", "hdet.space=log", "hdet.score=rank")
 RUNS = {
     "train_alpha0": (*COMMON, "hdet.alpha=0.0", "hdet.signal=train"),
     "probe_alpha0": (*COMMON, "hdet.alpha=0.0", "hdet.signal=probe"),

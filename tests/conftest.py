@@ -88,7 +88,7 @@ PLAIN_2X1 = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.sha
 # HDET on 2 sharding groups x 2 ranks, spread but not controlled (autolr=false: the signal changes nothing in
 # training), 2048 reserved probe rows: hdet_run is this with the last-iterate probe (hdet.signal=probe), and
 # tests/test_hdet_signals.py's runs are this with another signal, which must train it bit for bit.
-HDET_2X2 = ["data=tiny", "trainer.log_every=10", "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+HDET_2X2 = ["data=tiny", "trainer.log_every=10", "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=controller",
             "hdet.alpha=0.25", "hdet.sync_every=5", "hdet.autolr=false", "hdet.probe_rows=2048",
             "hdet.anneal_probe.steps=3", "trainer.tensorboard=false"]
 

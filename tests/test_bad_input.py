@@ -59,7 +59,7 @@ def _config_error(*overrides):
         ("optim.embedding.type=adam", ["optim.embedding.type", "no fused adam", "'rowwise_adagrad'"]),
         ("+hdet.alpah=0.1", ["hdet.alpah: unknown key", "did you mean hdet.alpha?"]),
         ("+trainer.lr=0.1", ["trainer.lr: unknown key"]),
-        ("trainer.dense_gradients=local", ["trainer.dense_gradients='local'", "needs hdet=enabled"]),
+        ("trainer.dense_gradients=local", ["trainer.dense_gradients='local'", "needs HDET's controller (hdet=controller)"]),
         ("trainer.dense_gradients=ring", ["trainer.dense_gradients", "one of [allreduce, local]"]),
         ("trainer.periodic_checkpoint.every_steps=30",
          ["trainer.periodic_checkpoint.every_steps", "multiple of trainer.log_every=25"]),
@@ -92,14 +92,14 @@ def test_invalid_config_value_is_named(override, needles):
     ],
 )
 def test_invalid_hdet_value_is_named(overrides, needles):
-    message = _config_error("hdet=enabled", *overrides)
+    message = _config_error("hdet=controller", *overrides)
     for needle in needles:
         assert needle in message, message
 
 
 def test_a_probe_larger_than_a_day_allows_is_named(tmp_path, data_cache, tiny_dataset):
     run_dir = tmp_path / "run"
-    proc = run_train(run_dir, "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=enabled",
+    proc = run_train(run_dir, "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=controller",
                      "hdet.signal=probe", "hdet.probe_rows=20000", data_cache=data_cache, timeout=120)
     _assert_clean_failure(proc, run_dir, "hdet.probe_rows=20000", "cannot fill one global batch")
 

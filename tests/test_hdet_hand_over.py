@@ -13,7 +13,7 @@ COMMON = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.shardi
           "data.reserve_rows=1024", "trainer.tensorboard=false"]
 # Two rounds of 10 steps (a decade, then half of one, between the two replicas), anneal-then-probe scored
 # on the 1024 reserved rows (2 x 256 of them for the cooldown).
-EXPLORE = ["hdet=enabled", "hdet.explore_rounds=2", "hdet.explore_steps=10", "hdet.sync_every=5",
+EXPLORE = ["hdet=controller", "hdet.explore_rounds=2", "hdet.explore_steps=10", "hdet.sync_every=5",
            "hdet.probe_rows=1024", "hdet.anneal_probe.steps=2"]
 COMMIT_STEP = 20
 

@@ -30,7 +30,7 @@ def test_alpha_zero_reproduces_the_plain_run_exactly(tmp_path, data_cache, tiny_
     # signal=train: the default probe signal reserves hdet.probe_rows rows of each day from training, so
     # a probe run trains on other rows than the plain one; the engine's invariant (alpha = 0 changes
     # nothing in training) is checked with the signal that leaves the data alone.
-    hdet = run_train(tmp_path / "hdet", *common, "hdet=enabled", "hdet.alpha=0", "hdet.sync_every=5",
+    hdet = run_train(tmp_path / "hdet", *common, "hdet=controller", "hdet.alpha=0", "hdet.sync_every=5",
                      "hdet.controller_start=0", "hdet.signal=train", data_cache=data_cache)
     assert plain.returncode == 0 and hdet.returncode == 0, hdet.stdout[-2000:] + hdet.stderr[-2000:]
     a = _checkpoint_tensors(tmp_path / "plain" / "checkpoint", tmp_path / "a.pt")
@@ -58,7 +58,7 @@ def test_alpha_zero_reproduces_the_plain_run_exactly(tmp_path, data_cache, tiny_
 @pytest.mark.slow  # the probe-signal test keeps a 2 x 2 HDET run in the default suite
 def test_two_by_two_hdet_run_spreads_every_group_and_reshuffles(tmp_path, data_cache, tiny_dataset):
     run_dir = tmp_path / "hdet"
-    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=controller",
                      "hdet.alpha=0.2", "hdet.sync_every=4", "hdet.controller_start=8", data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "HDET sync at step 4: base lr embedding=" in proc.stdout
@@ -96,7 +96,7 @@ def _fault_run(run_dir, faults, data_cache, *overrides):
     try:
         # The default controller (anneal-then-probe) with 1024 reserved rows, 2 x 256 of them for the
         # cooldown: the default 4096 would take a third of the tiny data set's training rows.
-        return run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+        return run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=controller",
                          "hdet.sync_every=4", "hdet.controller_start=0", "hdet.probe_rows=1024",
                          "hdet.anneal_probe.steps=2", *overrides,
                          data_cache=data_cache)
@@ -171,7 +171,7 @@ def test_serving_signal_judges_replicas_by_the_served_loss(tmp_path, data_cache,
     windows = {}
     for signal in ("train", "serving"):
         run_dir = tmp_path / signal
-        proc = run_train(run_dir, *FAST, "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=enabled",
+        proc = run_train(run_dir, *FAST, "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=controller",
                          "hdet.sync_every=10", f"hdet.signal={signal}", "loss.label_smoothing=0.4",
                          "trainer.checkpoint=false", data_cache=data_cache)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -189,7 +189,7 @@ def test_warm_start_is_pretrained_on_first_use_and_each_replica_gets_its_own_noi
     pre = tmp_path / "pre"
     nu = 0.01
     tiny_lr = [f"optim.lr.{g}=1e-9" for g in ("embedding", "transformer", "non_embedding", "no_decay")]
-    proc = run_train(tmp_path / "warm", *FAST, "trainer.nproc=2", "trainer.sharding_group_size=1", "hdet=enabled",
+    proc = run_train(tmp_path / "warm", *FAST, "trainer.nproc=2", "trainer.sharding_group_size=1", "hdet=controller",
                      "hdet.autolr=false", f"hdet.warm_init.nu={nu}", f"trainer.warm_start={pre / 'checkpoint'}",
                      "trainer.warm_start_preset=baseline_low",
                      "trainer.warm_start_overrides=['data=tiny','trainer.nproc=2','trainer.sharding_group_size=1',"
@@ -214,7 +214,7 @@ def test_probe_signal_scores_every_replica_on_the_same_rows(tmp_path, data_cache
     rows their losses are equal bit for bit, while their window training losses (each rank's own
     data) are not. Mutants: the probe not wired (training losses scored), probe rows differing by rank."""
     run_dir = tmp_path / "probe"
-    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled",
+    proc = run_train(run_dir, *FAST, "trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=controller",
                      "hdet.alpha=0", "hdet.sync_every=5", "hdet.signal=probe", "hdet.probe_rows=1024",
                      "trainer.checkpoint=false", data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -233,7 +233,7 @@ def test_local_dense_gradients_train_apart_between_syncs_and_end_on_one_model(tm
     """trainer.dense_gradients=local (local SGD): at alpha = 0 the only difference from the allreduce run
     is that each rank follows its own dense gradient between syncs, so the losses differ; the syncs
     average the replicas, so the run ends on one model (the trainer refuses to save differing replicas)."""
-    common = [*FAST, "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=enabled", "hdet.alpha=0",
+    common = [*FAST, "trainer.nproc=2", "trainer.sharding_group_size=2", "hdet=controller", "hdet.alpha=0",
               "hdet.sync_every=5", "hdet.signal=train", "trainer.tensorboard=false"]
     runs = {g: run_train(tmp_path / g, *common, f"trainer.dense_gradients={g}", data_cache=data_cache)
             for g in ("allreduce", "local")}

@@ -21,12 +21,12 @@ LAYOUTS = {
     # checkpoints also fall between averages, when the replicas differ).
     "plain": ["trainer.nproc=2", "trainer.sharding_group_size=1", "trainer.embedding_sync_every=3"],
     # HDET on, 2 x 2: replicas differ by design between syncs (T = 6, checkpoints every 5 steps).
-    "hdet": ["trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=enabled", "hdet.sync_every=6",
+    "hdet": ["trainer.nproc=4", "trainer.sharding_group_size=2", "hdet=controller", "hdet.sync_every=6",
              "hdet.controller_start=0"],
     # Explore-then-commit: two rounds of 10 steps, then the pass handed to the plain control (resumed
     # after the hand-over, its state is the plain control's at the held LRs; tests/test_hdet_hand_over.py).
     "hdet_explore": ["trainer.nproc=2", "trainer.sharding_group_size=1", "trainer.embedding_sync_every=3",
-                     "hdet=enabled", "hdet.explore_rounds=2", "hdet.explore_steps=10", "hdet.sync_every=5",
+                     "hdet=controller", "hdet.explore_rounds=2", "hdet.explore_steps=10", "hdet.sync_every=5",
                      "hdet.probe_rows=1024", "hdet.anneal_probe.steps=2"],
 }
 

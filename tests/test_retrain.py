@@ -254,7 +254,7 @@ def _job(tmp_path, name, data, *extra, env=None):
     demo = __import__("pipelines.retrain_demo", fromlist=["x"])
     # HDET on: the carried LRs are the controller's, and a killed HDET day must resume bit for bit too
     cmd = [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={tmp_path / name}", f"data.root={data}",
-           "overrides=[" + ",".join(f"'{o}'" for o in (*demo.DEMO_OVERRIDES, f"trainer.nproc={NPROC}", "hdet=enabled")) + "]"]
+           "overrides=[" + ",".join(f"'{o}'" for o in (*demo.DEMO_OVERRIDES, f"trainer.nproc={NPROC}", "hdet=controller")) + "]"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, **(env or {})})
 

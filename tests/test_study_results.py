@@ -178,3 +178,21 @@ def test_paired_runs_pairs_by_seed_and_reports_each_configuration_s_speed():
     assert pair["seeds"] == [0, 1] and pair["mean"] == pytest.approx(0.015)
     assert summary["configs"]["a"]["examples_per_sec"] == 101.0 and summary["configs"]["b"]["completed"] == 2
     assert "| a | 3 / 3 | 0.8000 |" in P.render("t", pset, summary)
+
+
+def test_a_run_recorded_while_hdet_enabled_loaded_the_controller_compares_as_hdet_controller():
+    """conf/hdet/enabled.yaml held the controller until CONTROLLER_WAS_ENABLED_UNTIL (the range test on the replicas
+    took the name, the controller moved to controller.yaml): a line from then that spelled hdet=enabled without a
+    range test is read as hdet=controller; a range-test line, a later or unknown commit, keep their spelling."""
+    from studies.results import CONTROLLER_WAS_ENABLED_UNTIL, current_spelling
+
+    before = "e7f78bf"  # an ancestor of the commit that moved the controller
+    controller = ["data.reserve_rows=4096", "hdet=enabled", "hdet.alpha=0.25"]
+    assert current_spelling(controller, before) == ["data.reserve_rows=4096", "hdet=controller", "hdet.alpha=0.25"]
+    assert current_spelling(controller, CONTROLLER_WAS_ENABLED_UNTIL)[1] == "hdet=controller"
+    range_test = ["hdet=enabled", "hdet.range_test.steps=100"]
+    assert current_spelling(range_test, before) == range_test
+    assert current_spelling(controller, "0" * 40) == controller  # git cannot place it: left as recorded
+    assert current_spelling(controller, None) == controller
+    line = {"overrides": ["+experiment=baseline_low", "seed=1", *controller], "commit": before}
+    assert study_overrides(line) == ["data.reserve_rows=4096", "hdet=controller", "hdet.alpha=0.25"]

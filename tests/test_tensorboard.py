@@ -125,7 +125,7 @@ def test_an_hdet_run_writes_metrics_and_syncs_as_scalars_and_false_writes_none(t
     # 2 ranks, 2 sharding groups of one: every group's LR (embedding included) has 2 replicas.
     run_dir = tmp_path / "hdet"
     proc = run_train(run_dir, "data=tiny", "trainer.log_every=10", "trainer.nproc=2", "trainer.sharding_group_size=1",
-                     "trainer.checkpoint=false", "hdet=enabled", "hdet.sync_every=5", "hdet.controller_start=0",
+                     "trainer.checkpoint=false", "hdet=controller", "hdet.sync_every=5", "hdet.controller_start=0",
                      data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     series = assert_tensorboard_matches_records(run_dir)  # every tag, step and value of both records

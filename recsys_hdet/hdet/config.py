@@ -1,7 +1,8 @@
 """HDET's configuration: one dataclass with every controller field, its default and its check.
 
 The defaults are the paper's form (linear spread 1 +- 1/9, softmax weights with sigma 0.1, T = 1000,
-the controller from step 100k); ``conf/hdet/enabled.yaml`` sets the product's measured values. The
+the controller from step 100k); ``conf/hdet/enabled.yaml`` sets the product's form (the range test on the
+replicas) and ``conf/hdet/controller.yaml`` the controller's measured values. The
 config schema's ``hdet`` group (:class:`HDETConfigGroup`, below) *is* this class, extended with the
 job's own HDET fields (enabled, the signal, the probe rows, explored hyperparameters, the warm
 start): every HDET field is declared once, here. Import-light (no torch), so the schema can extend it
@@ -58,7 +59,7 @@ class HDETConfig:
     sigma: float = 0.1  # softmax temperature on window-loss differences, in loss units
     lam: float = 0.5  # lambda: step size of the base update
     autolr: bool = True  # false: spread + converge only (the base follows the schedule)
-    seed: int = 0  # seeds the permutation generator (the same on every rank); hdet=enabled sets the run's seed
+    seed: int = 0  # seeds the permutation generator (the same on every rank); conf/hdet/controller.yaml sets the run's seed
     # No-signal decay of the controlled base (linear space): schedule keeps the base schedule's shape to its floor;
     # geometric: one constant ratio per sync to the floor.
     decay: HDETDecay = HDETDecay.schedule
@@ -289,8 +290,8 @@ class WarmInitConfig:
 class HDETConfigGroup(HDETConfig):
     """conf/hdet/: the controller's fields are :class:`recsys_hdet.hdet.config.HDETConfig`'s (declared,
     defaulted, explained and checked there, once), plus the job's own HDET fields below. Every default and
-    meaning is here; conf/hdet/enabled.yaml holds only the values where the product's measured form differs
-    from these defaults (the paper's form)."""
+    meaning is here; conf/hdet/enabled.yaml (the range test on the replicas) and controller.yaml (the controller)
+    hold only the values where a measured form differs from these defaults (the paper's form)."""
     enabled: bool = False   # false: plain data-parallel training (every replica the same hyperparameters)
     # null: the embedding replicas (sharding groups) are averaged at every sync when the embedding LR is spread,
     # else every trainer.embedding_sync_every steps as in a plain run (alpha = 0 is the plain run); N: every N
