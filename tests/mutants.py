@@ -321,6 +321,10 @@ MUTANTS = (
     Mutant("RT11", "the product's dense divisor back to fastai's 10 (the studies pin 20)", "recsys_hdet/hdet/config.py",
            '"dense": 20.0}', '"dense": 10.0}',
            ["tests/test_lr_recovery.py::test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_default_range"]),
+    Mutant("SP1", "a run recorded while hdet=enabled loaded the controller keeps that spelling (a resumed study refuses "
+           "every finished controller run)", "studies/results.py",
+           '    return ["hdet=controller" if o == "hdet=enabled" else o for o in overrides]', "    return list(overrides)",
+           ["tests/test_study_results.py::test_a_run_recorded_while_hdet_enabled_loaded_the_controller_compares_as_hdet_controller"]),
     Mutant("CL1", "the resource tracker started under train.log's pipes (every run's command ends 10 s late)",
            "recsys_hdet/components/console_log.py", "        resource_tracker.ensure_running()\n", "",
            ["tests/test_train.py::test_the_console_log_closes_without_waiting_on_the_resource_tracker"]),
