@@ -205,7 +205,8 @@ def verify(study: StudyFiles, name: str) -> Dict[str, Any]:
     fresh["overrides"] = [o for o in fresh["overrides"] if o not in pin]  # the pin is verify's, not the run's
     if "threads_per_worker" not in (record.get("layout") or {}):
         fresh.get("layout", {}).pop("threads_per_worker", None)  # an older line that did not record it
-    diffs = differences(record, fresh)
+    recorded = {**record, "overrides": current_spelling(list(record["overrides"]), record.get("commit"))}
+    diffs = differences(recorded, fresh)  # the overrides in today's spelling, as the run was retrained
     return {**out, "reproduced": not diffs, "differences": diffs, "record": fresh}
 
 
