@@ -8,6 +8,7 @@ a study records into a committed results file (:func:`is_committed_path`) only f
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Dict
 
@@ -44,3 +45,14 @@ def is_committed_path(path: str, repo: str = REPO) -> bool:
         return bool(_git(repo, "ls-files", "--", os.path.relpath(path, repo)).strip())
     except Exception:
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def is_ancestor(commit: str, of: str, repo: str = REPO) -> bool:
+    """Whether ``commit`` is ``of`` or one of its ancestors in the checkout's history (False where git cannot
+    place either: no git, a shallow clone, an unknown commit)."""
+    try:
+        _git(repo, "merge-base", "--is-ancestor", commit, of)
+    except Exception:  # exit status 1: not an ancestor; 128: unknown commit; or no git at all
+        return False
+    return True

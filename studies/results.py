@@ -13,7 +13,6 @@ a git-ignored working directory (:func:`work_dir`: ``outputs/studies/<its folder
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from studies.contract import CONTRACT, Contract, StudyMismatch
-from studies.provenance import REPO, code_state, is_committed_path
+from studies.provenance import REPO, code_state, is_ancestor, is_committed_path
 
 RESULTS = "results.jsonl"
 FINISHED = ("completed", "diverged", "stopped")
@@ -106,23 +105,11 @@ def current_spelling(overrides: List[str], commit: Optional[str]) -> List[str]:
     it loaded the controller (:data:`CONTROLLER_WAS_ENABLED_UNTIL`), so a finished run compares equal to the
     study's overrides and retrains (``--verify``) as it trained. Unchanged where git cannot place the commit (a
     resumed study then refuses the run, naming both spellings)."""
-    if "hdet=enabled" not in overrides or not commit or any(
-            o.startswith("hdet.range_test.steps=") and o.split("=", 1)[1] not in ("0", "") for o in overrides):
-        return list(overrides)
-    if not _recorded_before_controller_moved(commit):
+    range_test = any(o.startswith("hdet.range_test.steps=") and o.split("=", 1)[1] not in ("0", "") for o in overrides)
+    if ("hdet=enabled" not in overrides or range_test or not commit
+            or not is_ancestor(commit, CONTROLLER_WAS_ENABLED_UNTIL)):
         return list(overrides)
     return ["hdet=controller" if o == "hdet=enabled" else o for o in overrides]
-
-
-@functools.lru_cache(maxsize=None)
-def _recorded_before_controller_moved(commit: str) -> bool:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "-C", REPO, "merge-base", "--is-ancestor", commit, CONTROLLER_WAS_ENABLED_UNTIL],
-                              capture_output=True).returncode == 0
-    except OSError:
-        return False
 
 
 def work_dir(out: str) -> str:
