@@ -94,7 +94,8 @@ from studies.record import mean_ne
 from studies.reporting import machine_line, write_reports
 from studies.results import RESULTS, ResultsError, StudyFiles, load, run_name
 from studies.runs import AblationConfig, add_study_arguments, print_verification, run_one, verify
-from studies.starts import PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
+from studies.settings import RESULTS_ROOT, SETTINGS
+from studies.starts import ANCHOR_FILE, PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
 
 
 def _run(study: StudyFiles, name: str, seed: int, overrides: Sequence[str], extra: Sequence[str],
@@ -164,13 +165,22 @@ class Runner:
 def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: Optional[Sequence[str]] = None,
           report_only: bool = False, variants: Sequence[str] = tuple(VARIANTS), anchor: Optional[Tuple[float, float]] = None,
           max_rounds: int = 6, grid: bool = True, added_starts: Optional[Dict[str, Tuple[float, float]]] = None,
-          benchmark: str = BENCHMARK_FILE) -> Dict[str, Any]:
+          benchmark: str = BENCHMARK_FILE, starts_at_best: bool = False,
+          grid_seeds: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """The study: ``starts`` (default: :data:`STARTS` and the starts recorded in the results file,
-    :func:`recorded_starts`), and ``added_starts`` (name -> factors: the ``--start`` starts, always included)."""
+    :func:`recorded_starts`), and ``added_starts`` (name -> factors: the ``--start`` starts, always included).
+    ``anchor`` is where the neighbourhood rule starts on the lattice and what the starts are factors of; with
+    ``starts_at_best`` (a setting of :mod:`studies.settings`) the starts are factors of the best cell the rule
+    ends at instead, and none is trained or reported until the neighbourhood is complete. ``grid_seeds``: the seeds
+    of the neighbourhood's cells (default ``seeds``)."""
+    grid_seeds = list(seeds if grid_seeds is None else grid_seeds)
     anchor = anchor or recovery_anchor()
     anchor_key = cell_of(*anchor)
     if anchor_key is None:
         raise StudyMismatch(f"anchor {anchor}: not a point of the study's lattice")
+    lattice_start = anchor
+    if starts_at_best:
+        anchor = _best_cell_when_complete(out.results, grid_seeds, anchor_key) or anchor
     factors = {**STARTS, **recorded_starts(out.results, anchor), **(added_starts or {})}
     starts = list(factors) if starts is None else [*starts, *(s for s in added_starts or {} if s not in starts)]
     unknown = [s for s in starts if s not in factors]
@@ -180,7 +190,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
     runner = Runner(out, extra, report_only, variants)
     # Phase 1: the anchor's neighbourhood, then the best cell's, every seed.
     rounds = 0
-    pending = neighbourhood_runs(plain_cells(out.results), seeds, anchor_key)
+    pending = neighbourhood_runs(plain_cells(out.results), grid_seeds, anchor_key)
     while grid and pending and not report_only and rounds < max_rounds:
         rounds += 1
         print(f"neighbourhood, round {rounds}: {len(pending)} runs", flush=True)
@@ -188,10 +198,17 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
             runner.run(grid_name(i, j), s, lr_overrides(*cell_lrs(i, j)))
         if runner.crashed:
             break
-        pending = neighbourhood_runs(plain_cells(out.results), seeds, anchor_key)
+        pending = neighbourhood_runs(plain_cells(out.results), grid_seeds, anchor_key)
     cells = plain_cells(out.results)
     an = plateau_analysis(cells)
     plateau = plateau_json(cells, an) if an else None
+    if starts_at_best:
+        best = _best_cell_when_complete(out.results, grid_seeds, anchor_key)
+        if best is None:
+            starts = []  # the setting's own best cell is not known yet: no start can be placed
+        elif best != anchor:  # the grid moved on in this invocation: the starts follow it
+            anchor = best
+            factors = {**STARTS, **recorded_starts(out.results, anchor), **(added_starts or {})}
     # Phase 2: the starts.
     results: Dict[str, Any] = {}
     forms: Dict[str, List[str]] = {}
@@ -229,14 +246,19 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
     n_planned = sum(r["planned"] for s in results.values() for v in s["runs"].values() for r in v)
     missing = sum(r["status"] in ("not run yet", "crashed") for s in results.values() for v in s["runs"].values() for r in v)
     out_json: Dict[str, Any] = {
-        "anchor": {"embedding": anchor[0], "dense": anchor[1], "from": "docs/results/lr_recovery/lr_recovery.json (the "
-                   "earlier study's best cell; the starts are factors of it)"},
+        "anchor": {"embedding": anchor[0], "dense": anchor[1], "from": (
+            "this setting's best cell, where the neighbourhood rule ended (the starts are factors of it)"
+            if starts_at_best and anchor != lattice_start else
+            "the benchmark's best cell, where the neighbourhood rule started; the setting's own best cell is not "
+            "known yet (no start placed)" if starts_at_best else
+            "docs/results/lr_recovery/lr_recovery.json (the earlier study's best cell; the starts are factors of it)")},
+        "lattice_start": {"embedding": lattice_start[0], "dense": lattice_start[1]},
         "contract": {"overrides": out.contract.overrides() if out.contract else None,
                      "failed": f"diverged, or held-out NE >= {COLLAPSED_NE} on some task",
                      "paired": "contender - plain_rollback on the seeds where both completed; failures beside"},
         "grid": [cell_json(c, an) for _, c in sorted(cells.items())], "neighbourhood_pending": [
             {"embedding": cell_lrs(i, j)[0], "dense": cell_lrs(i, j)[1], "seed": s}
-            for i, j, s in neighbourhood_runs(cells, seeds, anchor_key)],
+            for i, j, s in neighbourhood_runs(cells, grid_seeds, anchor_key)],
         "seeds": list(seeds), "best_cell": cell_json(cells[an["best"]], an) if an else None,
         "plateau": plateau["cells"] if plateau else None, "plateau_rule": plateau["rule"] if plateau else None,
         "starts": results, "forms": forms, "variants": variant_summary(results),
@@ -251,9 +273,20 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
     }
     if missing:
         out_json["partial"] = f"{n_planned - missing} of {n_planned} runs of the starts finished"
-    elif an is None or neighbourhood_runs(cells, seeds, anchor_key):
+    elif an is None or neighbourhood_runs(cells, grid_seeds, anchor_key):
         out_json["partial"] = "the neighbourhood of the best cell is not complete"
     return out_json
+
+
+def _best_cell_when_complete(results: Dict[str, Dict[str, Any]], seeds: Sequence[int],
+                             anchor_key: Tuple[int, int]) -> Optional[Tuple[float, float]]:
+    """The lattice's best cell (embedding, dense) once the neighbourhood rule has nothing left to train, else None."""
+    cells = plain_cells(results)
+    an = plateau_analysis(cells)
+    if an is None or neighbourhood_runs(cells, seeds, anchor_key):
+        return None
+    best = cells[an["best"]]
+    return best.embedding, best.dense
 
 
 def chosen_rule(path: str = os.path.join(REPO, "docs", "hdet.md"), marker: str = "chosen-rule") -> str:
@@ -270,10 +303,19 @@ def chosen_rule(path: str = os.path.join(REPO, "docs", "hdet.md"), marker: str =
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m studies.lr_recovery", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--out", default="docs/results/lr_recovery/lr_recovery_f3",
+    ap.add_argument("--setting", choices=sorted(SETTINGS), default=None,
+                    help="a setting of studies/settings.py (the range test's rule judged off the benchmark): its "
+                         "overrides before the positional ones, --out and --docs default to its folder under "
+                         f"{RESULTS_ROOT}, the neighbourhood rule starts at the benchmark's best cell (unless "
+                         "--anchor) and the starts are factors of the setting's own best cell, placed once the "
+                         "neighbourhood is complete")
+    ap.add_argument("--grid-seeds", type=int, nargs="+", default=None,
+                    help="the seeds of the neighbourhood's cells (default: --seeds)")
+    ap.add_argument("--out", default=None,
                     help="study directory: its results.jsonl (one line per finished run, committed, so a later "
-                         "session resumes where an earlier one stopped; docs/results/lr_recovery/lr_recovery_f2 holds "
-                         "the study before the fairness contract, with its report)")
+                         "session resumes where an earlier one stopped; default docs/results/lr_recovery/lr_recovery_f3; "
+                         "docs/results/lr_recovery/lr_recovery_f2 holds the study before the fairness contract, with "
+                         "its report)")
     ap.add_argument("--work", default=None,
                     help="where the run directories go (default: outputs/studies/<study> for a study under docs/)")
     ap.add_argument("--anchor", type=float, nargs=2, metavar=("EMBEDDING", "DENSE"), default=None,
@@ -293,7 +335,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     trainable = [v for v in VARIANTS if v not in RETIRED_VARIANTS]
     ap.add_argument("--variants", nargs="+", default=trainable, choices=trainable,
                     help="train only these contenders of the starts (the others' finished runs are still reported)")
-    ap.add_argument("--docs", default="docs/results/lr_recovery",
+    ap.add_argument("--docs", default=None,
                     help="where lr_recovery.{md,json,png} go (default docs/results/lr_recovery)")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: write the reports from the results file alone (marked partial until "
@@ -301,12 +343,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_study_arguments(ap)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (e.g. data=tiny trainer.nproc=2)")
     args = ap.parse_args(argv)
+    setting = SETTINGS[args.setting] if args.setting else None
+    args.out = args.out or (setting.out if setting else "docs/results/lr_recovery/lr_recovery_f3")
+    args.docs = args.docs or (setting.out if setting else "docs/results/lr_recovery")
+    if setting:
+        args.overrides = [*setting.overrides, *args.overrides]
     try:
         extra_starts(args.start, {})  # the values' form and STARTS' names, before anything is read or written
         train = not args.report_only and args.verify is None
         if args.verify is None:  # the recorded starts' names too, before StudyFiles.open (which may copy a file)
-            anchor = tuple(args.anchor) if args.anchor else recovery_anchor(os.path.join(os.path.abspath(args.docs),
-                                                                                         "lr_recovery.json"))
+            anchor = tuple(args.anchor) if args.anchor else recovery_anchor(
+                ANCHOR_FILE if setting else os.path.join(os.path.abspath(args.docs), "lr_recovery.json"))
             extra_starts(args.start, recorded_starts(load(os.path.join(os.path.abspath(args.out), RESULTS)),
                                                      anchor))
         files = StudyFiles.open(args.out, args.work, allow_dirty=args.allow_dirty, train=train)
@@ -321,12 +368,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if train:
             os.makedirs(files.out, exist_ok=True)
         result = study(files, args.seeds, args.overrides, args.starts, args.report_only, args.variants, anchor,
-                       args.max_rounds, not args.no_grid, added)
+                       args.max_rounds, not args.no_grid, added, starts_at_best=setting is not None,
+                       grid_seeds=args.grid_seeds)
     except (StudyMismatch, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result["command"] = "python -m studies.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
+    if setting:
+        result["setting"] = {"name": setting.name, "overrides": list(setting.overrides), "what": setting.what}
     docs = os.path.abspath(args.docs)
     write_reports(docs, "lr_recovery", result, render_markdown(result))
     if result["best_cell"] is not None:

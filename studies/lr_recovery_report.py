@@ -50,7 +50,13 @@ def _ratio(x: Optional[float]) -> str:
 
 def render_markdown(result: Dict[str, Any]) -> str:
     """The markdown report of a study's result (:func:`studies.lr_recovery.study`'s)."""
-    lines = ["# Learning-rate recovery on the benchmark data set, under the fairness contract", ""]
+    setting = result.get("setting")
+    lines = [f"# Learning-rate recovery on the setting `{setting['name']}`, under the fairness contract" if setting
+             else "# Learning-rate recovery on the benchmark data set, under the fairness contract", ""]
+    if setting:
+        lines += [f"The setting (studies/settings.py): {setting['what']}; its overrides over the benchmark's "
+                  f"`baseline_low`: `{' '.join(setting['overrides'])}`. The figures that name the benchmark's pass "
+                  "(960 steps) below are the benchmark's; this setting's steps are in its runs' lines.", ""]
     if result.get("partial"):
         pending: Dict[str, int] = {}
         for st in result["starts"].values():
@@ -67,8 +73,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
               f"LR); a run that diverged or ended at NE >= {COLLAPSED_NE} on a task (the base-rate predictor) "
               "**failed** and is never paired ([studies.md](../../studies.md#the-fairness-contract)). Every run names "
               "the commit it trained from (clean trees only).", "",
-              f"**Anchor**: embedding {a['embedding']:.4g}, dense {a['dense']:.4g} (the earlier study's best cell, "
-              "read from this file); the starts are factors of it: "
+              f"**Anchor**: embedding {a['embedding']:.4g}, dense {a['dense']:.4g} ({a['from']}): "
               + "; ".join(f"{name} (x{st['factors'][0]:.3g} / x{st['factors'][1]:.3g}: {st['label']})"
                           for name, st in result["starts"].items())
               + ". A start passed with `--start NAME=EMB_FACTOR,DENSE_FACTOR` is listed while the results file has a "

@@ -499,3 +499,59 @@ def test_cost_ratios_count_the_sweeps_on_the_seeds_both_completed(tmp_path):
     # Worse than the finder on every seed (the interval above 0): missed.
     t = range_test_targets({"old_tuned": start(c, f_cost, finder_nes=(0.775, 0.776, 0.7745))})
     assert t["vs_lr_finder"]["starts"]["old_tuned"]["no_worse"] is False and t["vs_lr_finder"]["met"] is False
+
+
+def test_a_setting_places_no_start_until_its_neighbourhood_is_complete_then_starts_from_its_own_best_cell(tmp_path):
+    """The rule's settings (studies/settings.py): the lattice walk starts at the benchmark's best cell, and the
+    misset starts are factors of the setting's own best cell, which is unknown (no start placed, nothing trained
+    at a start) until the neighbourhood rule is complete."""
+    from studies.lr_recovery import study
+    from studies.lr_recovery_grid import cell_lrs
+    from studies.results import StudyFiles
+
+    seeds = (0, 1)
+    bowl = {(5 + di, 5 + dj): [0.80 + 0.001 * (abs(di) + abs(dj)) + 0.0001 * s for s in seeds]
+            for di in (-1, 0, 1) for dj in (-1, 0, 1)}
+    moved = {**bowl, (6, 6): [0.79, 0.7901]}  # a better neighbour: its neighbourhood is not trained yet
+    def lines(cells):  # as the study reads them back (a report compares nothing: any recorded overrides do)
+        return [{**_at_start_line("x", 1.0, 1.0, r["seed"]), **r} for r in _records(cells).values()]
+
+    out = str(tmp_path / "study")
+    _plant(out, *lines(moved))
+    anchor = cell_lrs(5, 5)
+    files = StudyFiles.open(out, train=False)
+    partial = study(files, (0, 1, 2), [], report_only=True, anchor=anchor, starts_at_best=True, grid_seeds=seeds,
+                    starts=["best", "all_low"])
+    assert partial["starts"] == {} and "not complete" in partial["partial"]
+    assert (partial["anchor"]["embedding"], partial["anchor"]["dense"]) == anchor
+    assert "not known yet" in partial["anchor"]["from"]
+    # The best cell's neighbourhood completed (every neighbour worse): the starts are factors of (6, 6).
+    done = {**moved, **{(6 + di, 6 + dj): [0.80 + 0.002 * s for s in seeds] for di in (-1, 0, 1) for dj in (-1, 0, 1)
+                        if (6 + di, 6 + dj) not in moved}}
+    out2 = str(tmp_path / "study2")
+    _plant(out2, *lines(done))
+    result = study(StudyFiles.open(out2, train=False), (0, 1, 2), [], report_only=True, anchor=anchor,
+                   starts_at_best=True, grid_seeds=seeds, starts=["best", "all_low"])
+    best = cell_lrs(6, 6)
+    assert (result["anchor"]["embedding"], result["anchor"]["dense"]) == pytest.approx(best)
+    assert result["lattice_start"] == {"embedding": anchor[0], "dense": anchor[1]}
+    assert result["starts"]["all_low"]["factors"] == [0.1, 0.1]
+    plain_low = result["starts"]["all_low"]["runs"]["plain_rollback"][0]["run"]
+    assert plain_low == "grid/e4_d4/seed0"  # a decade below (6, 6) on both axes: lattice cell (4, 4)
+
+
+def test_each_setting_composes_under_the_schema_and_differs_from_the_benchmark_where_it_says():
+    from recsys_hdet.api import compose_config
+    from recsys_hdet.config_schema import check
+    from studies.settings import SETTINGS
+    from studies.starts import PRESET
+
+    bench = check(compose_config([f"+experiment={PRESET}"]))
+    got = {name: check(compose_config([f"+experiment={PRESET}", *s.overrides])) for name, s in SETTINGS.items()}
+    assert sorted(got) == ["batch_4x", "data_regime", "model_shape"]
+    regime = got["data_regime"].data.generator
+    assert regime["seed"] != bench.data.generator["seed"] and regime["drift"] == pytest.approx(3 * bench.data.generator.get("drift", 0.05))
+    assert got["data_regime"].data.root != bench.data.root
+    assert (got["model_shape"].model.embedding_dim, got["model_shape"].model.attention_heads) == (32, 4)
+    assert got["model_shape"].data == bench.data
+    assert got["batch_4x"].data.batch_size == 4 * bench.data.batch_size and got["batch_4x"].model == bench.model
