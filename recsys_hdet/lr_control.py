@@ -26,8 +26,32 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol
 
 import torch
 
+from recsys_hdet.components.checkpoint import check_step_checkpoint
 from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_schedules
+
+
+# The manifest key (periodic checkpoints) and meta key (the final model) of the LR control's commitment.
+COMMITMENT = "lr_commitment"
+
+
+def recorded_commitment(checkpoint: Optional[str]) -> Optional[Dict[str, Any]]:
+    """What the periodic checkpoint a resumed or branched run loads had committed (LRControl.commitment), with
+    ``from_checkpoint``; None for a fresh run or a checkpoint that recorded none."""
+    if not checkpoint:
+        return None
+    recorded = check_step_checkpoint(str(checkpoint)).get(COMMITMENT)
+    return {**recorded, "from_checkpoint": str(checkpoint)} if recorded else None
+
+
+def run_cost(pass_steps: int, pass_seconds: float, commitment: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """RunDir.SUMMARY's ``cost``: the pass's steps and seconds, the commitment's (under its form's name) and the total."""
+    parts = {"pass": {"steps": pass_steps, "seconds": pass_seconds}}
+    if commitment:
+        parts[commitment["form"]] = {"steps": int(commitment["cost"]["steps"]),
+                                     "seconds": float(commitment["cost"]["seconds"])}
+    return {**parts, "total": {"steps": sum(p["steps"] for p in parts.values()),
+                               "seconds": sum(p["seconds"] for p in parts.values())}}
 
 
 class LRControl(Protocol):
@@ -40,6 +64,12 @@ class LRControl(Protocol):
 
     #: Whether step() needs the served loss (eval mode, before the step) of each batch.
     wants_serving_loss: bool
+
+    #: What a form committed before the pass (None: nothing): ``form``, ``committed`` (each group's max LR),
+    #: ``cost`` (``steps``, ``seconds`` it took) and the form's record under its name. Written into every
+    #: checkpoint's manifest and the final model's meta, so that a resumed or branched run reuses it instead of
+    #: committing again (:func:`build_lr_control`'s ``commitment``).
+    commitment: Optional[Dict[str, Any]]
 
     def step(self, step: int, per_task: torch.Tensor, served: Optional[torch.Tensor]) -> Optional[Dict[str, Any]]:
         """After the optimizer step of training step ``step`` (0-based): returns what to log (an
@@ -73,9 +103,11 @@ class ScheduledLR:
     wants_serving_loss = False
 
     def __init__(self, optimizer: Any, schedules: Mapping[str, Any], cycle_momentum: bool, total_steps: int,
-                 embedding_sync_every: int, record: Optional[Mapping[str, Any]] = None) -> None:
+                 embedding_sync_every: int, record: Optional[Mapping[str, Any]] = None,
+                 commitment: Optional[Dict[str, Any]] = None) -> None:
         self.optimizer = optimizer
         self.record = dict(record or {})  # what RunDir.SUMMARY says of how the max LRs were chosen
+        self.commitment = commitment
         self.scheduler = GroupLRScheduler(optimizer.groups, schedules, cycle_momentum)
         self.total_steps = total_steps
         self.embedding_sync_every = embedding_sync_every
@@ -117,25 +149,32 @@ class ScheduledLR:
         self.scheduler.load_state_dict(state)
 
 
-def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_embedding_sync_every: int) -> LRControl:
+def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_embedding_sync_every: int,
+                     commitment: Optional[Mapping[str, Any]] = None) -> LRControl:
     """The config's LR control: HDET's when ``hdet.enabled`` (it acts on the job through ``handles``:
-    :func:`recsys_hdet.hdet.integration.build_hdet_control`), else the per-group schedules."""
+    :func:`recsys_hdet.hdet.integration.build_hdet_control`), else the per-group schedules. ``commitment``: what
+    the checkpoint a resumed or branched run loads had committed (:attr:`LRControl.commitment`): reused, never
+    committed again."""
     optimizer = handles.optimizer
     groups: List[str] = list(optimizer.groups)
 
-    def plain(max_lrs: Mapping[str, float], record: Optional[Mapping[str, Any]] = None) -> ScheduledLR:
+    def plain(max_lrs: Mapping[str, float], record: Optional[Mapping[str, Any]] = None,
+              committed: Optional[Dict[str, Any]] = None) -> ScheduledLR:
         """The plain run's control with each group's max LR from ``max_lrs`` (the config's elsewhere)."""
         return ScheduledLR(optimizer, build_schedules(cfg.optim, groups, total_steps, max_lrs),
-                           bool(cfg.optim.schedule.cycle_momentum), total_steps, plain_embedding_sync_every, record)
+                           bool(cfg.optim.schedule.cycle_momentum), total_steps, plain_embedding_sync_every, record,
+                           committed)
 
     if bool(cfg.hdet.enabled) and int(cfg.hdet.range_test.steps) > 0:
-        from recsys_hdet.hdet.range_test_job import replica_range_test
+        from recsys_hdet.hdet.range_test_job import replica_range_test, reuse_commitment
 
         # The range test on the replicas: the sweep runs now, from the step-0 state it then puts back; the pass
-        # is the plain run at the committed max LRs.
-        committed, record = replica_range_test(cfg, handles)
-        return plain(committed, {"hdet": {"form": "range_test", "range_test": record},
-                                 "lr": {"controlled_max_lr": committed}})
+        # is the plain run at the committed max LRs. A resumed or branched run trains at the rates its checkpoint
+        # committed (a second sweep could commit others: the same curves need the same floats).
+        done = reuse_commitment(cfg, commitment, handles.log) if commitment else None
+        done = done or replica_range_test(cfg, handles)
+        return plain(done["committed"], {"hdet": {"form": "range_test", "range_test": done["range_test"]},
+                                         "lr": {"controlled_max_lr": done["committed"]}}, done)
     if bool(cfg.hdet.enabled):
         from recsys_hdet.hdet.integration import build_hdet_control
 

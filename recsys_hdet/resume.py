@@ -109,4 +109,31 @@ def resolve_branch(cfg_dict: Dict[str, Any]) -> str:
         raise ConfigError(f"config trainer.branch_from={given}: the branch must train what that run trained; these "
                           "keys differ: " + ", ".join(f"{k} ({saved.get(k, '<absent>')!r} -> {now.get(k, '<absent>')!r})"
                                                       for k in differ))
+    _check_branch_commitment(cfg_dict, manifest, given)
     return path
+
+
+def _check_branch_commitment(cfg_dict: Dict[str, Any], manifest: Dict[str, Any], given: str) -> None:
+    """A branch under the range test (``hdet=enabled``) trains at the rates the run it branches from committed:
+    it starts at that run's step, where no sweep from step 0 can run. ConfigError when that run committed none, or
+    committed with other sweep settings or configured rates."""
+    hdet = cfg_dict.get("hdet") or {}
+    if not (hdet.get("enabled") and int((hdet.get("range_test") or {}).get("steps", 0)) > 0):
+        return
+    from omegaconf import OmegaConf
+
+    from recsys_hdet.hdet.range_test_job import commitment_differs
+    from recsys_hdet.lr_control import COMMITMENT
+
+    commitment = manifest.get(COMMITMENT)
+    if not commitment:
+        raise ConfigError(f"config trainer.branch_from={given} with hdet=enabled: that run committed no range-test "
+                          "rates (a plain or controller run, or one checkpointed before commits were recorded), and a "
+                          "branch starts mid-pass where no sweep can run: branch with hdet=disabled and set optim.lr.*, "
+                          "or from a range-test run's checkpoint")
+    differs = commitment_differs(OmegaConf.create(cfg_dict), commitment)
+    if differs:
+        raise ConfigError(f"config trainer.branch_from={given} with hdet=enabled: that run's commit was made with other "
+                          "settings, so it is not this config's to reuse: " + ", ".join(
+                              f"hdet.range_test.{k} ({a!r} -> {b!r})" if k != "start" else f"optim.lr ({a} -> {b})"
+                              for k, (a, b) in differs.items()))

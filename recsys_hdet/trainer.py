@@ -41,7 +41,7 @@ from recsys_hdet.components.replicas import PeriodicEmbeddingAveraging, ReplicaA
 from recsys_hdet.components.rollback import Rollback, build_rollback
 from recsys_hdet.components.tensorboard import build_tensorboard, log_final
 from recsys_hdet.config import probe_rows
-from recsys_hdet.lr_control import LRControl, build_lr_control
+from recsys_hdet.lr_control import COMMITMENT, LRControl, build_lr_control, recorded_commitment, run_cost
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.models.ranker import PARAM_GROUPS, build_model  # noqa: F401 (build_model: re-exported)
 from recsys_hdet.run_dir import RunDir
@@ -164,9 +164,12 @@ class Trainer:
                              loss_settings=self.loss_settings, run_dir=self.run_dir, log=self.log,
                              served_loss=partial(self._served_loss, train_step),
                              train_outside=partial(train_step.train_outside, optimizer=optimizer))
+        resume_from = self.cfg_container["trainer"].get("resume_from")  # set by the job (api.train), not a config key
+        branch_from = cfg.trainer.branch_from
         lr_control = build_lr_control(
             cfg, handles, total_steps=total_steps,
-            plain_embedding_sync_every=int(cfg.trainer.embedding_sync_every) if averager.has_embedding_replicas else 0)
+            plain_embedding_sync_every=int(cfg.trainer.embedding_sync_every) if averager.has_embedding_replicas else 0,
+            commitment=recorded_commitment(resume_from or branch_from))
         model.module.serving_loss_wanted = lr_control.wants_serving_loss  # the TrainingRanker under DMP
         if lr_control.embedding_sync_every:
             self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
@@ -185,8 +188,6 @@ class Trainer:
             cfg.trainer, self.run_dir, total_steps, self.rank, self.world, self.log,
             {"model": model_state, "schedule": lr_control, "loader": TrainedPosition(stream, lambda: loop.step),
              "rng": RNGState(), "loop": loop, "rollback": rollback})
-        resume_from = self.cfg_container["trainer"].get("resume_from")  # set by the job (api.train), not a config key
-        branch_from = cfg.trainer.branch_from
         if branch_from and not resume_from:
             # Another run's state at its step; this run's LR control takes over from that step.
             checkpoints.load(str(branch_from), pieces=("model", "loader", "rng", "loop"))
@@ -272,7 +273,8 @@ class Trainer:
                 with clock.paused():  # the stall is neither training time nor the interval's throughput
                     loop.train_seconds = clock.seconds()
                     job.checkpoints.save(loop.step, {"examples": loop.step * job.stream.examples_per_step,
-                                                     "config": self.cfg_container},
+                                                     "config": self.cfg_container,
+                                                     COMMITMENT: job.lr_control.commitment},
                                          fail_write=faults.checkpoint_fails)
             if loop.step == stop_at:
                 self.log(f"stopped at step {loop.step} (trainer.stop_at_step): no evaluation or final checkpoint")
@@ -356,11 +358,17 @@ class Trainer:
         if job.rollback.enabled:
             summary["rollback"] = job.rollback.summary()
         control = job.lr_control.summary(train_seconds)
-        # Each group's configured max LR, its LR at every logged step and the last one (rank 0).
-        trajectory = lr_trajectory(self.files.metrics(), {g: float(self.cfg.optim.lr[g]) for g in PARAM_GROUPS}) \
+        # Each group's max LR as trained (a form's committed rate, else the configured one) beside the configured
+        # one, its LR at every logged step and the last one (rank 0).
+        configured = {g: float(self.cfg.optim.lr[g]) for g in PARAM_GROUPS}
+        commitment = job.lr_control.commitment
+        trajectory = lr_trajectory(self.files.metrics(), commitment["committed"] if commitment else configured) \
             if self.rank == 0 else {}
-        summary["lr"] = {**trajectory, **control.pop("lr", {})}
+        summary["lr"] = {**trajectory, "configured_max_lr": configured, **control.pop("lr", {})}
         summary.update(control)
+        # What the run cost: the pass, and what a form ran before it to commit its rates (the range test's sweep,
+        # counted once however often the run was resumed).
+        summary["cost"] = run_cost(job.loop.step, train_seconds, commitment)
         return summary
 
     def evaluate_and_save(self, job: Job) -> Dict[str, Any]:
@@ -385,7 +393,8 @@ class Trainer:
                 save_model(job.model, self.files.path(RunDir.CHECKPOINT),
                            {"steps": job.loop.step, "examples": job.loop.step * job.stream.examples_per_step,
                             "experiment": str(self.cfg.experiment_name),
-                            "dense_normalization": self.normalization.to_dict(), "model_inputs": model_inputs(job.meta)})
+                            "dense_normalization": self.normalization.to_dict(), "model_inputs": model_inputs(job.meta),
+                            COMMITMENT: job.lr_control.commitment})
         return out
 
     def finish(self, job: Job, summary: Dict[str, Any]) -> None:
@@ -407,7 +416,7 @@ class Trainer:
         summary["code"] = code_version()  # the commit it trained at (an export's manifest names it)
         if self.rank == 0:
             write_json_atomic(self.files.path(RunDir.SUMMARY), summary)
-            log_final(self.cfg, self.run_dir, self.rank, summary)  # held-out metrics and hparams (TensorBoard)
+            log_final(self.cfg, self.run_dir, self.rank, summary)  # held-out metrics, hparams as trained (TensorBoard)
             print_summary(summary)
         # Only now: a job killed before RunDir.SUMMARY was written resumes from them.
         ckpt.remove_all()

@@ -84,7 +84,7 @@ def test_each_axis_finds_its_planted_edge_with_the_other_axis_misset_100x(misset
 
 
 def test_the_plan_sweeps_one_axis_per_replica_and_holds_the_other_low_and_pools_replicas():
-    plan = ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, FASTAI)
+    plan = ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, FASTAI, off_map="commit")
     assert [plan.axis_of(r) for r in range(4)] == ["embedding", "dense", "embedding", "dense"]
     assert plan.multipliers(0, 4) == {"embedding": pytest.approx(100.0), **{g: 0.01 for g in LR_AXES["dense"]}}
     assert plan.multipliers(1, 2) == {"embedding": 0.01, **{g: pytest.approx(1.0) for g in LR_AXES["dense"]}}
@@ -97,6 +97,8 @@ def test_the_plan_sweeps_one_axis_per_replica_and_holds_the_other_low_and_pools_
     assert axes["embedding"]["loss"][:4] == [2.0, 1.0, 0.5, 9.0] and axes["embedding"]["loss"][4] is None
     assert axes["dense"]["multiplier"] == suggest_multiplier([1, 2, 3, 4, 5], [2.0, 1.5, 1.0, 0.8, 0.7], 0.01, 100.0, 5)
     assert axes["dense"]["range_edge"] == "high" and axes["dense"]["cut_at"] is None
+    assert axes["dense"]["off_map"] == ["range_edge_high", "never_exploded"] and not axes["dense"]["kept_configured"]
+    assert axes["embedding"]["off_map"] == [] and axes["embedding"]["descent"] > 0.5
     assert read_curve([1.0, 0.5, math.inf], 0.9) == (1, 2) and read_curve([2.0, 1.0], 0.9) == (1, None)
     # no finite loss at all: the configured rates are kept, and the record says so
     nan = commit(plan, torch.full((4, 5), math.nan, dtype=torch.float64), [0, 1, 2, 3])
@@ -112,8 +114,9 @@ def test_each_axis_is_read_with_its_own_divisor():
     does and the dense groups at half that multiplier; the record names the divisor, and the range's top end moves
     with it (the largest suggestion a sweep can make is high / divisor)."""
     curves = torch.tensor([[2.0, 1.0, 0.5, 0.4, 9.0], [2.0, 1.5, 1.0, 0.8, 0.7]], dtype=torch.float64)
-    fastai = commit(ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, FASTAI), curves, [0, 1])
-    third = commit(ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, {"embedding": 10.0, "dense": 20.0}), curves, [0, 1])
+    fastai = commit(ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, FASTAI, off_map="commit"), curves, [0, 1])
+    third = commit(ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, {"embedding": 10.0, "dense": 20.0}, off_map="commit"),
+                   curves, [0, 1])
     assert third["embedding"]["multiplier"] == fastai["embedding"]["multiplier"]
     assert third["dense"]["multiplier"] == pytest.approx(fastai["dense"]["multiplier"] / 2)
     assert (third["embedding"]["divisor"], third["dense"]["divisor"]) == (10.0, 20.0)
@@ -121,6 +124,34 @@ def test_each_axis_is_read_with_its_own_divisor():
     for bad in ({"embedding": 10.0}, {"embedding": 10.0, "dense": 0.5}):
         with pytest.raises(ValueError, match="divisors"):
             ReplicaSweepPlan(LR_AXES, 5, 0.01, 100.0, bad)
+
+
+def test_an_answer_off_the_map_is_flagged_and_by_default_the_axis_keeps_its_configured_rates():
+    """Planted curves: the embedding's loss falls and explodes inside the range (on the map); the dense groups' is
+    flat and noisy (an axis the loss does not depend on, or a warm-started model): it never descends and never
+    explodes, so its minimum says nothing. By default (off_map=keep) that axis trains at its configured rates
+    (multiplier 1) and the record says why; with off_map=commit the rule's answer is committed, flagged the same."""
+    steps = 40
+    rising = [sweep_multiplier(k, 0.001, 10000.0, steps) for k in range(steps)]
+    embedding = [0.7 / (1 + 10 * m) + (50.0 if m > 30 else 0.0) for m in rising]  # falls, then explodes at x30
+    noise = torch.Generator().manual_seed(0)
+    flat = [0.40 + 0.002 * float(torch.randn((), generator=noise)) for _ in rising]
+    curves = torch.tensor([embedding, flat], dtype=torch.float64)
+    kept = commit(ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0, FASTAI), curves, [0, 1])
+    assert kept["embedding"]["off_map"] == [] and not kept["embedding"]["kept_configured"]
+    assert 0.3 <= kept["embedding"]["multiplier"] <= 3.0  # a tenth of the planted edge (x30), within x10
+    dense = kept["dense"]
+    assert "never_descended" in dense["off_map"] and "never_exploded" in dense["off_map"] and dense["descent"] < 0.02
+    assert dense["kept_configured"] and dense["multiplier"] == 1.0 and dense["suggested"] is not None
+    committed = commit(ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0, FASTAI, off_map="commit"), curves, [0, 1])
+    assert committed["dense"]["off_map"] == dense["off_map"] and not committed["dense"]["kept_configured"]
+    assert committed["dense"]["multiplier"] == dense["suggested"]
+    # a curve that rises from its first steps (every rate tried too high): its answer lies at the range's low end
+    rises = torch.tensor([embedding, [0.4 * (1 + m) for m in rising]], dtype=torch.float64)
+    low = commit(ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0, FASTAI), rises, [0, 1])["dense"]
+    assert "range_edge_low" in low["off_map"] and "never_descended" in low["off_map"] and low["multiplier"] == 1.0
+    with pytest.raises(ValueError, match="off_map"):
+        ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0, FASTAI, off_map="ignore")
 
 
 def test_one_replica_or_another_form_is_refused_before_training(tmp_path, data_cache, tiny_dataset):
@@ -151,6 +182,7 @@ COMMON = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.shardi
           "trainer.tensorboard=false"]
 # 12 sweep steps from x0.001 to x1e6: both sweeps reach their explosion on the tiny data.
 RANGE_TEST = ["hdet=enabled", "hdet.range_test.steps=12", "hdet.range_test.low=0.001", "hdet.range_test.high=1000000"]
+KEEP = "trainer.periodic_checkpoint.keep_at=[0.5]"  # a checkpoint kept mid-pass, to branch from
 
 
 @pytest.mark.slow  # two 2-rank runs (~1.5 minutes on 2 cores); run by `make test-recovery` in CI
@@ -159,7 +191,7 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
     """The sweeps blow up (loss non-finite or cut at the explosion) and leave nothing behind: the committed run
     equals a plain run from the same step-0 state at the committed max LRs, step for step, bit for bit."""
     hdet_dir = tmp_path / "range_test"
-    proc = run_train(hdet_dir, *COMMON, *RANGE_TEST, data_cache=data_cache)
+    proc = run_train(hdet_dir, *COMMON, *RANGE_TEST, KEEP, data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = read_json(hdet_dir / "range_test.json")
     summary = read_json(hdet_dir / "summary.json")
@@ -176,7 +208,7 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
     assert all(math.isfinite(v) for v in summary["train_loss"].values())
 
     plain_dir = tmp_path / "plain"
-    proc = run_train(plain_dir, *COMMON, *(f"optim.lr.{g}={v!r}" for g, v in committed.items()),
+    proc = run_train(plain_dir, *COMMON, *(f"optim.lr.{g}={v!r}" for g, v in committed.items()), KEEP,
                      data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     plain = read_json(plain_dir / "summary.json")
@@ -186,3 +218,26 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
     for r in read_jsonl(plain_dir / "metrics.jsonl"):
         h = hdet_records[r["step"]]
         assert (r["lr"], r["loss"]) == (h["lr"], h["loss"]), r["step"]
+    assert summary["lr"]["max_lr"] == committed and summary["lr"]["configured_max_lr"] == record["start"]
+    assert summary["cost"]["range_test"] == {"steps": 12, "seconds": record["seconds"]}
+    assert summary["cost"]["pass"]["steps"] == summary["steps"]
+    assert summary["cost"]["total"]["steps"] == summary["steps"] + 12
+
+    # A branch from the range-test run's kept checkpoint reuses its commit (no sweep: it starts mid-pass) and, at
+    # the same settings, ends where that run ended, bit for bit.
+    kept = next((hdet_dir / "checkpoint").glob("step-*"))
+    branch = run_train(tmp_path / "branch", *COMMON, *RANGE_TEST, f"trainer.branch_from={kept}", data_cache=data_cache)
+    assert branch.returncode == 0, branch.stdout[-3000:] + branch.stderr[-3000:]
+    assert f"reusing the commit of {kept}" in branch.stdout and "HDET range test committed" not in branch.stdout
+    b = read_json(tmp_path / "branch" / "summary.json")
+    assert (b["eval"], b["lr"]["max_lr"]) == (summary["eval"], committed)
+    assert not (tmp_path / "branch" / "range_test.json").exists()
+    # From a plain run's checkpoint, or with other sweep settings, there is no commit to reuse: refused at launch.
+    plain_kept = next((plain_dir / "checkpoint").glob("step-*"))
+    for source, extra, says in ((plain_kept, [f"optim.lr.{g}={v!r}" for g, v in committed.items()],
+                                 "committed no range-test rates"),
+                                (kept, ["hdet.range_test.steps=10"], "hdet.range_test.steps (12 -> 10)")):
+        refused = run_train(tmp_path / "refused", *COMMON, *RANGE_TEST, *extra, f"trainer.branch_from={source}",
+                            data_cache=data_cache)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr[-2000:]
+        assert not (tmp_path / "refused" / "metrics.jsonl").exists()

@@ -28,6 +28,9 @@ LAYOUTS = {
     "hdet_explore": ["trainer.nproc=2", "trainer.sharding_group_size=1", "trainer.embedding_sync_every=3",
                      "hdet=controller", "hdet.explore_rounds=2", "hdet.explore_steps=10", "hdet.sync_every=5",
                      "hdet.probe_rows=1024", "hdet.anneal_probe.steps=2"],
+    # The range test on the replicas: an 8-step sweep before the pass, then the plain run at the committed rates.
+    "range_test": ["trainer.nproc=2", "trainer.sharding_group_size=1", "trainer.embedding_sync_every=3",
+                   "hdet=enabled", "hdet.range_test.steps=8"],
 }
 
 
@@ -73,7 +76,7 @@ def uninterrupted(tmp_path_factory, data_cache, tiny_dataset):
 # with the plain layout's run; the explore case is killed after its hand-over at step 20.
 KILL_CASES = {"plain": ("plain", [], 5), "hdet": ("hdet", [], 5),
               "plain_async": ("plain", ["trainer.periodic_checkpoint.async_save=true"], 5),
-              "hdet_explore": ("hdet_explore", [], 26)}
+              "hdet_explore": ("hdet_explore", [], 26), "range_test": ("range_test", [], 5)}
 
 
 @pytest.mark.slow  # six tiny runs, two of them on four workers: about 3 min on 2 cores
@@ -99,6 +102,16 @@ def test_a_killed_run_resumes_bit_for_bit(name, uninterrupted, tmp_path, data_ca
     assert read_json(run_dir / "summary.json")["resumed_from_step"] == ckpts[-1]
     assert not list((run_dir / "checkpoint").glob("step-*"))  # removed once the pass is over
     _assert_same_run(ref, run_dir)
+    if layout == "range_test":
+        # The commit is the run's state: the resumed attempt trains at the first attempt's rates without sweeping
+        # again, range_test.json is the first sweep's, and the sweep's cost is counted once.
+        assert "HDET range test committed" in first.stdout and "HDET range test committed" not in second.stdout
+        assert "reusing the commit of" in second.stdout
+        summary, ref_summary = read_json(run_dir / "summary.json"), read_json(ref / "summary.json")
+        assert summary["lr"]["max_lr"] == ref_summary["lr"]["max_lr"] == read_json(run_dir / "range_test.json")["committed"]
+        assert summary["hdet"]["range_test"]["reused_from"].endswith(f"step-{ckpts[-1]}")
+        assert summary["cost"]["range_test"]["steps"] == 8 and summary["cost"]["total"]["steps"] == steps + 8
+        assert read_json(run_dir / "range_test.json")["seconds"] == summary["cost"]["range_test"]["seconds"]
     # A third invocation finds the run finished and does nothing.
     third = run_train(run_dir, *FAST, *LAYOUTS[layout], *extra, data_cache=data_cache)
     assert third.returncode == 0 and "holds a finished run" in third.stdout

@@ -61,6 +61,39 @@ def read_curve(losses: Sequence[Optional[float]], beta: float) -> Tuple[Optional
     return best_at, None
 
 
+# A curve whose smoothed loss never falls this far below its first value (a fraction of it) "never descended": the
+# rates the sweep tried did not train the axis (a warm-started model, an axis the loss does not depend on), so
+# its minimum says nothing about a rate.
+MIN_DESCENT = 0.02
+
+
+def descent(losses: Sequence[Optional[float]], beta: float) -> Optional[float]:
+    """How far the smoothed loss (:func:`read_curve`'s) fell from its first value to its minimum before the cut, as
+    a fraction of the first value; None without a finite loss."""
+    best, _ = read_curve(losses, beta)
+    if best is None:
+        return None
+    avg, smoothed = 0.0, []
+    for k, loss in enumerate(losses[:best + 1]):
+        avg = beta * avg + (1 - beta) * float(loss)
+        smoothed.append(avg / (1 - beta ** (k + 1)))
+    return (smoothed[0] - smoothed[-1]) / abs(smoothed[0]) if smoothed[0] else 0.0
+
+
+def off_the_map(multiplier: Optional[float], cut: Optional[int], fell: Optional[float], low: float, high: float,
+                sweep_steps: int, divisor: float) -> list:
+    """Why a range test's answer for an axis lies off its map (empty: it does not): ``range_edge_high`` /
+    ``range_edge_low``, the suggestion within a sweep step of the largest / smallest the range allows;
+    ``never_exploded``, the loss was never cut (the edge lies above the range, or the axis does not matter);
+    ``never_descended``, the smoothed loss fell less than :data:`MIN_DESCENT` of its first value (``fell``:
+    :func:`descent`)."""
+    if multiplier is None:
+        return []
+    edge = range_edge(multiplier, low, high, sweep_steps, divisor=divisor)
+    return ([f"range_edge_{edge}"] if edge else []) + (["never_exploded"] if cut is None else []) + \
+        (["never_descended"] if fell is not None and fell < MIN_DESCENT else [])
+
+
 def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
                        sweep_steps: int, beta: float = CLASSIC_SMOOTHING,
                        divisor: float = SUGGESTION_DIVISOR) -> Optional[float]:

@@ -157,6 +157,17 @@ def run_hparams(cfg: DictConfig) -> Dict[str, Any]:
     return out
 
 
+def trained_hparams(cfg: DictConfig, summary: Mapping[str, Any]) -> Dict[str, Any]:
+    """:func:`run_hparams` with each group's max LR as trained (``optim.lr.*``: RunDir.SUMMARY's ``lr.max_lr``, a
+    form's committed rate where one committed) and the configured one beside it (``optim.configured_lr.*``)."""
+    out = run_hparams(cfg)
+    lr = summary.get("lr") or {}
+    for group, value in (lr.get("max_lr") or {}).items():
+        out[f"optim.configured_lr.{group}"] = out.get(f"optim.lr.{group}")
+        out[f"optim.lr.{group}"] = float(value)
+    return out
+
+
 def log_final(cfg: DictConfig, run_dir: str, rank: int, summary: Mapping[str, Any]) -> None:
     """The held-out metrics and the HParams row of a completed run (see the module); nothing on other
     ranks, with ``trainer.tensorboard: false``, or without held-out metrics."""
@@ -176,7 +187,7 @@ def log_final(cfg: DictConfig, run_dir: str, rank: int, summary: Mapping[str, An
         if mean is not None:
             writer.add_scalar("heldout/ne/mean", mean, global_step=step)
             metrics = {"hparam/heldout_ne_mean": mean, **{f"hparam/heldout_ne/{t}": float(v) for t, v in ne.items()}}
-            writer.add_hparams(run_hparams(cfg), metrics, run_name=".", global_step=step)
+            writer.add_hparams(trained_hparams(cfg, summary), metrics, run_name=".", global_step=step)
 
 
 def build_tensorboard(cfg: DictConfig, run_dir: str, rank: int, start_step: int = 0) -> NullTensorBoard:
@@ -189,4 +200,4 @@ def build_tensorboard(cfg: DictConfig, run_dir: str, rank: int, start_step: int 
     return TensorBoardWriter(RunDir(run_dir).path(RunDir.TENSORBOARD), int(start_step))
 
 
-__all__ = ["NullTensorBoard", "TensorBoardWriter", "build_tensorboard", "log_final", "run_hparams"]
+__all__ = ["NullTensorBoard", "TensorBoardWriter", "build_tensorboard", "log_final", "run_hparams", "trained_hparams"]

@@ -264,6 +264,10 @@ class ReplicaRangeTestConfig:
     low: float = 0.001
     high: float = 10000.0
     divisors: Dict[str, float] = field(default_factory=lambda: {"embedding": 10.0, "dense": 20.0})
+    # An axis whose answer lies off the map (within a sweep step of the range's end, a curve that never explodes
+    # or never descends): keep, it trains at its configured rates; commit, the rule's answer anyway. Both flag it
+    # (the commit's line, range_test.json, summary.json, the report).
+    off_map: str = "keep"
 
     def __post_init__(self) -> None:
         require(isinstance(self.steps, int) and (self.steps == 0 or self.steps >= 2), "hdet.range_test.steps",
@@ -276,6 +280,7 @@ class ReplicaRangeTestConfig:
         for axis, divisor in self.divisors.items():
             require(is_number(divisor) and divisor >= 1, f"hdet.range_test.divisors.{axis}", divisor,
                     "must be a number >= 1 (the suggestion lies below the stability edge)")
+        require(self.off_map in ("keep", "commit"), "hdet.range_test.off_map", self.off_map, "must be keep or commit")
 
 
 @dataclass

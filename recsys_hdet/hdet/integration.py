@@ -59,6 +59,8 @@ class HDETControl:
     (no syncs, no signal, the plain cadence and failure checks), bit for bit the plain run branched from
     that step's state with those max LRs; the exploration costs nothing afterwards."""
 
+    commitment = None  # the controller commits nothing before the pass (its state is checkpointed instead)
+
     def __init__(self, scheduler: HDETOneCycleLR, *, signal: str, task_weights: torch.Tensor, world_size: int,
                  embedding_sync_every: int, committed_embedding_sync_every: int = 0, run_dir: str,
                  rank: int, plain_after_commit: Optional[Callable[[Mapping[str, float]], Any]] = None) -> None:

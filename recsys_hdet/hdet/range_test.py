@@ -36,13 +36,14 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence
 
 import torch
 
-from recsys_hdet.components.range_rule import (check_sweep, range_edge, read_curve, smoothing, suggest_multiplier,
-                                               sweep_multiplier)
+from recsys_hdet.components.range_rule import (check_sweep, descent, off_the_map, range_edge, read_curve, smoothing,
+                                               suggest_multiplier, sweep_multiplier)
 
 
 # The loss's smoothing window, in decades of the multiplier (the form's second rule; the first read with fastai's
 # per-step 0.98, 3.5 decades on the default sweep). Its kill tests: docs/hdet.md.
 SMOOTHING_DECADES = 1.0
+OFF_MAP_POLICIES = ("keep", "commit")
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,17 @@ class ReplicaSweepPlan:
     low: float
     high: float
     divisors: Mapping[str, float]  # axis name -> its divisor
+    # An axis whose answer lies off the map (components.range_rule.off_the_map): "keep" trains it at its
+    # configured rates (multiplier 1), "commit" commits the rule's answer anyway; both flag it.
+    off_map: str = "keep"
 
     def __post_init__(self) -> None:
         check_sweep("hdet.range_test", self.steps, self.low, self.high)
         if set(self.divisors) != set(self.axes) or not all(d >= 1 for d in self.divisors.values()):
             raise ValueError(f"hdet.range_test.divisors={dict(self.divisors)}: needs one divisor >= 1 per axis "
                              f"({', '.join(self.axes)})")
+        if self.off_map not in OFF_MAP_POLICIES:
+            raise ValueError(f"hdet.range_test.off_map={self.off_map!r}: choose one of {', '.join(OFF_MAP_POLICIES)}")
 
     def axis_of(self, replica: int) -> str:
         names = list(self.axes)
@@ -76,7 +82,9 @@ class ReplicaSweepPlan:
 def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequence[int]) -> Dict[str, Any]:
     """Each axis's suggestion from every rank's curve (``curves[rank, step]``: the rank's loss at each sweep
     step): the curve of an axis is the mean over the ranks of the replicas that swept it. Returns per axis
-    its ``multiplier`` (1.0 with ``no_suggestion`` when the curve has no finite loss), ``range_edge``, the
+    its ``multiplier`` (1.0 with ``no_suggestion`` when the curve has no finite loss; 1.0 with ``kept_configured``
+    when the answer lies off the map, ``off_map`` saying why, and ``plan.off_map`` is "keep"), the rule's
+    ``suggested`` multiplier, the smoothed loss's ``descent``, ``range_edge``, the
     multiplier at which the rule cut the curve (``cut_at``, None if it never did), the loss's ``smoothing``
     (the moving average's per-step factor), the ``divisor`` it was read with, the ranks pooled and
     the curve itself (``loss``: one value per step)."""
@@ -92,9 +100,16 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
         divisor = float(plan.divisors[axis])
         multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta, divisor)
         _, cut = read_curve(curve, beta)
+        fell = descent(curve, beta)
+        flags = off_the_map(multiplier, cut, fell, plan.low, plan.high, plan.steps, divisor)
+        kept = bool(flags) and plan.off_map == "keep"
         out[axis] = {
-            "multiplier": 1.0 if multiplier is None else multiplier,
+            "multiplier": 1.0 if multiplier is None or kept else multiplier,
+            "suggested": multiplier,  # the rule's answer, before the off-the-map policy
             "no_suggestion": multiplier is None,
+            "off_map": flags,
+            "kept_configured": kept,
+            "descent": fell,
             "range_edge": None if multiplier is None else range_edge(multiplier, plan.low, plan.high, plan.steps,
                                                                      divisor=divisor),
             "cut_at": None if cut is None else sweep_multiplier(cut, plan.low, plan.high, plan.steps),
