@@ -61,10 +61,14 @@ def read_curve(losses: Sequence[Optional[float]], beta: float) -> Tuple[Optional
     return best_at, None
 
 
-# A curve whose smoothed loss never falls this far below its first value (a fraction of it) "never descended": the
-# rates the sweep tried did not train the axis (a warm-started model, an axis the loss does not depend on), so
-# its minimum says nothing about a rate.
+# A curve "never descended" when its smoothed loss falls from its first value to its minimum by less than this
+# fraction of the first value, or by less than NOISE_MULTIPLE x the raw loss's step-to-step noise over the sweep's
+# first quarter (early_noise). Its minimum then says nothing about a rate (a warm-started model, an axis the loss
+# does not depend on). Measured (docs/hdet.md, off the map): every one of the 180 recorded cold-start sweeps of the
+# benchmark's studies fell by at least 29x its early noise and 49% of its first value; the tiny data set's
+# warm-started sweeps fell by 0.8x (dense) and 3.3x (embedding).
 MIN_DESCENT = 0.02
+NOISE_MULTIPLE = 10.0
 
 
 def descent(losses: Sequence[Optional[float]], beta: float) -> Optional[float]:
@@ -80,18 +84,37 @@ def descent(losses: Sequence[Optional[float]], beta: float) -> Optional[float]:
     return (smoothed[0] - smoothed[-1]) / abs(smoothed[0]) if smoothed[0] else 0.0
 
 
-def off_the_map(multiplier: Optional[float], cut: Optional[int], fell: Optional[float], low: float, high: float,
-                sweep_steps: int, divisor: float) -> list:
+def early_noise(losses: Sequence[Optional[float]], until: Optional[int] = None) -> Optional[float]:
+    """The raw loss's step-to-step noise over the sweep's first quarter (at least 4 steps; never past index
+    ``until``, the smoothed minimum, so that an explosion is not counted), relative to its mean: the standard
+    deviation that the second differences x[k+1] - 2 x[k] + x[k-1] imply (their variance is 6 x the noise's), so
+    that a steady fall or rise there is not counted as noise; None with fewer than 4 finite losses."""
+    end = max(4, len(losses) // 4) if until is None else min(max(4, len(losses) // 4), until + 1)
+    head = [float(x) for x in losses[:end] if x is not None and math.isfinite(x)]
+    if len(head) < 4:
+        return None
+    second = [head[k + 1] - 2 * head[k] + head[k - 1] for k in range(1, len(head) - 1)]
+    mean = sum(head) / len(head)
+    return (sum(d * d for d in second) / len(second) / 6) ** 0.5 / abs(mean) if mean else None
+
+
+def descended(fell: Optional[float], noise: Optional[float]) -> bool:
+    """Whether a curve's fall (:func:`descent`) stands out of its early noise (:func:`early_noise`)."""
+    return fell is not None and fell >= max(MIN_DESCENT, NOISE_MULTIPLE * (noise or 0.0))
+
+
+def off_the_map(multiplier: Optional[float], cut: Optional[int], fell: Optional[float], noise: Optional[float],
+                low: float, high: float, sweep_steps: int, divisor: float) -> list:
     """Why a range test's answer for an axis lies off its map (empty: it does not): ``range_edge_high`` /
     ``range_edge_low``, the suggestion within a sweep step of the largest / smallest the range allows;
     ``never_exploded``, the loss was never cut (the edge lies above the range, or the axis does not matter);
-    ``never_descended``, the smoothed loss fell less than :data:`MIN_DESCENT` of its first value (``fell``:
-    :func:`descent`)."""
+    ``never_descended``, the smoothed loss's fall (``fell``: :func:`descent`) does not stand out of the early noise
+    (``noise``: :func:`early_noise`; :func:`descended`)."""
     if multiplier is None:
         return []
     edge = range_edge(multiplier, low, high, sweep_steps, divisor=divisor)
     return ([f"range_edge_{edge}"] if edge else []) + (["never_exploded"] if cut is None else []) + \
-        (["never_descended"] if fell is not None and fell < MIN_DESCENT else [])
+        ([] if descended(fell, noise) else ["never_descended"])
 
 
 def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,

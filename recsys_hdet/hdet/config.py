@@ -265,8 +265,10 @@ class ReplicaRangeTestConfig:
     high: float = 10000.0
     divisors: Dict[str, float] = field(default_factory=lambda: {"embedding": 10.0, "dense": 20.0})
     # An axis whose answer lies off the map (within a sweep step of the range's end, a curve that never explodes
-    # or never descends): keep, it trains at its configured rates; commit, the rule's answer anyway. Both flag it
-    # (the commit's line, range_test.json, summary.json, the report).
+    # or never descends) is flagged (the commit's line, range_test.json, summary.json, the report). keep: an axis
+    # whose curve never descended (its minimum says nothing: a trained model, rates too high from the start)
+    # trains at its configured rates; an answer at the range's top is a lower bound and is committed. commit: the
+    # rule's answer always.
     off_map: str = "keep"
 
     def __post_init__(self) -> None:

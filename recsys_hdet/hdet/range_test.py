@@ -36,7 +36,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence
 
 import torch
 
-from recsys_hdet.components.range_rule import (check_sweep, descent, off_the_map, range_edge, read_curve, smoothing,
+from recsys_hdet.components.range_rule import (check_sweep, descent, early_noise, off_the_map, range_edge, read_curve,
+                                               smoothing,
                                                suggest_multiplier, sweep_multiplier)
 
 
@@ -56,8 +57,8 @@ class ReplicaSweepPlan:
     low: float
     high: float
     divisors: Mapping[str, float]  # axis name -> its divisor
-    # An axis whose answer lies off the map (components.range_rule.off_the_map): "keep" trains it at its
-    # configured rates (multiplier 1), "commit" commits the rule's answer anyway; both flag it.
+    # An axis whose answer lies off the map (components.range_rule.off_the_map) is flagged; "keep" trains an axis
+    # whose curve never descended at its configured rates (multiplier 1), "commit" commits the rule's answer anyway.
     off_map: str = "keep"
 
     def __post_init__(self) -> None:
@@ -83,7 +84,8 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
     """Each axis's suggestion from every rank's curve (``curves[rank, step]``: the rank's loss at each sweep
     step): the curve of an axis is the mean over the ranks of the replicas that swept it. Returns per axis
     its ``multiplier`` (1.0 with ``no_suggestion`` when the curve has no finite loss; 1.0 with ``kept_configured``
-    when the answer lies off the map, ``off_map`` saying why, and ``plan.off_map`` is "keep"), the rule's
+    when the curve never descended and ``plan.off_map`` is "keep"), ``off_map`` (why the answer lies off the map,
+    empty when it does not), the rule's
     ``suggested`` multiplier, the smoothed loss's ``descent``, ``range_edge``, the
     multiplier at which the rule cut the curve (``cut_at``, None if it never did), the loss's ``smoothing``
     (the moving average's per-step factor), the ``divisor`` it was read with, the ranks pooled and
@@ -99,10 +101,13 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
         beta = smoothing(plan.low, plan.high, plan.steps, SMOOTHING_DECADES)
         divisor = float(plan.divisors[axis])
         multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta, divisor)
-        _, cut = read_curve(curve, beta)
-        fell = descent(curve, beta)
-        flags = off_the_map(multiplier, cut, fell, plan.low, plan.high, plan.steps, divisor)
-        kept = bool(flags) and plan.off_map == "keep"
+        best, cut = read_curve(curve, beta)
+        fell, noise = descent(curve, beta), early_noise(curve, best)
+        flags = off_the_map(multiplier, cut, fell, noise, plan.low, plan.high, plan.steps, divisor)
+        # A curve that never descended says nothing about a rate; an answer at the range's top (or from a curve that
+        # never exploded after falling) is a lower bound, still better than the configured rate it was read from
+        # (measured: docs/hdet.md, off the map).
+        kept = "never_descended" in flags and plan.off_map == "keep"
         out[axis] = {
             "multiplier": 1.0 if multiplier is None or kept else multiplier,
             "suggested": multiplier,  # the rule's answer, before the off-the-map policy
@@ -110,6 +115,7 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
             "off_map": flags,
             "kept_configured": kept,
             "descent": fell,
+            "early_noise": noise,
             "range_edge": None if multiplier is None else range_edge(multiplier, plan.low, plan.high, plan.steps,
                                                                      divisor=divisor),
             "cut_at": None if cut is None else sweep_multiplier(cut, plan.low, plan.high, plan.steps),
