@@ -128,10 +128,14 @@ def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
 def check_range_test(cfg: DictConfig) -> None:
     """What the range test on the replicas (hdet.range_test.steps > 0) needs: two replicas or more (one sweep
     per axis), the one-cycle schedule of Adam or AdamW (the committed max LRs are its), no other HDET form."""
-    replicas = int(cfg.trainer.nproc) // int(cfg.trainer.sharding_group_size)
-    _require(replicas >= 2, "trainer.sharding_group_size", cfg.trainer.sharding_group_size,
-             f"hdet.range_test sweeps one axis per replica: needs at least 2 replicas (trainer.nproc={cfg.trainer.nproc} "
-             "/ trainer.sharding_group_size); with one, run python -m recsys_hdet.lr_find")
+    nproc, group = int(cfg.trainer.nproc), int(cfg.trainer.sharding_group_size)
+    if nproc // group < 2:
+        fits = [g for g in range(nproc // 2, 0, -1) if nproc % g == 0]  # sharding groups that leave 2+ replicas
+        fix = (f"set trainer.sharding_group_size={fits[0]} ({nproc // fits[0]} replicas of {fits[0]} ranks) or "
+               if fits else "set trainer.nproc to 2 or more, or ")
+        raise ConfigError(f"config hdet=enabled: the range test sweeps one axis per replica and needs at least 2 "
+                          f"replicas; trainer.nproc={nproc} / trainer.sharding_group_size={group} makes 1: {fix}run "
+                          "python -m recsys_hdet.lr_find (it sweeps the axes one after the other on one replica)")
     _require(cfg.optim.dense.type in ("adam", "adamw"), "optim.dense.type", str(cfg.optim.dense.type),
              "sets its own step size: hdet.range_test suggests max LRs for adam or adamw")
     _require(int(cfg.hdet.explore_rounds) == 0, "hdet.explore_rounds", cfg.hdet.explore_rounds,

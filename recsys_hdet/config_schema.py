@@ -288,7 +288,8 @@ class TrainerConfig:
     embedding_sync_every: int = 1     # with several sharding groups: average the embedding replicas every N steps
     train_pipeline: TrainPipeline = TrainPipeline.sparse_dist   # TorchRec's train pipeline (TrainPipeline's members)
     # allreduce: DDP averages every step's dense gradient over the world; local: none (each rank's dense replica
-    # follows its own gradient, local SGD) and the HDET syncs average the replicas (needs hdet.enabled; docs/hdet.md)
+    # follows its own gradient, local SGD) and the HDET controller's syncs average the replicas (needs
+    # hdet=controller; refused under hdet=enabled, whose pass trains plain; docs/results/hdet_history.md)
     dense_gradients: DenseGradients = DenseGradients.allreduce
     threads_per_worker: Optional[int] = None   # null: the cores this job may use (CPU affinity) / local workers, >= 1
     log_every: int = 25               # steps per RunDir.METRICS record (and divergence check)

@@ -51,6 +51,7 @@ def check_days_and_steps(cfg: DictConfig, root: str) -> None:
         raise ConfigError(f"config data.batch_size={cfg.data.batch_size} x trainer.nproc={cfg.trainer.nproc}: "
                           f"the training days of {root} hold {rows}{kind} rows, less than one global batch")
     reserved = probe_rows(cfg)
+    _check_sweep_fits_the_pass(cfg, per_day, global_batch, reserved)
     smallest = min(per_day.values())
     if reserved and smallest - reserved < global_batch:
         raise ConfigError(f"config hdet.probe_rows={reserved}: the smallest training day of {root} has {smallest}"
@@ -96,3 +97,17 @@ def stale_warm_start(path: str, data_root: str) -> str:
         print(f"warm start {path}: the data set's vocabularies grew since it was trained; embedding tables grow: "
               f"{grown}", flush=True)
     return ""
+
+
+def _check_sweep_fits_the_pass(cfg: DictConfig, per_day: dict, global_batch: int, reserved: int) -> None:
+    """The range test on the replicas sweeps on the pass's first batches: a pass shorter than the sweep is refused
+    here, before any worker starts (the loader's arithmetic; a day dealt by row groups is counted by rows)."""
+    h = cfg.hdet
+    if not (h.enabled and int(h.range_test.steps) > 0):
+        return
+    steps = sum(max(rows - reserved, 0) // global_batch for rows in per_day.values())
+    if steps < int(h.range_test.steps):
+        raise ConfigError(f"config hdet.range_test.steps={h.range_test.steps}: the pass has only {steps} steps of "
+                          f"{global_batch} rows (data.batch_size={cfg.data.batch_size} x trainer.nproc="
+                          f"{cfg.trainer.nproc}) and the sweep runs on its first batches: set hdet.range_test.steps "
+                          f"<= {steps}, a smaller data.batch_size, or more training days")

@@ -95,8 +95,8 @@ def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
 def check_config(cfg: DictConfig) -> None:
     """Refuses what a range test of the one-cycle's max LRs cannot serve (ConfigError, exit 2)."""
     if cfg.hdet.enabled:
-        raise ConfigError("hdet.enabled=true: the LR range test sweeps a plain run; drop hdet=enabled "
-                          "(HDET's controller moves the base itself)")
+        raise ConfigError("hdet.enabled=true: lr_find sweeps a plain run, one axis after the other; drop the hdet "
+                          "override (hdet=enabled runs the same test on the replicas inside the training run)")
     dense = str(cfg.optim.dense.type)
     if dense not in ("adam", "adamw"):
         raise ConfigError(f"optim.dense.type={dense}: sets its own step size; the LR range test serves adam or adamw")

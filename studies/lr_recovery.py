@@ -265,7 +265,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
         "retired": {**RETIRED, **({} if range_test_verdict() == "passed" else {
             "hdet_range_test": f"the range test on the replicas: its kill test's verdict is {range_test_verdict()} "
                                "(docs/results/lr_truth/lr_truth.json, range_commit; both forms killed), so it is not "
-                               "run in full (docs/hdet.md, range-test-rule 1)"})},
+                               "run in full (docs/results/hdet_history.md, range-test-rule 1)"})},
         "wall_time": wall_time(results), "contender_cost": wall,
         "targets": {**targets(results, ("hdet", *CONTROLLER_VARIANTS)), RANGE_TEST: range_test_targets(results, wall)},
         "chosen_rule": chosen_rule(),
@@ -289,9 +289,11 @@ def _best_cell_when_complete(results: Dict[str, Dict[str, Any]], seeds: Sequence
     return best.embedding, best.dense
 
 
-def chosen_rule(path: str = os.path.join(REPO, "docs", "hdet.md"), marker: str = "chosen-rule") -> str:
-    """A pre-registered rule: docs/hdet.md's text between its ``marker`` markers (``chosen-rule``: the controller
-    variants', written before their first recovery run; ``range-test-rule``: the range test on the replicas')."""
+def chosen_rule(path: str = os.path.join(REPO, "docs", "results", "hdet_history.md"),
+                marker: str = "chosen-rule") -> str:
+    """A pre-registered rule: docs/results/hdet_history.md's text between its ``marker`` markers (``chosen-rule``:
+    the controller variants', written before their first recovery run; ``range-test-rule``: the range test on the
+    replicas'; ``travel-rule``: the rule judged off the benchmark; ``retrain-rule``: the daily job's)."""
     with open(path) as f:
         text = f.read()
     start, end = text.find(f"<!-- {marker} -->"), text.find(f"<!-- /{marker} -->")

@@ -16,7 +16,7 @@ from studies.starts import lr_overrides
 # The two LRs the study reports per start: the embedding group's, and the dense groups' geometric mean.
 REPORTED = LR_AXES
 
-# The controller issue's variants (docs/hdet.md, "Choosing the default": pre-registered before their first
+# The controller issue's variants (docs/results/hdet_history.md, "Choosing the default": pre-registered before their first
 # recovery run), each the default's signal and spread with one change: explore-then-commit (two rounds of 125
 # steps in the one-cycle's 293-step warm-up, a decade then half of one between the extreme replicas, then
 # the plain run at the held LRs); the effect controller with the fixed estimator (each sync weighted alike,

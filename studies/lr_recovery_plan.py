@@ -33,7 +33,7 @@ EARLIER_STARTS = ("best", "old_tuned", "all_low", "all_high", "emb_low_dense_hig
 # pre-registered rule's step 1 (which reads every start) already excludes every variant at the best start.
 CONTROLLER_STARTS = ("best", "all_low", "all_high", "emb_low_dense_high", "emb_low")
 # The range test on the replicas' kill test (studies/range_commit.py, ``range_commit`` there): the form runs in
-# full only once it has passed (docs/hdet.md, range-test-rule 1).
+# full only once it has passed (docs/results/hdet_history.md, range-test-rule 1).
 KILL_TEST_FILE = os.path.join(REPO, "docs", "results", "lr_truth", "lr_truth.json")
 
 

@@ -29,8 +29,8 @@ RETIRED = {"lr_finder_narrow": "the LR finder with lr_find's earlier default swe
                          "the contract",
            "plain": "plain without rollback: the contract turns rollback on for every contender",
            "hdet_credit": "the discounted-credit signal under the effect controller: not among the variants "
-                          "pre-registered in docs/hdet.md, and its signal missed the truth target (4 of 6 "
-                          "cases at the low start, docs/hdet.md); never run under the contract"}
+                          "pre-registered in docs/results/hdet_history.md, and its signal missed the truth target (4 of 6 "
+                          "cases at the low start, docs/results/hdet_history.md); never run under the contract"}
 
 
 def _ci(p: Optional[Dict[str, Any]], digits: int = 4) -> str:

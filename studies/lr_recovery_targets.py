@@ -1,5 +1,5 @@
 """The recovery study's targets (:mod:`studies.lr_recovery`): the controller issue's per HDET variant
-(:func:`targets`, docs/hdet.md) and issue 46's for the range test on the replicas (:func:`range_test_targets`),
+(:func:`targets`, docs/results/hdet_history.md) and issue 46's for the range test on the replicas (:func:`range_test_targets`),
 each met / missed / pending, read from the study's per-start results
 (:func:`studies.lr_recovery_summary.summarize_start`).
 """
@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from studies.stats import paired
 
-# The controller issue's targets (docs/hdet.md): the starts they read and the anchors a variant must beat there
+# The controller issue's targets (docs/results/hdet_history.md): the starts they read and the anchors a variant must beat there
 # (the anchor's name in the targets -> the contender that ran it: their LR finder is the narrow one).
 TARGET_STARTS = ("all_low", "all_high", "emb_low_dense_high", "emb_low")
 ANCHORS = {"prodigy": "prodigy", "schedulefree": "schedulefree", "lr_finder": "lr_finder_narrow"}

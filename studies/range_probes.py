@@ -2,7 +2,7 @@
 study with targets: each changes one thing of the LR finder's dense sweep and asks where the suggestion moves.
 
 Both range tests (the finder's and the replicas') commit the dense rate about 2x above the recovery study's
-best cell (docs/hdet.md, "The range test on the replicas"). Each probe reruns the finder's dense sweep exactly as
+best cell (docs/results/hdet_history.md, "The range test on the replicas"). Each probe reruns the finder's dense sweep exactly as
 the range test's kill test recorded it (``finder_commit``: from the best cell, seeds 0-2, 100 steps from x0.001
 to x10000, the embedding held at x0.001 of its start; its lines are read from the truth study's results file,
 ``docs/results/lr_truth/lr_truth/results.jsonl``) with one change:

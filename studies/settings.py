@@ -1,9 +1,9 @@
 """The settings the range test's rule is judged on besides the benchmark ("The range test's rule travels",
-docs/hdet.md): each a name the studies take (``python -m studies.lr_recovery --setting NAME``) and the Hydra
+docs/results/hdet_history.md): each a name the studies take (``python -m studies.lr_recovery --setting NAME``) and the Hydra
 overrides that make it, over the recovery study's preset (:data:`studies.starts.PRESET`, ``baseline_low``: the
 benchmark data, the default ranker, 4 workers in a 2 x 2 layout, 512 rows per rank).
 
-Each was chosen and written down (commit and docs/hdet.md, ``travel-rule``) before any range-test run on it, so
+Each was chosen and written down (commit and docs/results/hdet_history.md, ``travel-rule``) before any range-test run on it, so
 that neither a setting nor its definition can be fitted to the rule. Its truth (the lattice, the plateau) and
 the rule's judgement are recorded in ``docs/results/rule_travels/<name>/`` (:data:`RESULTS_ROOT`).
 

@@ -6,7 +6,10 @@ import math
 import pytest
 import torch
 
-from conftest import read_json, read_jsonl, run_train
+import shutil
+
+from conftest import read_json, read_jsonl, run_evaluate, run_train
+from test_evaluate import _chromium, _render
 from recsys_hdet.constants import LR_AXES
 from recsys_hdet.components.range_rule import read_curve, suggest_multiplier, sweep_multiplier
 from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
@@ -89,12 +92,23 @@ def test_the_plan_sweeps_one_axis_per_replica_and_holds_the_other_low_and_pools_
     assert plan.multipliers(0, 4) == {"embedding": pytest.approx(100.0), **{g: 0.01 for g in LR_AXES["dense"]}}
     assert plan.multipliers(1, 2) == {"embedding": 0.01, **{g: pytest.approx(1.0) for g in LR_AXES["dense"]}}
     # 4 replicas of 1 rank: ranks 0 and 2 sweep the embedding, 1 and 3 the dense groups; each axis's curve is
-    # its ranks' mean; a rank whose loss turned non-finite cuts its axis's curve there
+    # the lower median of its replicas' (each replica's: its ranks' mean); one replica whose loss turned non-finite
+    # does not end the curve while half of them are finite
     curves = torch.tensor([[2.0, 1.0, 0.5, 9.0, 9.0], [2.0, 1.5, 1.0, 0.8, 0.7],
-                           [2.0, 1.0, 0.5, 9.0, math.nan], [2.0, 1.5, 1.0, 0.8, 0.7]], dtype=torch.float64)
+                           [2.0, 1.2, 0.5, 9.0, math.nan], [2.0, 1.5, 1.0, 0.8, 0.7]], dtype=torch.float64)
     axes = commit(plan, curves, [0, 1, 2, 3])
     assert axes["embedding"]["ranks"] == [0, 2] and axes["dense"]["ranks"] == [1, 3]
-    assert axes["embedding"]["loss"][:4] == [2.0, 1.0, 0.5, 9.0] and axes["embedding"]["loss"][4] is None
+    assert axes["embedding"]["loss"] == [2.0, 1.0, 0.5, 9.0, 9.0]
+    assert axes["embedding"]["replicas"]["2"] == {"ranks": [2], "loss": [2.0, 1.2, 0.5, 9.0, None]}
+    assert axes["embedding"]["multipliers"][0] == pytest.approx(0.01) and axes["embedding"]["multipliers"][-1] == 100.0
+    assert axes["embedding"]["minimum_at"] == axes["embedding"]["multipliers"][2] and len(axes["embedding"]["smoothed"]) == 5
+    # three replicas on an axis (R = 6): the curve ends where most of them blew up, not at the first one's blow-up
+    six = commit(plan, torch.tensor([[1.0, 0.5, math.nan, math.nan, 1.0], [2.0, 1.5, 1.0, 0.8, 0.7],
+                                     [1.0, 0.6, 0.4, math.nan, 1.0], [2.0, 1.5, 1.0, 0.8, 0.7],
+                                     [1.0, 0.7, 0.5, 0.3, 1.0], [2.0, 1.5, 1.0, 0.8, 0.7]], dtype=torch.float64),
+                 [0, 1, 2, 3, 4, 5])
+    assert six["embedding"]["ranks"] == [0, 2, 4] and six["embedding"]["loss"][:3] == [1.0, 0.6, 0.5]
+    assert six["embedding"]["loss"][3] is None  # two of the three blew up at the fourth step
     assert axes["dense"]["multiplier"] == suggest_multiplier([1, 2, 3, 4, 5], [2.0, 1.5, 1.0, 0.8, 0.7], 0.01, 100.0, 5)
     assert axes["dense"]["range_edge"] == "high" and axes["dense"]["cut_at"] is None
     assert {"range_edge_high", "never_exploded"} <= set(axes["dense"]["off_map"]) and not axes["dense"]["kept_configured"]
@@ -185,8 +199,9 @@ def test_one_replica_or_another_form_is_refused_before_training(tmp_path, data_c
 # A real 2-replica run
 
 
+# Dropout on: the pass after the sweep draws the same masks as the plain run only if the generators came back.
 COMMON = ["data=tiny", "trainer.log_every=5", "trainer.nproc=2", "trainer.sharding_group_size=1",
-          "trainer.tensorboard=false"]
+          "trainer.tensorboard=false", "model.dropout=0.1"]
 # 12 sweep steps from x0.001 to x1e6: both sweeps reach their explosion on the tiny data.
 RANGE_TEST = ["hdet=enabled", "hdet.range_test.steps=12", "hdet.range_test.low=0.001", "hdet.range_test.high=1000000"]
 KEEP = "trainer.periodic_checkpoint.keep_at=[0.5]"  # a checkpoint kept mid-pass, to branch from
@@ -198,7 +213,7 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
     """The sweeps blow up (loss non-finite or cut at the explosion) and leave nothing behind: the committed run
     equals a plain run from the same step-0 state at the committed max LRs, step for step, bit for bit."""
     hdet_dir = tmp_path / "range_test"
-    proc = run_train(hdet_dir, *COMMON, *RANGE_TEST, KEEP, data_cache=data_cache)
+    proc = run_train(hdet_dir, *COMMON, *RANGE_TEST, KEEP, "trainer.tensorboard=true", data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = read_json(hdet_dir / "range_test.json")
     summary = read_json(hdet_dir / "summary.json")
@@ -229,6 +244,26 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
     assert summary["cost"]["range_test"] == {"steps": 12, "seconds": record["seconds"]}
     assert summary["cost"]["pass"]["steps"] == summary["steps"]
     assert summary["cost"]["total"]["steps"] == summary["steps"] + 12
+    # The curves a person reads: per axis the multipliers, raw and smoothed loss, each replica's; in TensorBoard
+    # (tensorboard/range_test) and in the evaluation report (checked in Chromium where it is installed).
+    for axis in LR_AXES:
+        a = record["axes"][axis]
+        assert len(a["multipliers"]) == len(a["loss"]) == len(a["smoothed"]) == 12 and a["minimum_at"] is not None
+        assert list(a["replicas"]) == [str(a["ranks"][0])]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(hdet_dir / "tensorboard" / "range_test"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {f"range_test/{axis}/{c}" for axis in LR_AXES for c in ("loss", "smoothed", "log10_multiplier")} <= set(tags)
+    assert len(events.Scalars("range_test/dense/log10_multiplier")) == 12
+    ev = run_evaluate(f"run_dir={hdet_dir}", data_cache=data_cache)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    report = (hdet_dir / "report.html").read_text()
+    assert "HDET: the range test on the replicas" in report and "committed max LRs" in report
+    if _chromium() and shutil.which("chromedriver"):
+        declared, decoded, text = _render(hdet_dir / "report.html")
+        assert decoded == declared and "the range test on the replicas" in text
 
     # A branch from the range-test run's kept checkpoint reuses its commit (no sweep: it starts mid-pass) and, at
     # the same settings, ends where that run ended, bit for bit.
@@ -248,3 +283,79 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
                             data_cache=data_cache)
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr[-2000:]
         assert not (tmp_path / "refused" / "metrics.jsonl").exists()
+
+
+def test_a_layout_of_one_replica_names_the_fix_and_a_pass_shorter_than_the_sweep_is_refused_at_launch(
+        tmp_path, data_cache, tiny_dataset):
+    """hdet=enabled on the default layout (4 workers, one sharding group of 4) names the sharding group that gives 2
+    replicas; a sweep longer than the pass is refused before any worker starts: exit 2, one line, nothing trained."""
+    from recsys_hdet.api import compose_config
+    from recsys_hdet.config import validate_config
+    from recsys_hdet.config_values import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer.nproc=4 / trainer.sharding_group_size=4 makes 1: set "
+                                          r"trainer.sharding_group_size=2 \(2 replicas of 2 ranks\)"):
+        validate_config(compose_config(["data=tiny", "hdet=enabled"]))
+    proc = run_train(tmp_path / "short", *COMMON, "hdet=enabled", "hdet.range_test.steps=100000", data_cache=data_cache)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "the pass has only" in proc.stderr and "hdet.range_test.steps <=" in proc.stderr
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "short" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow  # one 3-rank run (~1 minute on 2 cores)
+def test_three_replicas_sweep_the_embedding_twice_and_pool_it(tmp_path, data_cache, tiny_dataset):
+    """R = 3 (three sharding groups of one rank): replicas 0 and 2 sweep the embedding on their own data, replica 1
+    the dense groups; the embedding's curve is the lower median of the two, each kept in the record."""
+    run_dir = tmp_path / "r3"
+    proc = run_train(run_dir, "data=tiny", "trainer.log_every=5", "trainer.nproc=3", "trainer.sharding_group_size=1",
+                     "trainer.tensorboard=false", *RANGE_TEST, data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = read_json(run_dir / "range_test.json")
+    assert record["replica_axis"] == {"0": "embedding", "1": "dense", "2": "embedding"}
+    emb = record["axes"]["embedding"]
+    assert emb["ranks"] == [0, 2] and sorted(emb["replicas"]) == ["0", "2"]
+    two = [emb["replicas"][r]["loss"] for r in ("0", "2")]
+    assert two[0] != two[1]  # each replica swept on its own rows
+    for k, pooled in enumerate(emb["loss"]):
+        values = sorted(v if v is not None else math.inf for v in (two[0][k], two[1][k]))
+        assert (pooled if pooled is not None else math.inf) == values[0]  # the lower median of two
+    assert read_json(run_dir / "summary.json")["status"] == "completed"
+
+
+def test_a_snapshot_restores_fbgemm_s_step_counters_and_the_next_steps_are_the_same():
+    """The step-0 restore after a sweep (components.train_state.Snapshot of a ModelState): fbgemm's kernels count
+    their steps twice, ``iter`` (checkpointed) and the host copy ``iter_cpu`` their updates read, re-read from
+    ``iter`` only while it is 0; both come back, and the steps after the restore repeat the steps after the
+    snapshot bit for bit (weights and optimizer state)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice, EmbeddingLocation,
+                                                                         SplitTableBatchedEmbeddingBagsCodegen)
+
+    from recsys_hdet.components.train_state import ModelState, RNGState, Snapshot
+
+    torch.manual_seed(0)
+    tbe = SplitTableBatchedEmbeddingBagsCodegen([(50, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                                                optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.1)
+    model = torch.nn.ModuleDict({"tbe": tbe, "dense": torch.nn.Sequential(torch.nn.Dropout(0.3), torch.nn.Linear(4, 1))})
+    optimizer = torch.optim.Adam(model["dense"].parameters())
+
+    def step():
+        out = model["dense"](tbe(torch.tensor([1, 2, 3, 7]), torch.tensor([0, 2, 4]))).sum()
+        out.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return float(out)
+
+    for _ in range(3):
+        step()
+    saved = Snapshot(ModelState(model, optimizer), RNGState())
+    first = [step() for _ in range(4)]
+    after = (tbe.split_embedding_weights()[0].clone(), [p.clone() for p in model["dense"].parameters()])
+    assert (int(tbe.iter), int(tbe.iter_cpu)) == (7, 7)
+    saved.restore()
+    assert (int(tbe.iter), int(tbe.iter_cpu)) == (3, 3)
+    again = [step() for _ in range(4)]
+    assert again == first  # the dropout masks too: the generator came back
+    assert torch.equal(tbe.split_embedding_weights()[0], after[0])
+    assert all(torch.equal(a, b) for a, b in zip(model["dense"].parameters(), after[1]))

@@ -44,6 +44,18 @@ def smoothing(low: float, high: float, sweep_steps: int, decades: float) -> floa
     return math.exp(-math.log10(high / low) / (sweep_steps - 1) / decades)
 
 
+def smoothed_curve(losses: Sequence[Optional[float]], beta: float) -> list:
+    """The losses as :func:`read_curve` reads them: an exponential moving average (``beta``, bias-corrected), up to
+    the first non-finite loss (non-finite from there)."""
+    avg, out = 0.0, []
+    for k, loss in enumerate(losses):
+        if loss is None or not math.isfinite(loss):
+            return out + [math.nan] * (len(losses) - k)
+        avg = beta * avg + (1 - beta) * loss
+        out.append(avg / (1 - beta ** (k + 1)))
+    return out
+
+
 def read_curve(losses: Sequence[Optional[float]], beta: float) -> Tuple[Optional[int], Optional[int]]:
     """How the rule reads a range test's losses: the loss smoothed by an exponential moving average (``beta``,
     bias-corrected) and cut where it exceeds 4x its minimum or turns non-finite. Returns (the index of the
@@ -77,10 +89,7 @@ def descent(losses: Sequence[Optional[float]], beta: float) -> Optional[float]:
     best, _ = read_curve(losses, beta)
     if best is None:
         return None
-    avg, smoothed = 0.0, []
-    for k, loss in enumerate(losses[:best + 1]):
-        avg = beta * avg + (1 - beta) * float(loss)
-        smoothed.append(avg / (1 - beta ** (k + 1)))
+    smoothed = smoothed_curve(losses[:best + 1], beta)
     return (smoothed[0] - smoothed[-1]) / abs(smoothed[0]) if smoothed[0] else 0.0
 
 

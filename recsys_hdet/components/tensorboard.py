@@ -190,6 +190,22 @@ def log_final(cfg: DictConfig, run_dir: str, rank: int, summary: Mapping[str, An
             writer.add_hparams(trained_hparams(cfg, summary), metrics, run_name=".", global_step=step)
 
 
+def log_curves(cfg: DictConfig, run_dir: str, rank: int, name: str, curves: Mapping[str, Any]) -> None:
+    """Curves written once, beside the run's scalars, in ``tensorboard/<name>/`` (its own event files: a resumed
+    attempt's purge of the training steps never touches them): ``curves`` maps a tag to its values, one per
+    step of the curve (None: left out). Rank 0 with ``trainer.tensorboard`` only. The range test on the replicas
+    writes its sweeps so (``range_test/<axis>/loss``, ``.../smoothed``, ``.../log10_multiplier``, per replica)."""
+    if rank != 0 or not cfg.trainer.tensorboard:
+        return
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=os.path.join(RunDir(run_dir).path(RunDir.TENSORBOARD), name)) as writer:
+        for tag, values in curves.items():
+            for step, value in enumerate(values):
+                if value is not None:
+                    writer.add_scalar(tag, float(value), global_step=step)
+
+
 def build_tensorboard(cfg: DictConfig, run_dir: str, rank: int, start_step: int = 0) -> NullTensorBoard:
     """The run's TensorBoard writer: a :class:`TensorBoardWriter` into ``<run_dir>/tensorboard/`` on
     rank 0 when ``trainer.tensorboard`` is true (the default), else a :class:`NullTensorBoard`.
@@ -200,4 +216,5 @@ def build_tensorboard(cfg: DictConfig, run_dir: str, rank: int, start_step: int 
     return TensorBoardWriter(RunDir(run_dir).path(RunDir.TENSORBOARD), int(start_step))
 
 
-__all__ = ["NullTensorBoard", "TensorBoardWriter", "build_tensorboard", "log_final", "run_hparams", "trained_hparams"]
+__all__ = ["NullTensorBoard", "TensorBoardWriter", "build_tensorboard", "log_curves", "log_final", "run_hparams",
+           "trained_hparams"]

@@ -3,8 +3,11 @@ schedules, the HDET engine and the loader (which carry their own ``state_dict``)
 
 - :class:`ModelState`: this rank's copy of the model (every local embedding shard with its fused
   optimizer state, every dense parameter and buffer) and the dense optimizer's state.
-- :class:`RNGState`: every random generator that affects training on this rank (torch's, which
-  drives dropout; numpy's; python's).
+- :class:`RNGState`: every random generator that affects training on this rank (torch's CPU one and every
+  CUDA device's, which drive dropout; numpy's; python's).
+- :func:`snapshot` and :class:`Snapshot`: a copy of pieces like these that later training does not change, put
+  back bit for bit (the range test on the replicas restores its step-0 state with it, HDET's anneal probe its
+  state before the cooldown: one owner of "measure, then put everything back").
 - :class:`LoopState`: the training loop's position and accumulators (step, the loss sums behind
   RunDir.METRICS and RunDir.SUMMARY, the training time so far).
 - :class:`TrainClock`: the training time, without checkpoint stalls (not checkpointed: a resumed
@@ -36,9 +39,11 @@ class ModelState:
     exist before the first step (DCP loads only keys its template has)."""
 
     def __init__(self, model: torch.nn.Module, dense_optimizer: torch.optim.Optimizer) -> None:
-        # fbgemm's step counter (``iter``) rides along: some of its optimizers read it.
-        self.embedding = embedding_state_tensors(model) + [k.iter for k in tbe_kernels(model)
-                                                           if isinstance(getattr(k, "iter", None), torch.Tensor)]
+        # fbgemm's step counter (``iter``) rides along: some of its optimizers read it (Adam-style bias correction,
+        # the counter-based weight decay). Its kernels count in a host copy, ``iter_cpu``, which they re-read from
+        # ``iter`` only while it is 0: load_state_dict sets it too.
+        self.counted = [k for k in tbe_kernels(model) if isinstance(getattr(k, "iter", None), torch.Tensor)]
+        self.embedding = embedding_state_tensors(model) + [k.iter for k in self.counted]
         self.dense = dense_state_tensors(model)
         self.optimizer = dense_optimizer
 
@@ -59,6 +64,9 @@ class ModelState:
             for a, b in zip(live, saved):
                 if a.data_ptr() != b.data_ptr():
                     a.copy_(b)
+        for kernel in self.counted:  # the kernels' host counter follows the restored one
+            if isinstance(getattr(kernel, "iter_cpu", None), torch.Tensor):
+                kernel.iter_cpu.fill_(int(kernel.iter.item()))
         per_param = torch.load(io.BytesIO(state["dense_optimizer"]), weights_only=True)
         params = self._params()
         if len(per_param) != len(params):
@@ -72,13 +80,48 @@ class ModelState:
 
 
 class RNGState:
+    """torch's CPU generator, every CUDA device's (when there is one: a GPU run's dropout draws there), numpy's and
+    python's."""
+
     def state_dict(self) -> Dict[str, Any]:
-        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         torch.set_rng_state(state["torch"])
         np.random.set_state(state["numpy"])
         random.setstate(state["python"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state_all(list(state["cuda"]))
+
+
+def snapshot(state: Any) -> Dict[str, Any]:
+    """A copy of ``state.state_dict()`` that later training does not change (tensors cloned; the rest, e.g.
+    serialized bytes, is immutable)."""
+    def copy(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone()
+        if isinstance(value, list):
+            return [copy(v) for v in value]
+        if isinstance(value, dict):
+            return {k: copy(v) for k, v in value.items()}
+        return value
+    return copy(state.state_dict())
+
+
+class Snapshot:
+    """The state of ``pieces`` (each with ``state_dict``/``load_state_dict``) now; :meth:`restore` puts it back bit
+    for bit, after any training in between. A measurement that trains (a range test's sweep, a probe's cooldown)
+    takes one before and restores after, the random generators included (:class:`RNGState` among the pieces)."""
+
+    def __init__(self, *pieces: Any) -> None:
+        self.saved = [(piece, snapshot(piece)) for piece in pieces]
+
+    def restore(self) -> None:
+        for piece, state in self.saved:
+            piece.load_state_dict(state)
 
 
 @dataclass

@@ -14,8 +14,8 @@ from __future__ import annotations
 import html
 from typing import Any, Dict, List, Optional, Sequence
 
-from recsys_hdet.evaluation.report_figures import (fig_base_lrs, fig_hparams, fig_reliability, fig_replica_losses,
-                                                   fig_train_loss)
+from recsys_hdet.evaluation.report_figures import (fig_base_lrs, fig_hparams, fig_range_test, fig_reliability,
+                                                   fig_replica_losses, fig_train_loss)
 from recsys_hdet.evaluation.report_lineage import lineage_line, lineage_section
 from recsys_hdet.evaluation.run_artifacts import RunArtifacts
 from data_tools.contract import label_column
@@ -291,6 +291,7 @@ def render_run(run: RunArtifacts) -> str:
             "<h2>Held-out metrics</h2>", metrics_note([run]), metrics_table([run]),
             "<h2>Random exposure (unbiased estimate)</h2>", RANDOM_EXPOSURE_NOTE, random_exposure_table([run])]
     body += _section("Training loss", fig_train_loss([run]))
+    body += _section("HDET: the range test on the replicas", fig_range_test(run))
     if run.hdet:
         body += _section("HDET: per-replica window loss", fig_replica_losses(run))
         body += _section("HDET: explored hyperparameters", fig_hparams(run))

@@ -246,3 +246,62 @@ def reliability_figure(runs: Sequence[RunArtifacts]):
 def fig_reliability(runs: Sequence[RunArtifacts]) -> Optional[str]:
     made = reliability_figure(runs)
     return _figure(*made) if made else None
+
+
+def range_test_record(run: RunArtifacts) -> Optional[Dict[str, Any]]:
+    """The range test on the replicas' record (RunDir.SUMMARY's ``hdet.range_test``: the first sweep's, also after
+    a resume), None when the run had none."""
+    record = (run.summary.get("hdet") or {}).get("range_test")
+    return record if record and record.get("axes") else None
+
+
+def range_curves_figure(axes: Dict[str, Any], title: str = ""):
+    """One panel per swept axis: each replica's loss (thin), the pooled loss (grey) and the smoothed loss the rule
+    read (bold) against the rate multiplier (log scale), the smoothed minimum, the cut and the committed
+    multiplier marked; an axis off the map says why in its title. ``axes``: a range test's per-axis record
+    (``multipliers``, ``loss``, ``smoothed``, ``minimum_at``, ``cut_at``, ``multiplier``, ``divisor``, ``replicas``,
+    ``off_map``). Shared by the report and ``python -m recsys_hdet.lr_find``'s PNG."""
+    fig, panels = plt.subplots(1, len(axes), figsize=(5.2 * len(axes), 3.6), squeeze=False)
+    for ax, (name, a) in zip(panels[0], axes.items()):
+        x = a["multipliers"]
+        for rep, r in (a.get("replicas") or {}).items():
+            if len(a.get("replicas") or {}) > 1:
+                ax.plot(x, [v if v is not None else float("nan") for v in r["loss"]], lw=0.6, alpha=0.6,
+                        label=f"replica {rep}")
+        ax.plot(x, [v if v is not None else float("nan") for v in a["loss"]], color="0.6", lw=0.8, label="loss")
+        ax.plot(x, [v if v is not None else float("nan") for v in a["smoothed"]], color="k", lw=1.8, label="smoothed")
+        finite = [v for v in a["smoothed"] if v is not None]
+        if finite:  # the explosion would flatten the curve: show up to 4x the smoothed minimum, as the rule cuts
+            low = min(finite)
+            ax.set_ylim(low - 0.05 * abs(low), 4.2 * low if low > 0 else None)
+        if a.get("minimum_at"):
+            ax.axvline(a["minimum_at"], color="#2ca02c", ls=":", label=f"smoothed minimum x{a['minimum_at']:.3g}")
+        if a.get("cut_at"):
+            ax.axvline(a["cut_at"], color="#d62728", ls=":", label=f"cut x{a['cut_at']:.3g}")
+        ax.axvline(a["multiplier"], color="#1f77b4", lw=1.5,
+                   label=f"committed x{a['multiplier']:.3g} (/ {a.get('divisor', 10):g})")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning-rate multiplier of the configured max LR")
+        ax.set_ylabel("training loss")
+        flags = a.get("off_map") or []
+        ax.set_title(f"{name}" + (f" - OFF THE MAP: {', '.join(flags)}" if flags else ""),
+                     color="#d62728" if flags else "k", fontsize=9)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def fig_range_test(run: RunArtifacts) -> Optional[str]:
+    """The range test's curves (:func:`range_curves_figure`) with what it committed, None without one."""
+    record = range_test_record(run)
+    if record is None:
+        return None
+    flagged = [a for a, x in record["axes"].items() if x.get("off_map")]
+    caption = (f"The range test on the replicas: {record['steps']} steps from x{record['low']:g} to x{record['high']:g} "
+               "of the configured max LRs, one axis per replica, the other held at the range's bottom; committed max "
+               "LRs " + ", ".join(f"{g} {v:.4g}" for g, v in record["committed"].items())
+               + (f". Off the map: {', '.join(flagged)} (see its title; docs/hdet.md, reading the curves)" if flagged
+                  else "") + (f". Reused from {record['reused_from']} (no second sweep)" if record.get("reused_from")
+                              else ""))
+    return _figure(range_curves_figure(record["axes"]), caption)

@@ -257,9 +257,9 @@ class ReplicaRangeTestConfig:
     suggestion and trains plain from the step-0 state at the committed max LRs (cost: these steps, in parallel).
     The suggestion is fastai's rule (the smoothed loss's minimum) divided per axis by ``divisors``: how far below
     its stability edge the axis trains best. That distance belongs to the model and its optimizers, not to the
-    start; the defaults were measured on the benchmark's model against its grid's best cell (docs/hdet.md, the
-    third form), where the dense groups' edge, read with the embedding held low, lies about 20x above their best
-    rate and the embedding's about 10x (fastai's 10)."""
+    start; the defaults were measured on the benchmark's model against its grid's best cell
+    (docs/results/hdet_history.md, the third form), where the dense groups' edge, read with the embedding held
+    low, lies about 20x above their best rate and the embedding's about 10x (fastai's 10)."""
     steps: int = 0
     low: float = 0.001
     high: float = 10000.0
@@ -320,7 +320,8 @@ class HDETConfigGroup(HDETConfig):
     discounted_credit: DiscountedCreditConfig = field(default_factory=DiscountedCreditConfig)
     # Probe signals (not discounted_credit): each replica scores avg + c (own - avg), avg being the replicas'
     # average: 1.0 scores the replica itself; "replicas" uses c = 1 / (replicas on the group's axis), which weighs
-    # a replica's own noise as the averaged model feels it (the replica alone shows N x its noise; docs/hdet.md).
+    # a replica's own noise as the averaged model feels it (the replica alone shows N x its noise;
+    # docs/results/hdet_history.md).
     # A number in (0, 1], or "replicas".
     probe_mix: Any = 1.0
     explore: ExploreConfig = field(default_factory=ExploreConfig)   # hyperparameters beyond LR (null: not explored)

@@ -20,7 +20,7 @@ other. Here the replicas that a data-parallel run has anyway run it in parallel,
   without another collective. An axis whose curve has no finite loss keeps multiplier 1 (its configured
   rates), said in the record. The divisor is per axis because the axes' edges are read apart: an axis swept
   with the other held low meets an edge that lies further above its best rate in the pass (where both
-  train) for one axis than for the other (docs/hdet.md, the third form).
+  train) for one axis than for the other (docs/results/hdet_history.md, the third form).
 
 What happens to the replicas' weights after the sweep is the job's business (it restores the step-0
 state: :mod:`recsys_hdet.hdet.range_test_job`). This module knows nothing of models: a step is a function
@@ -32,17 +32,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 
 from recsys_hdet.components.range_rule import (check_sweep, descent, early_noise, off_the_map, range_edge, read_curve,
-                                               smoothing,
-                                               suggest_multiplier, sweep_multiplier)
+                                               smoothed_curve, smoothing, suggest_multiplier, sweep_multiplier)
 
 
 # The loss's smoothing window, in decades of the multiplier (the form's second rule; the first read with fastai's
-# per-step 0.98, 3.5 decades on the default sweep). Its kill tests: docs/hdet.md.
+# per-step 0.98, 3.5 decades on the default sweep). Its kill tests: docs/results/hdet_history.md.
 SMOOTHING_DECADES = 1.0
 OFF_MAP_POLICIES = ("keep", "commit")
 
@@ -92,12 +91,16 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
     the curve itself (``loss``: one value per step)."""
     out: Dict[str, Any] = {}
     per_step = list(range(1, plan.steps + 1))  # the loss of step k counts as logged after k + 1 steps (lr_find's)
+    multipliers = [sweep_multiplier(k, plan.low, plan.high, plan.steps) for k in range(plan.steps)]
     for axis in plan.axes:
         ranks = [r for r, replica in enumerate(replica_of_rank) if plan.axis_of(replica) == axis]
         if not ranks:
             raise ValueError(f"no replica sweeps the {axis} axis: the range test needs at least {len(plan.axes)} "
                              "replicas (trainer.nproc / trainer.sharding_group_size)")
-        curve = [float(x) for x in curves[ranks].double().mean(0)]
+        replicas = {rep: [r for r in ranks if replica_of_rank[r] == rep]
+                    for rep in sorted({replica_of_rank[r] for r in ranks})}
+        per_replica = {rep: curves[rs].double().mean(0) for rep, rs in replicas.items()}  # its ranks' data: one model
+        curve = pooled_curve(list(per_replica.values()))
         beta = smoothing(plan.low, plan.high, plan.steps, SMOOTHING_DECADES)
         divisor = float(plan.divisors[axis])
         multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta, divisor)
@@ -122,8 +125,31 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
             "smoothing": beta,
             "divisor": divisor,
             "ranks": ranks,
-            "loss": [x if math.isfinite(x) else None for x in curve],
+            "multipliers": multipliers,  # the swept axis's multiplier at each step (the other axis: plan.low)
+            "loss": _finite(curve),
+            "smoothed": _finite(smoothed_curve(curve, beta)),
+            "minimum_at": None if best is None else multipliers[best],
+            "replicas": {str(rep): {"ranks": replicas[rep], "loss": _finite([float(x) for x in c])}
+                         for rep, c in per_replica.items()},
         }
+    return out
+
+
+def _finite(values: Sequence[float]) -> List[Optional[float]]:
+    return [float(x) if math.isfinite(x) else None for x in values]
+
+
+def pooled_curve(per_replica: Sequence[torch.Tensor]) -> List[float]:
+    """An axis's curve from the replicas that swept it, step by step: the lower median of their losses, a
+    non-finite one counted as infinite. One replica: its curve. Several: a replica whose loss blew up does not end
+    the curve while at least half of them are finite (its data or its seed, not the rate, may have done it); the
+    curve ends where most of them blew up."""
+    if len(per_replica) == 1:
+        return [float(x) for x in per_replica[0]]
+    out = []
+    for values in zip(*([float(x) for x in c] for c in per_replica)):
+        ranked = sorted(v if math.isfinite(v) else math.inf for v in values)
+        out.append(ranked[(len(ranked) - 1) // 2])
     return out
 
 

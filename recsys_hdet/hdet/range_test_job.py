@@ -33,6 +33,7 @@ recsys_hdet.lr_find`` sweeps the axes one after the other instead).
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any, Dict, Mapping
 
@@ -40,12 +41,12 @@ import torch
 import torch.distributed as dist
 
 from recsys_hdet.components.job_handles import JobHandles
-from recsys_hdet.components.train_state import ModelState, RNGState
+from recsys_hdet.components.tensorboard import log_curves
+from recsys_hdet.components.train_state import ModelState, RNGState, Snapshot
 from recsys_hdet.constants import LR_AXES
 from data_tools.fileio import write_text_atomic
 from recsys_hdet.hdet.hparams import ReplicaAxis
 from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
-from recsys_hdet.hdet.signals import snapshot
 from recsys_hdet.run_dir import RunDir
 
 
@@ -114,9 +115,9 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Dict[str, Any]:
         return torch.stack(curves).cpu()
 
     start = time.perf_counter()
-    model_state, rng = ModelState(handles.model, optimizer.dense), RNGState()
-    saved = snapshot(model_state)
-    saved_rng, position = rng.state_dict(), stream.state_dict()
+    # The step-0 state: the model and every optimizer's state and step counters, the random generators (CPU and
+    # CUDA), the data position; the LRs are put back by hand (they live in the optimizers' param groups).
+    saved = Snapshot(ModelState(handles.model, optimizer.dense), RNGState(), stream)
     saved_lrs = [(pg, pg["lr"]) for pg in optimizer.param_groups]
     batches = iter(stream)
     try:
@@ -125,9 +126,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Dict[str, Any]:
             curves = sweep(plan, layout.sharding_group, batches, train_step, set_multipliers, gather)
     finally:
         batches.close()  # its day reader stops
-        model_state.load_state_dict(saved)
-        rng.load_state_dict(saved_rng)
-        stream.load_state_dict(position)
+        saved.restore()
         for pg, lr in saved_lrs:
             pg["lr"] = lr
         optimizer.apply_hparams()
@@ -140,6 +139,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Dict[str, Any]:
               "seconds": time.perf_counter() - start}
     if layout.rank == 0:
         write_text_atomic(RunDir(handles.run_dir).path(RunDir.RANGE_TEST), json.dumps(record, indent=1) + "\n")
+        log_curves(cfg, handles.run_dir, layout.rank, FORM, sweep_curves(axes))
     for axis, a in axes.items():
         why = " (no finite loss: its configured rates kept)" if a["no_suggestion"] else ""
         handles.log(f"HDET range test: {axis} x{a['multiplier']:.4g}{why} (ranks {a['ranks']})")
@@ -149,6 +149,19 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Dict[str, Any]:
                 "{}".format(record["seconds"], " ".join(f"{g}={v:.4g}" for g, v in committed.items())))
     return {"form": FORM, "committed": committed, "cost": {"steps": plan.steps, "seconds": record["seconds"]},
             FORM: record}
+
+
+def sweep_curves(axes: Mapping[str, Any]) -> Dict[str, Any]:
+    """The sweep's curves as TensorBoard tags (x: the sweep step): per axis the pooled loss, the smoothed loss the
+    rule read, log10 of the multiplier, and each replica's loss."""
+    out: Dict[str, Any] = {}
+    for axis, a in axes.items():
+        out[f"{FORM}/{axis}/loss"] = a["loss"]
+        out[f"{FORM}/{axis}/smoothed"] = a["smoothed"]
+        out[f"{FORM}/{axis}/log10_multiplier"] = [math.log10(m) for m in a["multipliers"]]
+        for rep, r in a["replicas"].items():
+            out[f"{FORM}/{axis}/replica{rep}"] = r["loss"]
+    return out
 
 
 OFF_MAP_WHY = {"range_edge_high": "its answer lies within a sweep step of the range's top (the rate may lie higher)",

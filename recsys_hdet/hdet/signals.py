@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Seque
 
 import torch
 
+from recsys_hdet.components.train_state import RNGState, Snapshot
 from recsys_hdet.hdet.config import HDETSignal
 
 
@@ -181,18 +182,13 @@ class AnnealThenProbe(WindowLoss):
         self.steps = int(steps)
 
     def measure(self, window_loss: float) -> float:
-        saved = snapshot(self.state)
-        rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        saved = Snapshot(self.state, RNGState())
         try:
             for i in range(self.steps):
                 self.cooldown_step((self.steps - i) / (self.steps + 1), i)
             return float(self.probe())
         finally:
-            self.state.load_state_dict(saved)
-            torch.set_rng_state(rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
+            saved.restore()
 
 
 class DiscountedCredit(WindowLoss):
@@ -307,20 +303,6 @@ class DiscountedCredit(WindowLoss):
         self.previous, self.tangent = saved["previous"], saved["tangent"]
         self.tail.load_state_dict(state.get("tail") or {})
         self.previous_is_own = bool(state.get("previous_is_own", False))
-
-
-def snapshot(state: Any) -> Dict[str, Any]:
-    """A copy of ``state.state_dict()`` that later training does not change (tensors cloned; the
-    rest, e.g. serialized bytes, is immutable)."""
-    def copy(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.detach().clone()
-        if isinstance(value, list):
-            return [copy(v) for v in value]
-        if isinstance(value, dict):
-            return {k: copy(v) for k, v in value.items()}
-        return value
-    return copy(state.state_dict())
 
 
 SIGNALS = tuple(str(s) for s in HDETSignal)  # hdet.signal's choices: the config's enum
