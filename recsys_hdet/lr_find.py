@@ -53,7 +53,7 @@ import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.train)
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, range_edge, suggest_multiplier
+from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, curve_record, range_edge, suggest_multiplier
 from recsys_hdet.constants import LR_AXES
 from recsys_hdet.config import (CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_dir_argument,
                                 run_hydra_command)
@@ -267,10 +267,12 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
         if result.exit_status not in SWEEP_ENDS:
             return record
         curve = range_test_curve(RunDir(result.run_dir).metrics())
+        sweep["curve"] = curve_record(*curve, low, high, int(rt.steps))  # what lr_find.png draws
         sweep["multiplier"] = suggest_multiplier(*curve, low, high, int(rt.steps))
         if sweep["multiplier"] is None:
             return record
         sweep["range_edge"] = range_edge(sweep["multiplier"], low, high, int(rt.steps))
+        sweep["off_map"] = sweep["curve"]["off_map"]
     record["lr"] = {g: float(f"{record['start'][g] * record['sweeps'][axis]['multiplier']:.6g}")
                     for axis, gs in LR_AXES.items() for g in gs}
     return record
@@ -297,6 +299,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(ExitStatus.USAGE)
     record["seconds"] = time.monotonic() - _STARTED
     write_text_atomic(os.path.join(run_dir, "lr_find.json"), json.dumps(record, indent=1) + "\n")
+    plot_curves(record, os.path.join(run_dir, "lr_find.png"))
     for axis, s in record["sweeps"].items():
         if s["multiplier"] is None:
             continue
@@ -309,6 +312,10 @@ def main(cfg: DictConfig) -> None:
         elif s["range_edge"] == "low":
             print(f"warning: the {axis} suggestion is the smallest this range allows (the loss rose from the first "
                   "step): lower optim.schedule.range_test.low", flush=True)
+        others = [f for f in s.get("off_map", []) if not f.startswith("range_edge")]
+        if others:
+            print(f"warning: the {axis} curve {' and '.join(o.replace('_', ' ') for o in others)}: its minimum may "
+                  "say little about a rate; read lr_find.png before training with it", flush=True)
     if "lr" not in record:
         print(cost_line(record), flush=True)
         axis, s = next((a, s) for a, s in record["sweeps"].items() if s["multiplier"] is None)
@@ -319,6 +326,19 @@ def main(cfg: DictConfig) -> None:
     print(f"suggested: {overrides_line(record['lr'])}")
     print(cost_line(record))
     print(f"lr_find: {os.path.join(run_dir, 'lr_find.json')}")
+
+
+def plot_curves(record: Dict[str, Any], path: str) -> None:
+    """``lr_find.png``: each sweep's curve as the evaluation report draws the range test's (the rule's smoothed
+    loss, its minimum, its cut and the suggestion); nothing when no sweep logged a curve."""
+    from recsys_hdet.evaluation.report_figures import plt, range_curves_figure
+
+    axes = {axis: {**s["curve"], "multiplier": s["multiplier"] or 1.0} for axis, s in record["sweeps"].items()
+            if s.get("curve")}
+    if axes:
+        fig = range_curves_figure(axes, "python -m recsys_hdet.lr_find: the LR range test, one sweep per axis")
+        fig.savefig(path, dpi=90, bbox_inches="tight")
+        plt.close(fig)
 
 
 def cost_line(record: Dict[str, Any]) -> str:

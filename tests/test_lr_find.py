@@ -180,6 +180,13 @@ def test_lr_find_prints_a_line_per_sweep_and_the_suggested_max_lrs_with_its_cost
                      r"the rest starting up\)\nlr_find: ", out)
     assert cost and cost.group(1) == line, out
     assert float(cost.group(2)) > float(cost.group(3)) + float(cost.group(4)) and record["seconds"] > 0
+    # the curves a person reads: per sweep the multiplier, raw and smoothed loss of every logged step, the rule's
+    # minimum, cut and flags (lr_find.json), drawn in lr_find.png
+    emb, dense = record["sweeps"]["embedding"]["curve"], record["sweeps"]["dense"]["curve"]
+    assert len(emb["multipliers"]) == len(emb["loss"]) == len(emb["smoothed"]) == 8 and emb["divisor"] == 10.0
+    assert emb["multipliers"][-1] == pytest.approx(1e5) and emb["multiplier"] == record["sweeps"]["embedding"]["multiplier"]
+    assert "range_edge_high" in record["sweeps"]["embedding"]["off_map"] and dense["cut_at"] is not None
+    assert (run_dir / "lr_find.png").stat().st_size > 10_000
     # the step lines and the divergence check's own words are kept, in each sweep's train.log
     assert "step      8/" in (run_dir / "sweep_embedding" / "train.log").read_text()
     assert "DIVERGED at step 6" in (run_dir / "sweep_dense" / "train.log").read_text()

@@ -153,3 +153,20 @@ def range_edge(multiplier: float, low: float, high: float, sweep_steps: int, wit
     if multiplier <= bottom * step_ratio * (1 + 1e-9):
         return "low"
     return None
+
+
+def curve_record(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float, sweep_steps: int,
+                 beta: float = CLASSIC_SMOOTHING, divisor: float = SUGGESTION_DIVISOR) -> dict:
+    """A range test's curve as a person reads it (``lr_find.json``'s per sweep; the range test on the replicas
+    records the same fields per axis): the multiplier each logged loss was trained at (``steps[k]``: the steps
+    trained when ``losses[k]`` was logged), the raw and smoothed loss, the smoothed minimum's multiplier, where the
+    rule cut the curve, the divisor, the suggestion and why it lies off the map."""
+    best, cut = read_curve(losses, beta)
+    multiplier = suggest_multiplier(steps, losses, low, high, sweep_steps, beta, divisor)
+    fell = descent(losses, beta)
+    at = [sweep_multiplier(k - 1, low, high, sweep_steps) for k in steps]
+    return {"multipliers": at, "loss": [x if x is not None and math.isfinite(x) else None for x in losses],
+            "smoothed": [x if math.isfinite(x) else None for x in smoothed_curve(losses, beta)],
+            "minimum_at": None if best is None else at[best], "cut_at": None if cut is None else at[cut],
+            "divisor": divisor, "multiplier": multiplier, "descent": fell,
+            "off_map": off_the_map(multiplier, cut, fell, early_noise(losses, best), low, high, sweep_steps, divisor)}
