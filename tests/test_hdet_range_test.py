@@ -261,6 +261,7 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
     assert ev.returncode == 0, ev.stderr[-2000:]
     report = (hdet_dir / "report.html").read_text()
     assert "HDET: the range test on the replicas" in report and "committed max LRs" in report
+    assert "HDET was off" not in report and "the rates the range test committed" in report
     if _chromium() and shutil.which("chromedriver"):
         declared, decoded, text = _render(hdet_dir / "report.html")
         assert decoded == declared and "the range test on the replicas" in text

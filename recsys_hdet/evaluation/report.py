@@ -15,7 +15,7 @@ import html
 from typing import Any, Dict, List, Optional, Sequence
 
 from recsys_hdet.evaluation.report_figures import (fig_base_lrs, fig_hparams, fig_range_test, fig_reliability,
-                                                   fig_replica_losses, fig_train_loss)
+                                                   fig_replica_losses, fig_train_loss, range_test_record)
 from recsys_hdet.evaluation.report_lineage import lineage_line, lineage_section
 from recsys_hdet.evaluation.run_artifacts import RunArtifacts
 from data_tools.contract import label_column
@@ -296,8 +296,9 @@ def render_run(run: RunArtifacts) -> str:
         body += _section("HDET: per-replica window loss", fig_replica_losses(run))
         body += _section("HDET: explored hyperparameters", fig_hparams(run))
     else:
-        body += _section("Learning rate", "<p class='note'>HDET was off in this run: no replicas, no syncs.</p>",
-                         fig_hparams(run))
+        note = ("The pass trained plain at the rates the range test committed (above): no syncs."
+                if range_test_record(run) else "HDET was off in this run: no replicas, no syncs.")
+        body += _section("Learning rate", f"<p class='note'>{note}</p>", fig_hparams(run))
     body += _section("Calibration (reliability curves)", fig_reliability([run]))
     body += ["<h2>Segments</h2>", segment_tables([run])]
     return _page(f"report: {run.label}", body)
