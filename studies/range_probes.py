@@ -19,7 +19,6 @@ results file alone with ``--report-only``.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -27,8 +26,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from studies.provenance import REPO
 from studies.range_tests import finder_sweeps, sweep_suggestion
 from studies.reporting import machine_line, write_reports
-from studies.results import RESULTS, StudyFiles, is_finished
-from studies.runs import train_record
+from studies.results import RESULTS, StudyFiles
+from studies.runs import measurement_parser, train_missing
 from studies.starts import PRESET, recovery_anchor, start_lrs
 
 OUT = os.path.join(REPO, "docs", "results", "range_probes")
@@ -97,22 +96,14 @@ def render(t: Mapping[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m studies.range_probes", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=OUT)
-    ap.add_argument("--data-cache", help="data directory (RECSYS_HDET_DATA)")
-    ap.add_argument("--report-only", action="store_true", help="rebuild the report from results.jsonl")
-    args = ap.parse_args(argv)
+    args = measurement_parser("python -m studies.range_probes", __doc__, OUT).parse_args(argv)
     files = StudyFiles.open(args.out, train=not args.report_only, contract=None)
     recorded = StudyFiles.open(os.path.dirname(TRUTH_RESULTS), train=False, contract=None).results
     anchor = recovery_anchor()
-    for probe in ([] if args.report_only else PROBES):
-        for seed in SEEDS:
-            name = probe_name(probe, seed)
-            if is_finished(files.results, name):
-                continue
-            record = files.add(train_record(files.work, name, overrides(probe, seed, anchor), args.data_cache))
-            print(f"{name}: {record['status']} at step {record['steps']}, suggests x{sweep_suggestion(record):.3g}",
-                  flush=True)
+    plan = [] if args.report_only else [(probe_name(probe, seed), overrides(probe, seed, anchor))
+                                        for probe in PROBES for seed in SEEDS]
+    train_missing(files, plan, args.data_cache, lambda name, r: f"{name}: {r['status']} at step {r['steps']}, "
+                  f"suggests x{sweep_suggestion(r):.3g}")
     result = table(files.results, recorded)
     write_reports(args.out, "range_probes", result, render(result))
     print(f"wrote {os.path.join(args.out, 'range_probes.md')}")

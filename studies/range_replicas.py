@@ -14,15 +14,14 @@ results file alone with ``--report-only``; every line names its commit (run it f
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from studies.provenance import REPO
 from studies.reporting import machine_line, write_reports
-from studies.results import StudyFiles, is_finished
-from studies.runs import train_record
+from studies.results import StudyFiles
+from studies.runs import measurement_parser, train_missing
 from studies.starts import PRESET, lr_overrides, recovery_anchor
 
 OUT = os.path.join(REPO, "docs", "results", "range_replicas")
@@ -94,20 +93,13 @@ def render(t: Mapping[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m studies.range_replicas", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=OUT)
-    ap.add_argument("--data-cache", help="data directory (RECSYS_HDET_DATA)")
-    ap.add_argument("--report-only", action="store_true", help="rebuild the report from results.jsonl")
-    args = ap.parse_args(argv)
+    args = measurement_parser("python -m studies.range_replicas", __doc__, OUT).parse_args(argv)
     files = StudyFiles.open(args.out, train=not args.report_only, contract=None)
     anchor = recovery_anchor()
-    for layout in ([] if args.report_only else LAYOUTS):
-        for seed in SEEDS:
-            name = run_name(layout, seed)
-            if is_finished(files.results, name):
-                continue
-            record = files.add(train_record(files.work, name, overrides(layout, seed, anchor), args.data_cache))
-            print(f"{name}: {record['status']}, committed {multipliers(record)}", flush=True)
+    plan = [] if args.report_only else [(run_name(layout, seed), overrides(layout, seed, anchor))
+                                        for layout in LAYOUTS for seed in SEEDS]
+    train_missing(files, plan, args.data_cache,
+                  lambda name, r: f"{name}: {r['status']}, committed {multipliers(r)}")
     result = table(files.results)
     write_reports(args.out, "range_replicas", result, render(result))
     print(f"wrote {os.path.join(args.out, 'range_replicas.md')}")

@@ -255,3 +255,23 @@ def convert(runs: str, results: str) -> int:
             append(results, record_from_run_dir(path, name))
             added += 1
     return added
+
+
+def measurement_parser(prog: str, doc: str, out: str) -> argparse.ArgumentParser:
+    """The command line of a measurement (a study without contenders: ``studies.range_probes``,
+    ``studies.range_replicas``): ``--out``, ``--data-cache``, ``--report-only``."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--data-cache", help="data directory (RECSYS_HDET_DATA)")
+    ap.add_argument("--report-only", action="store_true", help="rebuild the report from results.jsonl")
+    return ap
+
+
+def train_missing(files: StudyFiles, runs: Sequence[Any], data_cache: Optional[str], say: Any) -> None:
+    """Trains each ``(name, overrides)`` of ``runs`` that has no line in ``files`` yet and records its line, in
+    order (a rerun resumes); ``say(name, line)`` is its console line."""
+    for name, overrides in runs:
+        if is_finished(files.results, name):
+            continue
+        record = files.add(train_record(files.work, name, overrides, data_cache))
+        print(say(name, record), flush=True)
