@@ -7,7 +7,7 @@ One interface (:class:`LRControl`), two implementations built by :func:`build_lr
 config:
 
 - :class:`ScheduledLR`: the plain run, each group on its one-cycle schedule;
-- HDET (``hdet.enabled``): :class:`recsys_hdet.hdet.integration.HDETControl`, the replicas each on
+- HDET (``hdet.enabled``): :class:`recsys_hdet.hdet.controller.integration.HDETControl`, the replicas each on
   their own learning rates around a shared base that a controller moves at every sync.
 
 The training loop calls :meth:`LRControl.step` after every optimizer step, with the step's
@@ -152,7 +152,7 @@ class ScheduledLR:
 def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_embedding_sync_every: int,
                      commitment: Optional[Mapping[str, Any]] = None) -> LRControl:
     """The config's LR control: HDET's when ``hdet.enabled`` (it acts on the job through ``handles``:
-    :func:`recsys_hdet.hdet.integration.build_hdet_control`), else the per-group schedules. ``commitment``: what
+    :func:`recsys_hdet.hdet.controller.integration.build_hdet_control`), else the per-group schedules. ``commitment``: what
     the checkpoint a resumed or branched run loads had committed (:attr:`LRControl.commitment`): reused, never
     committed again."""
     optimizer = handles.optimizer
@@ -166,7 +166,7 @@ def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_e
                            committed)
 
     if bool(cfg.hdet.enabled) and int(cfg.hdet.range_test.steps) > 0:
-        from recsys_hdet.hdet.range_test_job import replica_range_test, reuse_commitment
+        from recsys_hdet.hdet.range_test.job import replica_range_test, reuse_commitment
 
         # The range test on the replicas: the sweep runs now, from the step-0 state it then puts back; the pass
         # is the plain run at the committed max LRs. A resumed or branched run trains at the rates its checkpoint
@@ -176,7 +176,7 @@ def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_e
         return plain(done["committed"], {"hdet": {"form": "range_test", "range_test": done["range_test"]},
                                          "lr": {"controlled_max_lr": done["committed"]}}, done)
     if bool(cfg.hdet.enabled):
-        from recsys_hdet.hdet.integration import build_hdet_control
+        from recsys_hdet.hdet.controller.integration import build_hdet_control
 
         # After explore-then-commit's last round HDET hands the pass to the plain control at the held LRs.
         return build_hdet_control(cfg, handles, total_steps=total_steps,

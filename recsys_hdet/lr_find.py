@@ -8,7 +8,7 @@ rise geometrically from their max LR x ``low`` to x ``high`` over ``steps`` step
 can reach x1000 and a rate set 100x too low or too high is found inside the range, not at its ceiling;
 fastai sweeps eight in 100 steps) while the other axis is held at its max LR x ``low``, so that each sweep
 measures its own groups; the loss is logged every step. The suggestion is fastai's classic rule
-(:mod:`recsys_hdet.components.range_rule`): the loss smoothed by an exponential moving average (0.98,
+(:mod:`recsys_hdet.hdet.range_test.rule`): the loss smoothed by an exponential moving average (0.98,
 bias-corrected) and cut where it exceeds 4x its minimum, the multiplier at the smoothed minimum / 10; a
 suggestion within one sweep step of an end of the range is flagged (``range_edge``) and warned about.
 
@@ -53,7 +53,7 @@ import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.train)
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, curve_record, range_edge, suggest_multiplier
+from recsys_hdet.hdet.range_test.rule import CLASSIC_SMOOTHING, curve_record, range_edge, suggest_multiplier
 from recsys_hdet.constants import LR_AXES
 from recsys_hdet.config import (CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_dir_argument,
                                 run_hydra_command)

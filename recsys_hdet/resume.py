@@ -122,7 +122,7 @@ def _check_branch_commitment(cfg_dict: Dict[str, Any], manifest: Dict[str, Any],
         return
     from omegaconf import OmegaConf
 
-    from recsys_hdet.hdet.range_test_job import commitment_differs
+    from recsys_hdet.hdet.range_test.job import commitment_differs
     from recsys_hdet.lr_control import COMMITMENT
 
     commitment = manifest.get(COMMITMENT)

@@ -18,7 +18,7 @@ lower learning rate for this group end the pass better? That can be measured dir
   (``trainer.stop_at_step``): one run per entry of ``SIGNAL_RUNS`` (a signal, or a signal with
   other settings: its sync records carry every rank's signal loss and window training loss). Every score the engine
   offers is computed from those records with the engine's own functions
-  (:func:`recsys_hdet.hdet.engine.preference`, :func:`~recsys_hdet.hdet.engine.joint_preferences`):
+  (:func:`recsys_hdet.hdet.controller.engine.preference`, :func:`~recsys_hdet.hdet.controller.engine.joint_preferences`):
   ``{probe,train,serving}/{zscore,rank,regression}`` and ``paper`` (softmax, sigma 0.1, on the
   training losses: the paper's score; on the log spread, not its linear one). A signal's value per
   group is its mean over the windows (regression: the fit pooled over them with beta 0.9, as the

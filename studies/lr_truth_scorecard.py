@@ -65,7 +65,7 @@ def signal_values(syncs: List[Dict[str, Any]], loss_key: str, score: str, shardi
     import torch
 
     from recsys_hdet.hdet.hparams import ReplicaAxis
-    from recsys_hdet.hdet.statistics import effect_move, joint_effects, joint_preferences, new_joint_fit, preference
+    from recsys_hdet.hdet.controller.statistics import effect_move, joint_effects, joint_preferences, new_joint_fit, preference
 
     names = list(syncs[0]["hparams"])
     world = len(syncs[0]["losses"])

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
+from recsys_hdet.hdet.range_test.rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
 from recsys_hdet.constants import DENSE_GROUPS, LR_AXES
 from studies.contract import CONTRACT
 from studies.range_tests import (HDET_RANGE_TEST, REPLICA_DIVISORS, REPLICA_WINDOW_DECADES, SWEEP, finder_sweeps,
@@ -71,7 +71,7 @@ KILL_TESTS: Dict[str, KillTest] = {
     "classic": KillTest("fastai's classic (smoothed minimum / 10), the loss smoothed per step by 0.98", None,
                         (0, 1, 2), "range_commit"),
 }
-CURRENT = "divisors_10_20"  # the form the product runs (recsys_hdet.hdet.range_test, hdet.range_test.divisors)
+CURRENT = "divisors_10_20"  # the form the product runs (recsys_hdet.hdet.range_test.sweep, hdet.range_test.divisors)
 DEV_FORMS = ("classic", "window_1_decade")  # the recorded kill tests whose curves chose the divisors
 DEV_DIVISORS = (5.0, 7.5, 10.0, 12.5, 15.0, 20.0, 25.0, 30.0)  # the candidates, each axis
 SEEDS = KILL_TESTS["classic"].seeds  # the finder's sweeps beside the first kill test

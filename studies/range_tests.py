@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from recsys_hdet.components.range_rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
+from recsys_hdet.hdet.range_test.rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
 from recsys_hdet.constants import DENSE_GROUPS
 from studies.contract import CONTRACT
 from studies.starts import lr_overrides
@@ -22,7 +22,7 @@ SWEEP: Tuple[int, float, float] = (100, 0.001, 10000.0)
 # The smoothing window (decades of the multiplier) a finder's sweeps are read with; None: fastai's per-step 0.98,
 # as lr_find and fastai read them (every finder of the studies).
 FINDER_WINDOW_DECADES: Optional[float] = None
-# The range test on the replicas' window (recsys_hdet.hdet.range_test.SMOOTHING_DECADES), its second form.
+# The range test on the replicas' window (recsys_hdet.hdet.range_test.sweep.SMOOTHING_DECADES), its second form.
 REPLICA_WINDOW_DECADES = 1.0
 # The retired narrow finder's sweep (lr_find's default before it was widened): its recorded runs are read.
 NARROW_SWEEP: Tuple[int, float, float] = (100, 0.01, 100.0)
@@ -30,7 +30,7 @@ NARROW_SWEEP: Tuple[int, float, float] = (100, 0.01, 100.0)
 # chosen on the first two forms' recorded curves (studies.range_commit.divisor_dev); fastai's 10 before it.
 REPLICA_DIVISORS: Dict[str, float] = {"embedding": 10.0, "dense": 20.0}
 # The range test on the replicas: each replica sweeps one axis (the other held at x low) before the pass, every
-# rank commits the suggestion, and the pass trains plain from the step-0 state (recsys_hdet/hdet/range_test_job.py).
+# rank commits the suggestion, and the pass trains plain from the step-0 state (recsys_hdet/hdet/range_test/job.py).
 HDET_RANGE_TEST = ("hdet=enabled", f"hdet.range_test.steps={SWEEP[0]}", f"hdet.range_test.low={SWEEP[1]:g}",
                    f"hdet.range_test.high={SWEEP[2]:g}",
                    *(f"hdet.range_test.divisors.{axis}={d:g}" for axis, d in REPLICA_DIVISORS.items()))
@@ -55,7 +55,7 @@ def finder_sweeps(embedding: float, dense: float, sweep: Tuple[int, float, float
 
 
 def sweep_suggestion(record: Mapping[str, Any], window_decades: Optional[float] = FINDER_WINDOW_DECADES) -> Optional[float]:
-    """The suggestion (fastai's classic rule, :func:`recsys_hdet.components.range_rule.suggest_multiplier`) from a
+    """The suggestion (fastai's classic rule, :func:`recsys_hdet.hdet.range_test.rule.suggest_multiplier`) from a
     range-test run's results line, read with the range the line records and the loss smoothed over
     ``window_decades`` (None: fastai's per-step 0.98). None without a logged step."""
     rt = record.get("range_test") or {}

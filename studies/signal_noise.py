@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 
 from recsys_hdet.constants import PARAM_GROUPS as GROUPS
-from recsys_hdet.hdet.statistics import preference, spread_offsets
+from recsys_hdet.hdet.controller.statistics import preference, spread_offsets
 from studies.contract import StudyMismatch
 from studies.record import sync_records
 from studies.reporting import fmt as _f, machine_line, write_reports

@@ -56,7 +56,7 @@ class _CooledLoss:
 
 
 def _worker(cfg, signal, out_path):
-    from recsys_hdet.hdet.engine import HDETEngine
+    from recsys_hdet.hdet.controller.engine import HDETEngine
     from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
     dist.init_process_group("gloo")
@@ -167,7 +167,7 @@ def test_aimd_on_the_window_loss_moves_a_10x_low_lr_up_once_each_sync_counts_ali
 
 
 def test_rprop_grows_its_step_while_the_sign_repeats_and_halves_it_when_the_sign_flips():
-    from recsys_hdet.hdet.statistics import rprop_move
+    from recsys_hdet.hdet.controller.statistics import rprop_move
 
     falling = (-1.0, 0.1, 10.0)  # a higher rate does better: up
     rising = (+1.0, 0.1, 10.0)
@@ -198,7 +198,7 @@ def _pooled_slopes(weighting, reset_after=None):
     """A joint fit over 20 syncs of 4 ranks (offsets -1, -1/3, 1/3, 1): in the first two (the warm-up)
     the losses rise with the offset 1000x more steeply than they fall with it in the 18 after.
     Returns the fitted slope after each sync."""
-    from recsys_hdet.hdet.statistics import joint_effects, new_joint_fit
+    from recsys_hdet.hdet.controller.statistics import joint_effects, new_joint_fit
 
     X = torch.tensor([[-1.0], [-1 / 3], [1 / 3], [1.0]], dtype=torch.float64)
     ok = torch.ones(4, dtype=torch.bool)
@@ -223,7 +223,7 @@ def test_raw_pooling_keeps_the_warm_up_s_slope_to_the_end_and_per_sync_weighting
 
 
 def _reset_worker(out_path):
-    from recsys_hdet.hdet.engine import HDETEngine
+    from recsys_hdet.hdet.controller.engine import HDETEngine
     from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
     dist.init_process_group("gloo")

@@ -8,8 +8,8 @@ import torch.distributed as dist
 
 from dist_helpers import spawn
 from recsys_hdet.hdet.config import HDETConfig
-from recsys_hdet.hdet.scheduler import HDETOneCycleLR
-from recsys_hdet.hdet.statistics import spread_multipliers
+from recsys_hdet.hdet.controller.scheduler import HDETOneCycleLR
+from recsys_hdet.hdet.controller.statistics import spread_multipliers
 
 
 # -- fan-out ----------------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ def test_state_dict_round_trip_resumes_the_same_trajectory():
 def _planted_lr_worker(cfg, scale, out_path):
     """Two learning-rate groups, each replica's loss ``scale * (ln(a/opt_a)^2 + ln(b/opt_b)^2 + noise)``.
     Group a starts 10x above its optimum, group b 10x below; the noise is per rank and per step."""
-    from recsys_hdet.hdet.engine import HDETEngine
+    from recsys_hdet.hdet.controller.engine import HDETEngine
     from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
     dist.init_process_group("gloo")
@@ -267,7 +267,7 @@ def test_the_paper_s_softmax_controller_cannot_recover_a_10x_error_at_our_loss_s
 
 
 def test_preference_scores_are_scale_free_and_rank_a_non_finite_replica_worst():
-    from recsys_hdet.hdet.statistics import preference, spread_offsets
+    from recsys_hdet.hdet.controller.statistics import preference, spread_offsets
 
     u = spread_offsets(4)
     losses = torch.tensor([0.30, 0.25, 0.21, 0.20], dtype=torch.float64)  # higher offsets did better
@@ -317,7 +317,7 @@ def test_the_derived_log_step_never_spreads_the_travel_over_fewer_syncs_than_the
         total_steps, beta, expected_horizon):
     """travel_decades over the controlled syncs, but over at least 1 / (1 - beta) of them: a 3-sync
     run must not move a base a decade per sync (mutant: the horizon being the sync count alone)."""
-    from recsys_hdet.hdet.engine import HDETEngine
+    from recsys_hdet.hdet.controller.engine import HDETEngine
     from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
     hp = ScalarHParam("lr", ReplicaAxis.per_rank(4), lambda step: 0.01, floor=1e-4, ceiling=1.0,
@@ -331,7 +331,7 @@ def test_the_derived_log_step_never_spreads_the_travel_over_fewer_syncs_than_the
 def test_my_offset_is_the_offset_of_the_value_this_rank_trains_with(rank):
     """DiscountedCredit moves a replica along u: u must be the one its value carries, base (1 + alpha)^u,
     for a per-rank and a per-block axis, after permutations are redrawn."""
-    from recsys_hdet.hdet.engine import HDETEngine
+    from recsys_hdet.hdet.controller.engine import HDETEngine
     from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
     hps = [ScalarHParam(name, axis, lambda step: 0.01, floor=1e-4, ceiling=1.0, apply=lambda v: None, space="log")
@@ -385,7 +385,7 @@ def _effect_worker(cfg, objective, out_path):
     ``1 + k (ln(a/opt_a)^2 + ln(b/opt_b)^2) + noise``, a 10x above and b 10x below their optima.
     "real": k = 0.01, noise 0.001 per rank and step. "negligible": k = 1e-6 and no noise, a
     consistent but meaningless difference (what deterministic probe rows give)."""
-    from recsys_hdet.hdet.engine import HDETEngine
+    from recsys_hdet.hdet.controller.engine import HDETEngine
     from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
     dist.init_process_group("gloo")

@@ -6,7 +6,7 @@ from torch import nn
 
 from dist_helpers import spawn
 from recsys_hdet.hdet.config import HDETConfig
-from recsys_hdet.hdet.engine import HDETEngine
+from recsys_hdet.hdet.controller.engine import HDETEngine
 from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 
 
@@ -87,8 +87,8 @@ def test_bounds_hold_under_adversarial_losses(name, direction):
 def _applied_worker():
     """Values reach the modules, the optimizer and the loss on the step they change."""
     from recsys_hdet.components.hparam_bindings import LossSettings
-    from recsys_hdet.hdet.explored import build_explored_hparams
-    from recsys_hdet.hdet.scheduler import HDETOneCycleLR
+    from recsys_hdet.hdet.controller.explored import build_explored_hparams
+    from recsys_hdet.hdet.controller.scheduler import HDETOneCycleLR
     from recsys_hdet.models.ranker import MultiTaskRanker, SparseFeature, dense_parameter_groups
 
     dist.init_process_group("gloo")

@@ -1,4 +1,4 @@
-"""The range test on HDET's replicas (recsys_hdet/hdet/range_test.py, range_test_job.py): each replica sweeps
+"""The range test on HDET's replicas (recsys_hdet/hdet/range_test/sweep.py, range_test_job.py): each replica sweeps
 one axis while the other is held low, every rank commits the same suggestion, and the pass is then the plain
 run at the committed max LRs from the step-0 state, bit for bit."""
 import math
@@ -11,8 +11,8 @@ import shutil
 from conftest import read_json, read_jsonl, run_evaluate, run_train
 from test_evaluate import _chromium, _render
 from recsys_hdet.constants import LR_AXES
-from recsys_hdet.components.range_rule import read_curve, suggest_multiplier, sweep_multiplier
-from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
+from recsys_hdet.hdet.range_test.rule import read_curve, suggest_multiplier, sweep_multiplier
+from recsys_hdet.hdet.range_test.sweep import ReplicaSweepPlan, commit, sweep
 
 FASTAI = {"embedding": 10.0, "dense": 10.0}  # fastai's divisor on both axes
 
@@ -171,6 +171,14 @@ def test_an_answer_off_the_map_is_flagged_and_by_default_the_axis_keeps_its_conf
     rises = torch.tensor([embedding, [0.4 * (1 + m) for m in rising]], dtype=torch.float64)
     low = commit(ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0, FASTAI), rises, [0, 1])["dense"]
     assert "range_edge_low" in low["off_map"] and "never_descended" in low["off_map"] and low["multiplier"] == 1.0
+    # a warm start: flat and noisy, its lowest point by chance at the second step (13% below the first), rising
+    # slowly after: the answer lies at the range's bottom, a fall of noise alone: kept
+    noisy = [0.30, 0.26, 0.29, 0.27, 0.31, 0.28] + [0.29 * (1 + 0.01 * k) for k in range(steps - 6)]
+    warm = commit(ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0, FASTAI),
+                  torch.tensor([noisy, noisy], dtype=torch.float64), [0, 1])
+    for axis in LR_AXES:
+        assert "range_edge_low" in warm[axis]["off_map"] and warm[axis]["kept_configured"], warm[axis]["off_map"]
+        assert warm[axis]["multiplier"] == 1.0 and warm[axis]["early_noise"] is not None
     with pytest.raises(ValueError, match="off_map"):
         ReplicaSweepPlan(LR_AXES, steps, 0.001, 10000.0, FASTAI, off_map="ignore")
 

@@ -1,4 +1,4 @@
-"""The replicas' signals (recsys_hdet.hdet.signals): on a planted objective whose long-horizon
+"""The replicas' signals (recsys_hdet.hdet.controller.signals): on a planted objective whose long-horizon
 answer differs from the greedy one, and in real 2 x 2 runs (restoring is exact)."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import HDET_2X2, read_json, read_jsonl, run_train
-from recsys_hdet.hdet.signals import AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe
+from recsys_hdet.hdet.controller.signals import AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe
 from test_hdet_train import _checkpoint_tensors
 
 # A noisy quadratic (Wu et al. 2018's short-horizon bias): a steep direction whose gradient is noisy

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from conftest import assert_tensorboard_matches_records, read_json, read_jsonl, run_train
 from recsys_hdet.components.lr_scheduler import build_one_cycle
-from recsys_hdet.hdet.statistics import spread_multipliers
+from recsys_hdet.hdet.controller.statistics import spread_multipliers
 
 FAST = ["data=tiny", "trainer.log_every=10"]
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import run_command
-from recsys_hdet.components.range_rule import range_edge, suggest_multiplier
+from recsys_hdet.hdet.range_test.rule import range_edge, suggest_multiplier
 
 
 def test_the_suggestion_is_a_tenth_of_the_multiplier_the_best_loss_was_trained_at():
@@ -47,8 +47,8 @@ def test_the_smoothing_window_spans_the_same_rates_whatever_the_sweep_s_length()
     100, 200 and 400 steps over x0.001-x10000 suggest within 10% of each other; fastai's fixed 0.98 per step (the
     default, lr_find's) moves the suggestion with the sweep's length (a window of 50 steps is 3.5 decades at 100
     steps, 0.9 at 400). The range test on the replicas reads with a window of 1 decade."""
-    from recsys_hdet.components.range_rule import smoothing, sweep_multiplier
-    from recsys_hdet.hdet.range_test import SMOOTHING_DECADES
+    from recsys_hdet.hdet.range_test.rule import smoothing, sweep_multiplier
+    from recsys_hdet.hdet.range_test.sweep import SMOOTHING_DECADES
 
     def loss(rate):
         x = math.log10(rate)
@@ -72,7 +72,7 @@ def test_the_widened_default_range_suggests_above_x10_where_the_loss_still_falls
     """The finder's default sweep (x0.001 to x10000 over 100 steps) on a planted curve that falls until x1000
     and explodes above it: the suggestion is x100 (the old x0.01-x100 range capped it at x10) and is not
     flagged as an edge; the same curve cut at x100 (the old range's end) can only give x10 or less."""
-    from recsys_hdet.components.range_rule import sweep_multiplier
+    from recsys_hdet.hdet.range_test.rule import sweep_multiplier
     from recsys_hdet.config_schema import RangeTestConfig
 
     rt = RangeTestConfig()

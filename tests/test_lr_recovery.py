@@ -412,7 +412,7 @@ def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path
 
 
 def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_default_range():
-    from recsys_hdet.hdet.range_test import SMOOTHING_DECADES
+    from recsys_hdet.hdet.range_test.sweep import SMOOTHING_DECADES
     from studies.range_tests import REPLICA_WINDOW_DECADES
     from recsys_hdet.config_schema import RangeTestConfig
     from studies.lr_recovery_contenders import FINDERS, LABELS, variant_overrides

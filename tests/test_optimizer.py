@@ -73,7 +73,7 @@ def _hdet_worker():
     from recsys_hdet.components.replicas import tbe_kernels
     from recsys_hdet.distributed import init_process_groups, shard_model
     from recsys_hdet.hdet.config import HDETConfig
-    from recsys_hdet.hdet.scheduler import HDETOneCycleLR
+    from recsys_hdet.hdet.controller.scheduler import HDETOneCycleLR
     from recsys_hdet.hdet.hparams import ReplicaAxis
 
     pgs = init_process_groups(sharding_group_size=1)

@@ -56,7 +56,7 @@ def test_the_schemas_choices_are_the_components_own():
     from recsys_hdet import config_values as S
     from recsys_hdet.components.optimizer import EMBEDDING_OPTIMIZERS
     from recsys_hdet.hdet.config import SCORES, HDETScore, HDETSignal
-    from recsys_hdet.hdet.signals import SIGNALS
+    from recsys_hdet.hdet.controller.signals import SIGNALS
 
     assert set(HDETSignal) == set(SIGNALS)
     assert set(HDETScore) == set(SCORES)

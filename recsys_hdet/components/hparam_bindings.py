@@ -2,7 +2,7 @@
 attention temperature, the loss's label smoothing (:class:`LossSettings`, read by the training step).
 
 The training job sets them from the config; HDET explores them through these setters
-(:mod:`recsys_hdet.hdet.explored`). This module knows nothing of HDET.
+(:mod:`recsys_hdet.hdet.controller.explored`). This module knows nothing of HDET.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Two more schedules for plain runs, chosen per group by :func:`build_schedules`:
   ``max_lr x low`` rising exponentially to ``max_lr x high`` over ``steps`` steps, for the groups
   ``optim.schedule.range_test.groups`` names (the others constant at their max LR). A short run
   (``trainer.stop_at_step``) on it logs the loss against the LR; ``recsys_hdet.lr_find``
-  reads the suggestion off that curve (``components/range_rule.py``).
+  reads the suggestion off that curve (``hdet/range_test/rule.py``).
 
 :class:`GroupLRScheduler` applies one schedule per named group of a
 :class:`~recsys_hdet.components.optimizer.GroupedOptimizer`: ``lr`` in every group, and the
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from recsys_hdet.components.range_rule import check_sweep, sweep_multiplier
+from recsys_hdet.components.range_schedule import check_sweep, sweep_multiplier
 
 
 def _annealing_cos(start: float, end: float, pct: float) -> float:

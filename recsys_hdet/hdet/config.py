@@ -103,7 +103,7 @@ class HDETConfig:
     rprop_up: float = 1.2
     rprop_down: float = 0.5
     rprop_max_step: float = 1.0
-    # Explore-then-commit (log space; recsys_hdet/hdet/rounds.py): the first explore_rounds x explore_steps steps
+    # Explore-then-commit (log space; recsys_hdet/hdet/controller/rounds.py): the first explore_rounds x explore_steps steps
     # are rounds in which each spread group's replicas train apart (no averaging inside a round) at a wide spread,
     # explore_decades between the extreme replicas in the first round, explore_narrow times that in each next one; at a
     # round's end the replicas are averaged and the base moves to the best replica's value; after the
@@ -251,7 +251,7 @@ class ExploreConfig:
 
 @dataclass
 class ReplicaRangeTestConfig:
-    """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test`; docs/hdet.md): ``steps`` > 0 turns
+    """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test.sweep`; docs/hdet.md): ``steps`` > 0 turns
     the form on. Before the pass each replica sweeps one axis (the embedding; the dense groups together) from max
     LR x ``low`` to x ``high`` over ``steps`` steps, the other axis held at x ``low``; the run commits each axis's
     suggestion and trains plain from the step-0 state at the committed max LRs (cost: these steps, in parallel).
@@ -266,9 +266,9 @@ class ReplicaRangeTestConfig:
     divisors: Dict[str, float] = field(default_factory=lambda: {"embedding": 10.0, "dense": 20.0})
     # An axis whose answer lies off the map (within a sweep step of the range's end, a curve that never explodes
     # or never descends) is flagged (the commit's line, range_test.json, summary.json, the report). keep: an axis
-    # whose curve never descended (its minimum says nothing: a trained model, rates too high from the start)
-    # trains at its configured rates; an answer at the range's top is a lower bound and is committed. commit: the
-    # rule's answer always.
+    # whose curve never descended or rose from its first steps (its minimum says nothing: a trained model, rates
+    # too high from the start) trains at its configured rates; an answer at the range's top is a lower bound and
+    # is committed. commit: the rule's answer always.
     off_map: str = "keep"
 
     def __post_init__(self) -> None:

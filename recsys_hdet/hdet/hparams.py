@@ -2,7 +2,7 @@
 base schedule, bounds and the function that puts a replica's value where it takes effect) and the
 :class:`ReplicaAxis` that says which replica each rank belongs to. The engine knows a hyperparameter
 only through these: an optimizer's LR group, a module attribute and a loss setting are all the same to
-it (:mod:`recsys_hdet.hdet.explored` builds the job's).
+it (:mod:`recsys_hdet.hdet.controller.explored` builds the job's).
 """
 
 from __future__ import annotations

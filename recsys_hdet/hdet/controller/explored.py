@@ -1,6 +1,6 @@
 """Where explored hyperparameters beyond the learning rate take effect (docs/method.md: other hyperparameters).
 
-Each builder returns one :class:`~recsys_hdet.hdet.engine.ScalarHParam` whose ``apply`` writes
+Each builder returns one :class:`~recsys_hdet.hdet.controller.engine.ScalarHParam` whose ``apply`` writes
 this replica's value into the model, the optimizer or the loss (through the setters of
 :mod:`recsys_hdet.components.hparam_bindings`), on the step it changes:
 - ``dropout`` (additive, clamped to [0, max]): every ``nn.Dropout`` module's ``p`` and every

@@ -9,7 +9,7 @@ Before the pass (:func:`replica_range_test`, called while the job builds its LR 
    that the replicas' sweeps do not share a gradient, and each replica sweeps its axis on the pass's first
    ``steps`` batches (:func:`recsys_hdet.hdet.range_test.sweep`), one training step outside the train
    pipeline each; one all-gather of the curves at the end;
-3. every rank commits the same multipliers (:func:`recsys_hdet.hdet.range_test.commit`), the state, the
+3. every rank commits the same multipliers (:func:`recsys_hdet.hdet.range_test.sweep.commit`), the state, the
    generators and the stream's position are put back bit for bit, and the job goes on with the plain run's
    LR control at the committed max LRs.
 
@@ -23,7 +23,7 @@ checkpoint's manifest and the final model's meta carry it, and a resumed or bran
 CUDA's non-deterministic kernels) could commit other rates mid-pass, and would charge the sweep twice.
 ``range_test.json`` is written once, by the sweep.
 
-An axis whose answer lies off the map (:func:`recsys_hdet.components.range_rule.off_the_map`) is named in one
+An axis whose answer lies off the map (:func:`recsys_hdet.hdet.range_test.rule.off_the_map`) is named in one
 line at commit time and flagged in the record; ``hdet.range_test.off_map`` says what is committed for it.
 
 Limits: on one replica there is nothing to sweep with (refused by the config check: ``python -m
@@ -46,7 +46,7 @@ from recsys_hdet.components.train_state import ModelState, RNGState, Snapshot
 from recsys_hdet.constants import LR_AXES
 from data_tools.fileio import write_text_atomic
 from recsys_hdet.hdet.hparams import ReplicaAxis
-from recsys_hdet.hdet.range_test import ReplicaSweepPlan, commit, sweep
+from recsys_hdet.hdet.range_test.sweep import ReplicaSweepPlan, commit, sweep
 from recsys_hdet.run_dir import RunDir
 
 

@@ -1,10 +1,10 @@
 """What each replica reports at a sync: the signal the controller compares (lower is better).
 
-The engine (:class:`recsys_hdet.hdet.engine.HDETEngine`) calls a signal twice: :meth:`after_step`
+The engine (:class:`recsys_hdet.hdet.controller.engine.HDETEngine`) calls a signal twice: :meth:`after_step`
 after every optimizer step (with the step's place in the window) and :meth:`measure` at the sync,
 before the replicas are averaged. A signal knows nothing of models: it reaches the replica through
 the callables it is built with (score the probe rows, copy the state, take one training step),
-which the job provides (``recsys_hdet.hdet.integration``) and a test can provide for a toy
+which the job provides (``recsys_hdet.hdet.controller.integration``) and a test can provide for a toy
 objective.
 
 Why more than the last iterate (docs/method.md, "what the controller must overcome"):

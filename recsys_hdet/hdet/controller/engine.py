@@ -13,8 +13,8 @@ Method: spread (each replica's value ``base * rho_pi(r)`` in linear space, ``bas
 in log space, ``base + w u_pi(r)`` for additive hparams; one permutation per hparam redrawn at every sync
 from a generator seeded identically on every rank, never the global RNG), converge every T steps, and
 at each sync the controller (the paper's softmax, the scale-free scores "zscore", "rank", "regression",
-the moves "effect" and "aimd": :mod:`recsys_hdet.hdet.statistics`; or explore-then-commit's rounds:
-:mod:`recsys_hdet.hdet.rounds`), with the non-finite guard (a non-finite rank is excluded from the
+the moves "effect" and "aimd": :mod:`recsys_hdet.hdet.controller.statistics`; or explore-then-commit's rounds:
+:mod:`recsys_hdet.hdet.controller.rounds`), with the non-finite guard (a non-finite rank is excluded from the
 average and the controller, and restored by the average). Every formula: ``docs/method.md`` ("The
 engine, section by section"). Signals (what each rank reports at a sync: the window's training loss, or
 a score on the same probe rows so that differences come from the parameters): :mod:`~.signals`.
@@ -33,11 +33,11 @@ import torch.distributed as dist
 
 from recsys_hdet.hdet.config import FIT_SCORES, SLOPE_SCORES, HDETConfig
 from recsys_hdet.hdet.hparams import ScalarHParam
-from recsys_hdet.hdet.rounds import best_replica, round_width, window_bounds
-from recsys_hdet.hdet.statistics import (additive_drift, aimd_move, decay_gamma, effect_move, joint_effects, joint_preferences,
+from recsys_hdet.hdet.controller.rounds import best_replica, round_width, window_bounds
+from recsys_hdet.hdet.controller.statistics import (additive_drift, aimd_move, decay_gamma, effect_move, joint_effects, joint_preferences,
                                         new_joint_fit, preference, replica_losses, rprop_move, spread_multipliers,
                                         spread_offsets)
-from recsys_hdet.hdet.signals import ReplicaSignal, WindowLoss
+from recsys_hdet.hdet.controller.signals import ReplicaSignal, WindowLoss
 
 
 @dataclass
@@ -167,7 +167,7 @@ class HDETEngine:
     def my_offset(self, name: str) -> float:
         """This rank's replica's spread offset u in [-1, 1] for ``name`` in the current window (its value
         is ``base * (1 + alpha) ** u`` in log space): what a signal that probes along a direction
-        scaled by the replica's offset needs (:class:`~recsys_hdet.hdet.signals.DiscountedCredit`)."""
+        scaled by the replica's offset needs (:class:`~recsys_hdet.hdet.controller.signals.DiscountedCredit`)."""
         h = self.by_name[name]
         return float(self.offsets[name][self.state[name].permutation[h.axis.replica_of_rank[self.rank]]])
 

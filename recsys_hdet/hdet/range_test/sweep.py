@@ -6,7 +6,7 @@ other. Here the replicas that a data-parallel run has anyway run it in parallel,
 
 - **Fan-out, one axis per replica.** Replica ``r`` (a sharding group: one copy of the embedding tables)
   sweeps axis ``axes[r % len(axes)]``: its groups' rates rise geometrically from max LR x ``low`` to x
-  ``high`` over ``steps`` steps (:func:`~recsys_hdet.components.range_rule.sweep_multiplier`) while every
+  ``high`` over ``steps`` steps (:func:`~recsys_hdet.hdet.range_test.rule.sweep_multiplier`) while every
   other group is held at its max LR x ``low``, so the axes are measured apart. With two replicas each axis
   has one sweep; with more, the replicas sweeping the same axis are pooled (their ranks' losses averaged
   per step: a less noisy curve). Nothing is averaged across replicas during the sweep (the job reduces the
@@ -16,14 +16,14 @@ other. Here the replicas that a data-parallel run has anyway run it in parallel,
 - **Commit.** Every rank reads the same curves with the same rule (fastai's classic, the loss smoothed over a
   window of :data:`SMOOTHING_DECADES` of the multiplier where fastai smooths over 50 steps, the smoothed
   minimum divided by the axis's divisor where fastai divides by 10:
-  :func:`~recsys_hdet.components.range_rule.suggest_multiplier`), so all commit the same multipliers
+  :func:`~recsys_hdet.hdet.range_test.rule.suggest_multiplier`), so all commit the same multipliers
   without another collective. An axis whose curve has no finite loss keeps multiplier 1 (its configured
   rates), said in the record. The divisor is per axis because the axes' edges are read apart: an axis swept
   with the other held low meets an edge that lies further above its best rate in the pass (where both
   train) for one axis than for the other (docs/results/hdet_history.md, the third form).
 
 What happens to the replicas' weights after the sweep is the job's business (it restores the step-0
-state: :mod:`recsys_hdet.hdet.range_test_job`). This module knows nothing of models: a step is a function
+state: :mod:`recsys_hdet.hdet.range_test.job`). This module knows nothing of models: a step is a function
 of a batch that returns the rank's loss, the rates are set through a function of multipliers, and the
 curves are gathered through a function of a tensor.
 """
@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import torch
 
-from recsys_hdet.components.range_rule import (check_sweep, descent, early_noise, off_the_map, range_edge, read_curve,
+from recsys_hdet.hdet.range_test.rule import (check_sweep, descent, early_noise, off_the_map, range_edge, read_curve,
                                                smoothed_curve, smoothing, suggest_multiplier, sweep_multiplier)
 
 
@@ -44,6 +44,7 @@ from recsys_hdet.components.range_rule import (check_sweep, descent, early_noise
 # per-step 0.98, 3.5 decades on the default sweep). Its kill tests: docs/results/hdet_history.md.
 SMOOTHING_DECADES = 1.0
 OFF_MAP_POLICIES = ("keep", "commit")
+KEEPS = frozenset({"never_descended", "range_edge_low"})  # the flags under which off_map=keep keeps the configured rates
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,12 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
         divisor = float(plan.divisors[axis])
         multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta, divisor)
         best, cut = read_curve(curve, beta)
-        fell, noise = descent(curve, beta), early_noise(curve, best)
+        fell, noise = descent(curve, beta), early_noise(curve, cut)
         flags = off_the_map(multiplier, cut, fell, noise, plan.low, plan.high, plan.steps, divisor)
-        # A curve that never descended says nothing about a rate; an answer at the range's top (or from a curve that
-        # never exploded after falling) is a lower bound, still better than the configured rate it was read from
-        # (measured: docs/hdet.md, off the map).
-        kept = "never_descended" in flags and plan.off_map == "keep"
+        # A curve that never descended, or rose from its first steps (an answer at the range's bottom), says nothing
+        # about a rate; an answer at the range's top (or from a curve that never exploded after falling) is a lower
+        # bound, still better than the configured rate it was read from (measured: docs/hdet.md, off the map).
+        kept = bool(KEEPS.intersection(flags)) and plan.off_map == "keep"
         out[axis] = {
             "multiplier": 1.0 if multiplier is None or kept else multiplier,
             "suggested": multiplier,  # the rule's answer, before the off-the-map policy

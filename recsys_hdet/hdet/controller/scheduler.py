@@ -15,7 +15,7 @@ Same constructor arguments as OneCycleLR (``max_lr`` per param group, ``total_st
 - ``extra_hparams``: other scalar hyperparameters explored in the same engine (same syncs, one
   gather of window losses for all, each with its own permutation).
 - ``signal``: what this replica reports at a sync in place of its window training loss
-  (:mod:`recsys_hdet.hdet.signals`).
+  (:mod:`recsys_hdet.hdet.controller.signals`).
 - ``hdet.space="log"``: the learning rates spread geometrically and are controlled in log space
   relative to the schedule (``ceiling_multiple`` then does not apply; ``range_decades`` does).
 Any other base schedule works the same way: pass ``schedules={name: callable(step) -> lr}`` and
@@ -31,9 +31,9 @@ import torch.distributed as dist
 
 from recsys_hdet.components.lr_scheduler import OneCycle
 from recsys_hdet.hdet.config import HDETConfig
-from recsys_hdet.hdet.engine import HDETEngine
+from recsys_hdet.hdet.controller.engine import HDETEngine
 from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
-from recsys_hdet.hdet.signals import ReplicaSignal
+from recsys_hdet.hdet.controller.signals import ReplicaSignal
 
 
 def _group_name(group: Mapping[str, Any], index: int) -> str:

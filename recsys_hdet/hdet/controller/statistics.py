@@ -1,7 +1,7 @@
 """The controller's statistics, as pure functions of the replicas' losses (no process group, no
 optimizer): the spread's offsets and multipliers, each score's preference for the higher offsets,
 the pooled joint least-squares fit of the losses on every hyperparameter's offsets and its effect
-estimates, and the effect controller's move. The engine (:mod:`recsys_hdet.hdet.engine`) calls them
+estimates, and the effect controller's move. The engine (:mod:`recsys_hdet.hdet.controller.engine`) calls them
 at every sync; the studies replay them over recorded syncs (``studies.lr_truth``, ``signal_noise``).
 """
 

@@ -3,9 +3,9 @@ that the trainer holds when ``hdet.enabled``.
 
 Everything the job does for HDET lives here, so the training loop never branches on it:
 
-- the engine (:class:`~recsys_hdet.hdet.scheduler.HDETOneCycleLR`): one-cycle base schedules, each
+- the engine (:class:`~recsys_hdet.hdet.controller.scheduler.HDETOneCycleLR`): one-cycle base schedules, each
   replica's multiplier, the sync every ``hdet.sync_every`` steps, the controller;
-- the **signal** each replica reports at a sync (:mod:`recsys_hdet.hdet.signals`): its weighted
+- the **signal** each replica reports at a sync (:mod:`recsys_hdet.hdet.controller.signals`): its weighted
   training loss (``signal=train``), the loss as it serves on the batch it trains on, before the
   step (``signal=serving``: eval mode, no smoothing; the model computes it in the training step
   when :attr:`HDETControl.wants_serving_loss`), or its loss on rows reserved from each day, scored
@@ -43,11 +43,11 @@ from recsys_hdet.components.replicas import ReplicaAverager, all_finite, average
 from recsys_hdet.components.train_state import ModelState
 from recsys_hdet.hdet.config import HDETConfig
 from recsys_hdet.hdet.hparams import ReplicaAxis
-from recsys_hdet.hdet.explored import build_explored_hparams
-from recsys_hdet.hdet.scheduler import HDETOneCycleLR
-from recsys_hdet.hdet.signals import (SIGNALS, AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe,
+from recsys_hdet.hdet.controller.explored import build_explored_hparams
+from recsys_hdet.hdet.controller.scheduler import HDETOneCycleLR
+from recsys_hdet.hdet.controller.signals import (SIGNALS, AnnealThenProbe, AveragedIterateProbe, DiscountedCredit, LastIterateProbe,
                                      ReplicaSignal)
-from recsys_hdet.hdet.warm_init import perturb_
+from recsys_hdet.hdet.controller.warm_init import perturb_
 from recsys_hdet.run_dir import RunDir
 
 

@@ -1,10 +1,12 @@
 """How an LR range test's curve is read: fastai's classic suggestion (the smoothed minimum / 10, or / another
-divisor), with fastai's per-step smoothing or a smoothing window fixed in decades of the sweep, and where the
-suggestion lies in the range.
+divisor), with fastai's per-step smoothing or a smoothing window fixed in decades of the sweep, where the
+suggestion lies in the range, and whether it lies off the map.
 
 The one owner of the rule that both range tests apply: the command that sweeps before a plain run
 (:mod:`recsys_hdet.lr_find`, one sweep per axis after the other) and the range test on HDET's replicas
-(:mod:`recsys_hdet.hdet.range_test`, the axes swept at once by different replicas).
+(:mod:`recsys_hdet.hdet.range_test.sweep`, the axes swept at once by different replicas). The sweep's schedule
+itself (the rate at each step) is :mod:`recsys_hdet.components.range_schedule`'s, which the plain run's LR
+schedules use too.
 """
 
 from __future__ import annotations
@@ -12,30 +14,17 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence, Tuple
 
+from recsys_hdet.components.range_schedule import check_sweep, sweep_multiplier  # noqa: F401 (re-exported)
+
 # fastai's per-step smoothing of the loss (a window of 50 steps), which lr_find applies as fastai does. A
 # window of 50 steps spans 3.5 decades of the multiplier on a 100-step sweep over 7 decades, and the smoothed
 # minimum lags the loss's by up to a decade; :func:`smoothing` gives the factor of a window fixed in decades
-# instead (the range test on the replicas reads with one: recsys_hdet.hdet.range_test).
+# instead (the range test on the replicas reads with one: recsys_hdet.hdet.range_test.sweep).
 CLASSIC_SMOOTHING = 0.98
 # fastai's rule: the suggestion is the multiplier at the smoothed minimum divided by this, so it lies in
 # [low, high] / this (range_edge reads those ends). The range test on the replicas divides per axis (its
 # hdet.range_test.divisors: how far below its stability edge an axis trains best, which depends on the model).
 SUGGESTION_DIVISOR = 10.0
-
-
-def check_sweep(key: str, steps: int, low: float, high: float) -> None:
-    """A sweep's length and range as a range test needs them (ValueError naming ``key``, the config's group)."""
-    if steps < 2:
-        raise ValueError(f"{key}.steps={steps}: must be >= 2")
-    if not 0 < low < high:
-        raise ValueError(f"{key}: low={low}, high={high}: need 0 < low < high")
-
-
-def sweep_multiplier(step: int, low: float, high: float, sweep_steps: int) -> float:
-    """The LR multiplier a sweep trains step ``step`` (0-based) at: ``low`` to ``high`` geometrically over
-    ``sweep_steps`` steps, held at ``high`` after."""
-    pct = min(max(step, 0), sweep_steps - 1) / (sweep_steps - 1)
-    return low * (high / low) ** pct
 
 
 def smoothing(low: float, high: float, sweep_steps: int, decades: float) -> float:
@@ -77,8 +66,8 @@ def read_curve(losses: Sequence[Optional[float]], beta: float) -> Tuple[Optional
 # fraction of the first value, or by less than NOISE_MULTIPLE x the raw loss's step-to-step noise over the sweep's
 # first quarter (early_noise). Its minimum then says nothing about a rate (a warm-started model, an axis the loss
 # does not depend on). Measured (docs/hdet.md, off the map): every one of the 180 recorded cold-start sweeps of the
-# benchmark's studies fell by at least 29x its early noise and 49% of its first value; the tiny data set's
-# warm-started sweeps fell by 0.8x (dense) and 3.3x (embedding).
+# benchmark's studies fell by at least 29x its early noise and 48% of its first value; the tiny data set's
+# warm-started sweeps fell by 0.75x (dense) and 2.2x (embedding) their noise.
 MIN_DESCENT = 0.02
 NOISE_MULTIPLE = 10.0
 
@@ -93,12 +82,12 @@ def descent(losses: Sequence[Optional[float]], beta: float) -> Optional[float]:
     return (smoothed[0] - smoothed[-1]) / abs(smoothed[0]) if smoothed[0] else 0.0
 
 
-def early_noise(losses: Sequence[Optional[float]], until: Optional[int] = None) -> Optional[float]:
-    """The raw loss's step-to-step noise over the sweep's first quarter (at least 4 steps; never past index
-    ``until``, the smoothed minimum, so that an explosion is not counted), relative to its mean: the standard
-    deviation that the second differences x[k+1] - 2 x[k] + x[k-1] imply (their variance is 6 x the noise's), so
-    that a steady fall or rise there is not counted as noise; None with fewer than 4 finite losses."""
-    end = max(4, len(losses) // 4) if until is None else min(max(4, len(losses) // 4), until + 1)
+def early_noise(losses: Sequence[Optional[float]], cut: Optional[int] = None) -> Optional[float]:
+    """The raw loss's step-to-step noise over the sweep's first quarter (at least 4 steps; never from index ``cut``,
+    where the rule cut the curve, on: an explosion is no noise), relative to its mean: the standard deviation that
+    the second differences x[k+1] - 2 x[k] + x[k-1] imply (their variance is 6 x the noise's), so that a steady fall
+    or rise there is not counted as noise; None with fewer than 4 finite losses."""
+    end = max(4, len(losses) // 4) if cut is None else min(max(4, len(losses) // 4), cut)
     head = [float(x) for x in losses[:end] if x is not None and math.isfinite(x)]
     if len(head) < 4:
         return None
@@ -169,4 +158,4 @@ def curve_record(steps: Sequence[int], losses: Sequence[Optional[float]], low: f
             "smoothed": [x if math.isfinite(x) else None for x in smoothed_curve(losses, beta)],
             "minimum_at": None if best is None else at[best], "cut_at": None if cut is None else at[cut],
             "divisor": divisor, "multiplier": multiplier, "descent": fell,
-            "off_map": off_the_map(multiplier, cut, fell, early_noise(losses, best), low, high, sweep_steps, divisor)}
+            "off_map": off_the_map(multiplier, cut, fell, early_noise(losses, cut), low, high, sweep_steps, divisor)}
