@@ -40,13 +40,14 @@ test: $(STAMP)
 
 # The crash-recovery end-to-end runs (kill -9 and resume, rollback, the retraining job's kills) and the
 # README's own path (convert, train, evaluate, export, predict, adopt, retrain; about 80 s alone) and the range
-# test's hand-over (after the commit, the plain run bit for bit; about 50 s): slow-marked, and run by CI beside
-# `make test` (10 tests, about 14 minutes on 2 cores).
+# test's hand-over (after the commit, the plain run bit for bit, its branches, its report; about 2 minutes) and its
+# three-replica pooling: slow-marked, and run by CI beside `make test` (13 tests, about 18 minutes on 2 cores).
 test-recovery: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/test_resume.py \
 		tests/test_retrain.py::test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills \
 		tests/test_readme_path.py \
-		tests/test_hdet_range_test.py::test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_bit
+		tests/test_hdet_range_test.py::test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_bit \
+		tests/test_hdet_range_test.py::test_three_replicas_sweep_the_embedding_twice_and_pool_it
 
 # Includes the slow end-to-end runs.
 test-all: $(STAMP)
