@@ -29,10 +29,14 @@ nothing (no lock either); ``rollback
 Failures go to stderr. Exit statuses (:class:`data_tools.exit_status.ExitStatus`): OK (the newest day
 published), NOTHING_TO_DO (``nothing_to_do_exit``, 5 by default: 99 for Airflow's skip, 0 where
 nothing new is success; ``dry_run=true`` exits OK when the run would train and with it when not),
-REJECTED, FAILED, BUSY, USAGE (also: a file the day's run would read is missing or damaged, checked before
-anything trains, :func:`pipelines.day_plan.check_inputs`; the day's settings differ from the published
+REJECTED, FAILED, BUSY, USAGE (also: no data set at ``data.root``; no registry at ``registry=``, unless
+``create=true`` on the first run; a file the day's run would read is missing or damaged, checked before
+anything trains, :func:`pipelines.day_plan.check_inputs`; days missing from the data set before a new day,
+unless ``allow_gaps=true``, :func:`pipelines.day_plan.check_gaps`; the day's settings differ from the published
 version's, :mod:`pipelines.settings`, unless ``allow_config_change=true``; the day's training config would be
-refused by its run). ``status | head`` ends quietly.
+refused by its run), DAMAGED (the version in service, the warm start, is damaged: a file it holds or its
+manifest, verified before any worker starts, :func:`pipelines.day_plan.check_warm_start`; the line names the
+rollback). ``status | head`` ends quietly.
 
 Limits: one machine (flock and rename on a local filesystem); the day's training runs as a
 subprocess of this job, so a scheduler should kill the job's whole process group (systemd does).
@@ -151,7 +155,7 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     except RegistryBusy as e:
         fail(f"BUSY: {e}; exiting without doing anything")
         return ExitStatus.BUSY
-    except RetrainError as e:
+    except (RetrainError, RegistryError) as e:  # the registry's checks, or finishing an interrupted publish
         code, label, _ = stopped(e)
         fail(f"{label}: {e}")
         return code
