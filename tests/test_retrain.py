@@ -288,7 +288,7 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
 
     # Day 1 (cold start, v0001); a second job is refused at once while the first holds the lock.
-    first = _job(tmp_path, "reg", data)
+    first = _job(tmp_path, "reg", data, "create=true")  # the first run creates the registry
     deadline = time.time() + 120
     while not (tmp_path / "reg" / ".lock").exists() and time.time() < deadline:
         time.sleep(0.2)
@@ -296,7 +296,7 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     assert code == ExitStatus.BUSY and "locked by another retraining job" in out, out
     code, out = _finish(first)
     assert code == ExitStatus.OK, out
-    killed = _job(tmp_path, "reg2", data)
+    killed = _job(tmp_path, "reg2", data, "create=true")
     deadline = time.time() + 600
     while time.time() < deadline and not list((tmp_path / "reg2" / "work").glob("*/checkpoint/step-*/manifest.json")):
         time.sleep(0.5)

@@ -189,7 +189,7 @@ def test_a_changed_execution_key_trains_with_the_note_and_another_worker_count_i
     day with two workers is refused, its dry run too, with the same status (the registry unchanged)."""
     days, _ = _data(tmp_path, tiny_dataset)
     wide_gate = ["gate.max_ne=100", "gate.calibration=[0.01,100]"]  # publish whatever the tiny days score
-    assert _main(tmp_path, _overrides(*LAYOUT), f"until={days[0]}", *wide_gate) == ExitStatus.OK
+    assert _main(tmp_path, _overrides(*LAYOUT), f"until={days[0]}", "create=true", *wide_gate) == ExitStatus.OK
     capsys.readouterr()
     threads = [*LAYOUT, "trainer.threads_per_worker=1"]
     assert _main(tmp_path, _overrides(*threads), f"until={days[1]}", *wide_gate) == ExitStatus.OK
