@@ -153,10 +153,10 @@ def check_registry(registry: Registry) -> None:
     damage = registry.damage(current) if current is not None else None
     if damage:
         intact = [v for v in registry.list_versions() if not registry.damage(v)]
-        raise DamagedVersion(f"{registry.manifest_path(current)}: the current version's manifest is damaged ({damage}); "
-                           f"nothing was trained: restore the file, or serve an intact version with `python -m "
-                           f"pipelines.retrain rollback to=VERSION registry={registry.root}` (intact: "
-                           f"{intact or 'none'})")
+        raise DamagedVersion(f"{registry.manifest_path(current)}: the current version's manifest is damaged "
+                             f"({damage}); nothing was trained: restore the file, or serve an intact version with "
+                             f"`python -m pipelines.retrain rollback to=VERSION registry={registry.root}` (intact: "
+                             f"{intact or 'none'})")
 
 
 def check_warm_start(registry: Registry, version: str) -> Optional[str]:
