@@ -222,6 +222,8 @@ def test_command_line_errors_and_statuses(tmp_path, capsys):
     os.makedirs(tmp_path / "registry")
     assert R.main(["status", f"registry={tmp_path / 'registry'}"]) == 2  # an empty directory is no registry
     assert "create one with `python -m pipelines.retrain adopt" in capsys.readouterr().err
+    assert R.main(["rollback", f"registry={tmp_path / 'noreg'}"]) == 2  # no lock taken, nothing created
+    assert "no registry there (nothing was created)" in capsys.readouterr().err and not (tmp_path / "noreg").exists()
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
     _version(reg, tmp_path, "v0002", "published", "v0001", [DAYS[3]],
