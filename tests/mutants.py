@@ -363,7 +363,7 @@ MUTANTS = (
            "pipelines/settings.py",
            'comparable = parent.get("experiment") == experiment or parent.get("adopted_from") is not None',
            'comparable = parent.get("experiment") == experiment',
-           ["tests/test_cli_args.py::test_adopt_holds_the_runs_settings_against_the_days_preset"]),
+           ["tests/test_retrain_checks.py::test_an_adopted_run_of_another_preset_is_compared_key_by_key"]),
     Mutant("W1", "the raw program maps an unseen id to the missing row", "recsys_hdet/serving/raw_program.py",
            "torch.full_like(raw, OOV_ROW))", "torch.full_like(raw, MISSING_ROW))",
            ["tests/test_serving_raw.py::test_the_raw_program_scores_raw_requests_as_convert_and_predict_do"]),
