@@ -12,6 +12,8 @@ code   name            meaning
 4      REJECTED        retraining: the gate rejected the newest day processed
 5      NOTHING_TO_DO   retraining: no new day. Configurable: ``nothing_to_do_exit=99`` for Airflow
                        (BashOperator's ``skip_on_exit_code``), ``0`` where "nothing new" is success
+6      DAMAGED         retraining: the version in service (the warm start) is damaged, a file it holds or its
+                       manifest; a rerun cannot help, a rollback can (the line names the file and the version)
 75     BUSY            retraining: another job holds the registry's lock (EX_TEMPFAIL: try later)
 =====  ==============  ==========================================================================
 """
@@ -26,4 +28,5 @@ class ExitStatus(IntEnum):
     DIVERGED = 3
     REJECTED = 4
     NOTHING_TO_DO = 5
+    DAMAGED = 6
     BUSY = 75

@@ -1,13 +1,19 @@
 """The retraining job's plan: which days each run trains (a day some version was trained on is
-skipped; the first run cold-starts on every day so far), version names, the registry's
-consistency checks (a publish interrupted between the version's rename and ``current``'s is finished),
-and the check of the files the day's run will read (:func:`check_inputs`).
+skipped; the first run cold-starts on every day so far; a calendar day missing from the data set between
+the last day trained and a new day is the plan's ``gap``, refused unless allowed: :func:`check_gaps`),
+version names, the registry's consistency checks (a publish interrupted between the version's rename and
+``current``'s is finished; the version the job warm-starts from verified file by file,
+:func:`check_warm_start`), and the check of the files the day's run will read (:func:`check_inputs`).
+
+A version whose manifest is damaged is no obstacle unless it is the one in service: its trained days are read
+from the event log (the day its ``published`` or ``rejected`` event names), and it is never a parent.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Collection, List, Optional, Sequence
 
 from pipelines.registry import Registry
@@ -22,11 +28,22 @@ class BadInput(RetrainError):
     """A file the day's run would read is missing or damaged (exit status 2): a rerun reads the same file."""
 
 
+class DaysMissing(BadInput):
+    """Days missing from the data set between the last day trained and a new one (exit status 2)."""
+
+
+class DamagedVersion(RetrainError):
+    """The version in service, which the job would warm-start from, is damaged (exit status 6): a rerun
+    cannot help, a rollback (named in the message) can."""
+
+
 @dataclass
 class DayPlan:
     day: str                 # the newest day of the window (the gate's day)
     train_days: List[str]
     cold_start: bool
+    gap: List[str] = field(default_factory=list)  # calendar days before ``day`` and after the last day trained
+    #                                                that the data set does not hold (no version trained on them)
 
 
 def version_name(number: int) -> str:
@@ -34,8 +51,33 @@ def version_name(number: int) -> str:
 
 
 def trained_days(registry: Registry) -> List[str]:
-    """Every day some version (published or rejected) was trained on, sorted."""
-    return sorted({d for v in registry.list_versions() for d in registry.manifest(v).get("train_days", [])})
+    """Every day some version (published or rejected) was trained on, sorted; for a version whose manifest is
+    damaged, the day of its event in the log (a cold start's earlier days are then left out: the plan needs
+    the newest day only)."""
+    days = set()
+    logged = None
+    for v in registry.list_versions():
+        manifest = registry.intact_manifest(v)
+        if manifest is None:
+            if logged is None:
+                logged = {e.get("version"): e.get("day") for e in read_jsonl(registry.events)
+                          if e.get("event") in ("published", "rejected") and e.get("day")} \
+                    if os.path.isfile(registry.events) else {}
+            days.update([logged[v]] if logged.get(v) else [])
+        else:
+            days.update(manifest.get("train_days", []))
+    return sorted(days)
+
+
+def missing_days(after: str, through: str, present: Collection[str]) -> List[str]:
+    """The calendar days after ``after`` up to ``through`` (YYYYMMDD) that ``present`` lacks; none when the
+    days are not dates (no calendar to compare with)."""
+    try:
+        start, end = (dt.datetime.strptime(str(d), "%Y%m%d").date() for d in (after, through))
+    except ValueError:
+        return []
+    days = ((start + dt.timedelta(days=k)).strftime("%Y%m%d") for k in range(1, (end - start).days + 1))
+    return [d for d in days if d not in present]
 
 
 def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], force: bool,
@@ -54,7 +96,27 @@ def plan_days(registry: Registry, days: Sequence[str], until: Optional[str], for
         return []
     if (current or registry.current()) is None:
         return [DayPlan(pending[-1], [d for d in days if d <= pending[-1]], True)]
-    return [DayPlan(d, [d], False) for d in pending]
+    before = [done[-1], *pending[:-1]] if done else [None] * len(pending)
+    return [DayPlan(d, [d], False, missing_days(prev, d, days) if prev else []) for prev, d in zip(before, pending)]
+
+
+def check_gaps(registry: Registry, plans: Sequence[DayPlan], root: str, allow: bool) -> List[str]:
+    """DaysMissing naming every day missing from the data set before a planned day (``DayPlan.gap``): the
+    published model would be trained on the day after them as if they had never happened, a gap that a day
+    lost in transfer or deleted by mistake leaves; ``allow`` (``allow_gaps=true``): trains across them, the
+    returned notes name them."""
+    gaps = [(p.day, p.gap) for p in plans if p.gap]
+    if not gaps:
+        return []
+    done = trained_days(registry)
+    what = "; ".join(f"{', '.join(gap)} before day {day}" for day, gap in gaps)
+    if not allow:
+        raise DaysMissing(f"data.root={root}: day(s) missing from the data set: {what} (the last day trained: "
+                          f"{done[-1] if done else '-'}); no version was trained on them and the next day would "
+                          "train as if they had never happened: restore them (docs/data.md, New days), or pass "
+                          "allow_gaps=true to train across the gap")
+    return [f"day {day}: trains across a gap (allow_gaps=true): day(s) {', '.join(gap)} missing from the data set, "
+            "never trained on" for day, gap in gaps]
 
 
 def check_inputs(root: str, days: Optional[Collection[str]] = None) -> dict:
@@ -91,10 +153,27 @@ def check_registry(registry: Registry) -> None:
     damage = registry.damage(current) if current is not None else None
     if damage:
         intact = [v for v in registry.list_versions() if not registry.damage(v)]
-        raise RetrainError(f"{registry.manifest_path(current)}: the current version's manifest is damaged ({damage}); "
-                           f"nothing was trained: restore the file, or serve an intact version with `python -m "
-                           f"pipelines.retrain rollback to=VERSION registry={registry.root}` (intact: "
-                           f"{intact or 'none'})")
+        raise DamagedVersion(f"{registry.manifest_path(current)}: the current version's manifest is damaged "
+                             f"({damage}); nothing was trained: restore the file, or serve an intact version with "
+                             f"`python -m pipelines.retrain rollback to=VERSION registry={registry.root}` (intact: "
+                             f"{intact or 'none'})")
+
+
+def check_warm_start(registry: Registry, version: str) -> Optional[str]:
+    """Verifies every file of the version the day warm-starts from (:meth:`Registry.verify`) before any worker
+    starts: DamagedVersion naming the file and the rollback to its nearest intact published ancestor. Returns
+    a note when its manifest lists no files (written before checksums: loaded unchecked), else None."""
+    damage = registry.verify(version)
+    if damage:
+        to = registry.intact_ancestor(version)
+        repair = (f"serve its parent: `python -m pipelines.retrain rollback to={to} registry={registry.root}`" if to
+                  else "no intact published version before it: restore the file, or start a new registry with adopt")
+        raise DamagedVersion(f"the current version {version} is damaged: {damage}; nothing was trained (the day "
+                             f"would warm-start from it): {repair}")
+    if not registry.checked(version):
+        return (f"note: the current version {version}'s files are not verified: it was recorded before checksums "
+                "(its manifest lists no files)")
+    return None
 
 
 def finish_interrupted_publish(registry: Registry) -> Optional[str]:
@@ -116,8 +195,8 @@ def interrupted_publish(registry: Registry) -> Optional[str]:
     if not versions:
         return None
     newest = versions[-1]
-    m = registry.manifest(newest)
-    if m.get("status") != "published" or registry.current() == newest:
+    m = registry.intact_manifest(newest)
+    if m is None or m.get("status") != "published" or registry.current() == newest:
         return None
     events = read_jsonl(registry.events) if os.path.isfile(registry.events) else []
     if any(e.get("time", 0) >= m.get("created", 0) and e.get("event") in ("published", "rollback") for e in events):

@@ -16,28 +16,43 @@ from typing import List, Optional
 
 from omegaconf import DictConfig
 
-from pipelines.day_plan import RetrainError, check_registry, version_name
+from pipelines.day_plan import DamagedVersion, RetrainError, check_registry, check_warm_start, version_name
 from pipelines.gate import gate
-from pipelines.registry import Registry, RegistryBusy, RegistryError
+from pipelines.registry import UNCHECKED, Registry, RegistryBusy, RegistryError
 from pipelines.version_manifest import adopted_manifest, version_files, write_version_report
 from recsys_hdet.run_dir import RunDir
 from data_tools.exit_status import ExitStatus
 
 
+def no_registry(registry: Registry, create_hint: bool = False) -> str:
+    """The line for a path that holds no registry (:meth:`Registry.exists`): nothing is created there."""
+    return (f"registry={registry.root}: no registry there (nothing was created): create one with `python -m "
+            f"pipelines.retrain adopt run_dir=RUN registry={registry.root}`"
+            + (", or let the first run cold-start one with create=true" if create_hint else "")
+            + "; or check the path")
+
+
 def status(cfg: DictConfig, as_json: bool = False) -> int:
-    """The registry's lineage (``as_json``: one JSON object on stdout, for scripts and dashboards).
-    Exit 0; 1 when the registry is damaged; 2 when there is no registry at that path."""
+    """The registry's lineage, every version verified file by file (:meth:`Registry.status`; ``as_json``: one
+    JSON object on stdout, for scripts and dashboards). Exit 0 (a damaged version that is not current is
+    listed, not an error: nothing serves it); DAMAGED when the current version is damaged (its manifest or a
+    file); 1 when the registry is (``current`` not pointing at a complete version); 2 when there is no
+    registry at that path."""
     registry = Registry(str(cfg.registry))
-    if not os.path.isdir(registry.root):
-        print(f"[retrain] registry={registry.root}: no registry there (the first run of the job creates it)",
-              file=sys.stderr)
+    if not registry.exists():
+        print(f"[retrain] {no_registry(registry)}", file=sys.stderr)
         return ExitStatus.USAGE
     lineage = registry.status()
+    code, damaged = ExitStatus.OK, None
     try:
         check_registry(registry)
-        damaged = None
+        current = next((line for line in lineage if line["current"] and line["damage"]), None)
+        if current:
+            check_warm_start(registry, current["version"])
+    except DamagedVersion as e:
+        code, damaged = ExitStatus.DAMAGED, str(e)
     except RetrainError as e:
-        damaged = str(e)
+        code, damaged = ExitStatus.FAILED, str(e)
     if as_json:
         print(json.dumps({"registry": registry.root, "current": registry.current(), "damaged": damaged,
                           "versions": [{"version": line["version"], "status": line["status"],
@@ -47,9 +62,9 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
                                         "candidate_ne": {t: r.get("candidate_ne") for t, r in
                                                          line["manifest"].get("gate", {}).get("tasks", {}).items()},
                                         "reasons": line["manifest"].get("gate", {}).get("reasons", []),
-                                        "damage": line["damage"]}
+                                        "files": line["files"], "damage": line["damage"]}
                                        for line in lineage]}, indent=1))
-        return ExitStatus.FAILED if damaged else ExitStatus.OK
+        return code
     print(f"registry {registry.root}: {len(lineage)} version(s), current: {registry.current()}")
     for line in lineage:
         m = line["manifest"]
@@ -64,15 +79,15 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
         days = line["train_days"] or []
         print(f"{'*' if line['current'] else ' '} {line['version']} {line['status'] or '?':9s} parent={line['parent']} "
               f"days={days[0] if days else '-'}..{days[-1] if days else '-'} NE {ne or '-'}"
-              + started + (f" | ended with {bases}" if bases else ""))
+              + started + (f" | ended with {bases}" if bases else "")
+              + (f" | files {UNCHECKED}" if line["files"] == UNCHECKED else ""))
         for r in m.get("gate", {}).get("reasons", []):
             print(f"      rejected: {r}")
         if line["damage"]:
-            print(f"      damaged: {registry.manifest_path(line['version'])}: {line['damage']}")
+            print(f"      damaged: {line['damage']}")
     if damaged:
         print(f"DAMAGED: {damaged}", file=sys.stderr)
-        return ExitStatus.FAILED
-    return ExitStatus.OK
+    return code
 
 
 
@@ -132,7 +147,8 @@ def adopted_overrides(cfg: DictConfig, run, given: bool) -> List[str]:
     its recorded config) when the job's ``experiment`` would compose another. ``given`` (``overrides=`` on
     the command line): ``cfg.overrides``, checked against the run's recorded config instead. RetrainError
     naming the keys when the job's ``experiment`` with these overrides would compose another config than the
-    run's (the daily job would refuse the next day the same way; ``allow_config_change=true`` allows it)."""
+    run's, a run of another preset included (the daily job refuses the next day the same way: the adopted run's
+    config is the registry's settings; ``allow_config_change=true`` adopts it anyway, the keys noted)."""
     from recsys_hdet.config import compose
 
     from pipelines.settings import config_changes, run_overrides
@@ -147,10 +163,12 @@ def adopted_overrides(cfg: DictConfig, run, given: bool) -> List[str]:
     if not given and training.data.name != preset:
         overrides.append(f"data={preset}")
         training = compose("config", [f"+experiment={cfg.experiment}", *overrides])
-    if str(recorded.get("experiment_name")) == str(cfg.experiment):  # the daily job compares the whole config
-        changes = config_changes(recorded, training, bool(cfg.carry_lr))
-    else:  # it compares no config across experiments: the data preset at least must be the run's
-        changes = [f"data.name: {preset!r} -> {training.data.name!r}"] if training.data.name != preset else []
+    # the daily job compares each day's config with the adopted run's, whatever preset the run was trained with
+    changes = config_changes(recorded, training, bool(cfg.carry_lr))
+    if changes and cfg.allow_config_change:
+        print(f"[retrain] note: experiment={cfg.experiment} composes another config than the run's (the run's value "
+              f"-> the job's): {'; '.join(changes)}; every day's run will be refused until it trains with the run's "
+              "settings or with allow_config_change=true", file=sys.stderr)
     if changes and not cfg.allow_config_change:
         source = f"overrides={overrides}" if given else f"the run's own overrides {overrides}"
         raise RetrainError(f"experiment={cfg.experiment} with {source} composes another config than the run's "
@@ -162,8 +180,12 @@ def adopted_overrides(cfg: DictConfig, run, given: bool) -> List[str]:
 
 
 def rollback(cfg: DictConfig, to: Optional[str]) -> int:
-    """``rollback [to=VERSION]``: repoints ``current`` (:meth:`pipelines.registry.Registry.rollback`)."""
+    """``rollback [to=VERSION]``: repoints ``current`` (:meth:`pipelines.registry.Registry.rollback`; a damaged
+    version is refused, exit 1, naming the file); exit 2 on a path that holds no registry."""
     registry = Registry(str(cfg.registry))
+    if not registry.exists():  # before the lock: taking it would create the directory
+        print(f"[retrain] {no_registry(registry)}", file=sys.stderr)
+        return ExitStatus.USAGE
     try:
         with registry.lock():
             before = registry.current()

@@ -29,10 +29,14 @@ nothing (no lock either); ``rollback
 Failures go to stderr. Exit statuses (:class:`data_tools.exit_status.ExitStatus`): OK (the newest day
 published), NOTHING_TO_DO (``nothing_to_do_exit``, 5 by default: 99 for Airflow's skip, 0 where
 nothing new is success; ``dry_run=true`` exits OK when the run would train and with it when not),
-REJECTED, FAILED, BUSY, USAGE (also: a file the day's run would read is missing or damaged, checked before
-anything trains, :func:`pipelines.day_plan.check_inputs`; the day's settings differ from the published
+REJECTED, FAILED, BUSY, USAGE (also: no data set at ``data.root``; no registry at ``registry=``, unless
+``create=true`` on the first run; a file the day's run would read is missing or damaged, checked before
+anything trains, :func:`pipelines.day_plan.check_inputs`; days missing from the data set before a new day,
+unless ``allow_gaps=true``, :func:`pipelines.day_plan.check_gaps`; the day's settings differ from the published
 version's, :mod:`pipelines.settings`, unless ``allow_config_change=true``; the day's training config would be
-refused by its run). ``status | head`` ends quietly.
+refused by its run), DAMAGED (the version in service, the warm start, is damaged: a file it holds or its
+manifest, verified before any worker starts, :func:`pipelines.day_plan.check_warm_start`; the line names the
+rollback). ``status | head`` ends quietly.
 
 Limits: one machine (flock and rename on a local filesystem); the day's training runs as a
 subprocess of this job, so a scheduler should kill the job's whole process group (systemd does).
@@ -53,10 +57,11 @@ from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.day_plan import (BadInput, RetrainError, check_inputs, check_registry, finish_interrupted_publish,
-                                interrupted_publish, plan_days, trained_days)
+from pipelines.day_plan import (BadInput, DamagedVersion, DayPlan, RetrainError, check_gaps, check_inputs,
+                                check_registry, check_warm_start, finish_interrupted_publish, interrupted_publish,
+                                plan_days, trained_days)
 from pipelines.registry import Registry, RegistryBusy, RegistryError
-from pipelines.registry_commands import adopt, rollback, status
+from pipelines.registry_commands import adopt, no_registry, rollback, status
 from pipelines.retrain_day import SettingsChanged, process_day, setup_day
 from data_tools import contract
 from data_tools.exit_status import ExitStatus
@@ -68,13 +73,27 @@ from data_tools.exit_status import ExitStatus
 
 def stopped(e: Exception) -> Tuple[int, str, str]:
     """How a day that cannot be trained ends the job, the same in the run and its dry run: (exit status, the
-    line's label, the event logged). Bad input and refused settings or config are usage (2: a rerun changes
-    nothing); any other failure is 1 (a rerun may get further: a failed training run resumes)."""
+    line's label, the event logged). Bad input (a day file, a gap in the days) and refused settings or config
+    are usage (2: a rerun changes nothing); a damaged version in service is DAMAGED (6: a rollback repairs it);
+    any other failure is 1 (a rerun may get further: a failed training run resumes)."""
     if isinstance(e, BadInput):
         return ExitStatus.USAGE, "BAD INPUT before training", "bad_input"
     if isinstance(e, SettingsChanged):
         return ExitStatus.USAGE, "REFUSED", "refused"
+    if isinstance(e, DamagedVersion):
+        return ExitStatus.DAMAGED, "DAMAGED", "damaged"
     return ExitStatus.FAILED, "FAILED", "failed"
+
+
+def check_plans(cfg: DictConfig, registry: Registry, plans: List[DayPlan], root: str, current: Optional[str]) -> List[str]:
+    """The checks of the plan made before anything trains, the same in the run and its dry run: the days
+    missing before a planned day (:func:`pipelines.day_plan.check_gaps`) and every file of the version the
+    first day warm-starts from (:func:`pipelines.day_plan.check_warm_start`). Returns the notes to log."""
+    notes = check_gaps(registry, plans, root, bool(cfg.allow_gaps))
+    if current is not None and not plans[0].cold_start:
+        note = check_warm_start(registry, current)
+        notes += [note] if note else []
+    return notes
 
 
 def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -> int:
@@ -85,8 +104,12 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     fail = lambda msg: print(f"[retrain] {msg}", file=sys.stderr, flush=True)
     root = os.path.abspath(str(cfg.data.root))
     if not contract.has_meta(root):
-        fail(f"FAILED: data.root={root}: no processed data set there ({contract.META_FILE} missing)")
-        return ExitStatus.FAILED
+        fail(f"BAD INPUT: data.root={root}: no processed data set there ({contract.META_FILE} missing); nothing was "
+             "trained")
+        return ExitStatus.USAGE
+    if not registry.exists() and not cfg.create:
+        fail(no_registry(registry, create_hint=True))
+        return ExitStatus.USAGE
     try:
         check_inputs(root, days=())  # the meta file, read to plan the days (the day files: once there is work)
     except BadInput as e:
@@ -98,7 +121,7 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
         return ExitStatus.FAILED
     if dry_run:
         return dry_run_job(cfg, registry, root, all_days, until, force, log, fail)
-    os.makedirs(registry.root, exist_ok=True)
+    os.makedirs(registry.versions, exist_ok=True)  # create=true, on a path that holds no registry: it does now
     try:
         with registry.lock():
             check_registry(registry)
@@ -114,6 +137,8 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
                 return int(cfg.nothing_to_do_exit)
             outcome, day = None, plans[0].day
             try:
+                for note in check_plans(cfg, registry, plans, root, registry.current()):
+                    log(note)
                 check_inputs(root)  # every file the days' runs will read, before anything trains
                 for p in plans:
                     day = p.day
@@ -130,26 +155,28 @@ def run_job(cfg: DictConfig, until: Optional[str], dry_run: bool, force: bool) -
     except RegistryBusy as e:
         fail(f"BUSY: {e}; exiting without doing anything")
         return ExitStatus.BUSY
-    except RetrainError as e:
-        fail(f"FAILED: {e}")
-        return ExitStatus.FAILED
+    except (RetrainError, RegistryError) as e:  # the registry's checks, or finishing an interrupted publish
+        code, label, _ = stopped(e)
+        fail(f"{label}: {e}")
+        return code
 
 
 def dry_run_job(cfg: DictConfig, registry: Registry, root: str, all_days: List[str], until: Optional[str],
                 force: bool, log, fail) -> int:
-    """``dry_run=true``: the plan, and every check the run makes before it trains: the registry's, the files
-    the days' runs will read, and the first day's setup (holdout, settings against the published version,
-    carried LRs, its training config), reading only (no lock, no file written). Exits as the run would:
-    OK when it would train, ``nothing_to_do_exit`` when not, else the status of the check that fails.
+    """``dry_run=true``: the plan, and every check the run makes before it trains: the registry's, the gaps in
+    the days, the files of the version it warm-starts from, the files the days' runs will read, and the first
+    day's setup (holdout, settings against the published version, carried LRs, its training config), reading
+    only (no lock, no file written). Exits as the run would: OK when it would train, ``nothing_to_do_exit``
+    when not, else the status of the check that fails.
 
     Only the first day's setup is checked: a later day of a backfill starts from the version the day
     before it publishes (trained with these settings), or from the same published version when that one
     is rejected, so its comparison is the first day's. Limits: a gate rejection or a failed training
     cannot be foreseen; a plan can differ from the run's if another job runs in between."""
-    exists = os.path.isdir(registry.root)
+    exists = registry.exists()
     try:
         if exists:
-            check_registry(registry)  # the run's own check of the registry (a damaged one: exit 1)
+            check_registry(registry)  # the run's own check of the registry
         pending = interrupted_publish(registry) if exists else None
         if pending:
             log(f"would finish the interrupted publish of {pending}: current -> {pending}")
@@ -162,6 +189,8 @@ def dry_run_job(cfg: DictConfig, registry: Registry, root: str, all_days: List[s
             start = "cold start" if p.cold_start else "warm start from the version current then"
             log(f"would train day {p.day} on {p.train_days[0]}..{p.train_days[-1]} ({start}), gate on its "
                 f"held-out rows, publish or reject")
+        for note in check_plans(cfg, registry, plans, root, current):
+            log(note)
         check_inputs(root)
         for note in setup_day(cfg, registry, plans[0], all_days, current=current).notes:
             log(note)
@@ -177,14 +206,15 @@ def dry_run_job(cfg: DictConfig, registry: Registry, root: str, all_days: List[s
 # Command line
 
 USAGE = ("usage: python -m pipelines.retrain [run] registry=DIR data.root=DIR [until=DAY] [dry_run=true] [force=true] "
-         "[key=value ...]\n"
+         "[allow_gaps=true] [create=true] [key=value ...]\n"
          "       python -m pipelines.retrain status registry=DIR [json=true]\n"
          "       python -m pipelines.retrain rollback registry=DIR [to=VERSION]\n"
          "       python -m pipelines.retrain adopt registry=DIR run_dir=RUN [data.root=DIR]")
 
 COMMANDS = ("run", "status", "rollback", "adopt")
 # Each command's own options (keys of conf/retrain.yaml that no other command reads).
-OPTIONS = {"until": "run", "dry_run": "run", "force": "run", "to": "rollback", "json": "status"}
+OPTIONS = {"until": "run", "dry_run": "run", "force": "run", "allow_gaps": "run", "create": "run", "to": "rollback",
+           "json": "status"}
 # The spellings before the one convention (key=value, no dashes), each refused naming the new one.
 OLD_SPELLINGS = {"data_root=": "data.root=DIR", "--until": "until=DAY", "--dry-run": "dry_run=true",
                  "--force": "force=true", "--to": "to=VERSION", "--json": "json=true"}
@@ -226,7 +256,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
               "warm-start from the published model, train, evaluate candidate and published model on the day's\n"
               "held-out rows, gate, publish atomically (docs/operations.md; keys: conf/retrain.yaml).\n\n"
               f"{USAGE}\n\nExit status: 0 published, 1 failed, 2 usage, 4 rejected by the gate, 5 nothing to do "
-              "(nothing_to_do_exit), 75 busy.")
+              "(nothing_to_do_exit), 6 the version in service is damaged (roll back), 75 busy.")
         return ExitStatus.OK
     problem = old_spelling(args, OLD_SPELLINGS)
     if problem is None:

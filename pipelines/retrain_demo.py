@@ -2,7 +2,8 @@
 
 Into ``DIR/data`` (a small synthetic data set, ``conf/data/retrain_demo.yaml``) and ``DIR/registry``:
 
-1. generate 3 days; the first retraining run cold-starts on them and publishes version 1;
+1. generate 3 days; the first retraining run (``create=true``: there is no registry yet) cold-starts on them and
+   publishes version 1;
 2. append the next day (same ground truth, drift continued); retrain: warm start from version 1,
    gate, publish version 2;
 3. append a planted bad day (its labels shuffled across rows: the day passes every format check,
@@ -89,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not has_meta(data):
         ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
     job = lambda *extra: retrain_command(registry, data, nproc, extra)
-    ok = step("1. first run: cold start on the first 3 days, publish version 1", job(), ExitStatus.OK)
+    ok = step("1. first run: create the registry, cold start on the first 3 days, publish version 1", job("create=true"),
+              ExitStatus.OK)
     (new_day,) = append_synthetic_days(data, 1)
     print(f"\nappended day {new_day} to {data}")
     ok &= step(f"2. a new day ({new_day}): warm start, gate, publish version 2", job(), ExitStatus.OK)

@@ -6,9 +6,10 @@ Two things are compared with the current version's:
 - the day's resolved training config (the preset's content, so an edited preset or a code update that
   changes a default counts) against the version's saved config (``RunDir.CONFIG``), leaving out the keys the job
   sets itself (:data:`JOB_KEYS`: the day window, the warm start, the holdout, checked on their own; the
-  max LRs too when ``carry_lr`` carries them). Only between
-  runs of one experiment: a cold start trained with ``cold_start_experiment`` is compared on the
-  settings alone when the daily ``experiment`` differs.
+  max LRs too when ``carry_lr`` carries them). Between runs of one experiment, and against an adopted
+  version (``adopt``: the adopted run's recorded config is the registry's settings, whatever preset it was
+  trained with); a cold start trained with ``cold_start_experiment`` is compared on the settings alone when the
+  daily ``experiment`` differs (a preset chosen for the first run on purpose).
 
 A difference in a key of :data:`EXECUTION_KEYS` (how the run executes, logs and checkpoints) does not refuse
 the day: it is returned as a note, which the job logs (an ``overrides`` entry of such a key likewise). Every
@@ -28,8 +29,10 @@ from omegaconf import DictConfig, OmegaConf
 from recsys_hdet.run_dir import RunDir
 
 SETTING_KEYS = ("experiment", "cold_start_experiment", "overrides", "carry_lr", "carry_lr_clamp", "seed")
+# (experiment_name: the preset's label, not a setting; what the preset sets is compared key by key)
 JOB_KEYS = ("data.until", "data.skip_days", "data.train_days", "data.eval_days", "data.holdout", "data.root",
-            "data.generator", "seed", "trainer.warm_start", "trainer.warm_start_preset", "trainer.resume", "hydra")
+            "data.generator", "seed", "trainer.warm_start", "trainer.warm_start_preset", "trainer.resume", "hydra",
+            "experiment_name")
 # Training-config keys that change how a day's run executes, logs and checkpoints, not what it computes: no
 # model shape, no data contract, no optimizer step (CPU threads, evaluation batch, logging cadence, checkpoint
 # cadence, timeouts, restarts, TensorBoard, profiling, compiled or eager: the same computation). Changing one
@@ -93,7 +96,8 @@ def changed_settings(cfg: DictConfig, parent: Mapping[str, Any], parent_dir: str
             only_execution = k == "overrides" and _model_overrides(old.get(k) or []) == _model_overrides(new[k])
             (found.noted if only_execution else found.refused).append(line)
     parent_run = RunDir(parent_dir)
-    if parent.get("experiment") != experiment or not os.path.isfile(parent_run.path(RunDir.CONFIG)):
+    comparable = parent.get("experiment") == experiment or parent.get("adopted_from") is not None
+    if not comparable or not os.path.isfile(parent_run.path(RunDir.CONFIG)):
         return found
     config = config_differences(parent_run.config(), training, bool(cfg.carry_lr))
     found.refused += config.refused

@@ -78,6 +78,7 @@ def day_manifest(cfg: DictConfig, plan: DayPlan, *, parent: Optional[str], run_d
         "day": plan.day,
         "train_days": plan.train_days,
         "cold_start": plan.cold_start,
+        "gap": plan.gap,  # days missing from the data set before this one (allow_gaps=true trained across them)
         "gate": decision,
         "hdet_bases": final_hdet_bases(run_dir) if summary.get("status") == "completed" else {},
         "lr_start": {g: float(v) for g, v in carried.items()} or "static",

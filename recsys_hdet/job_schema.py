@@ -84,6 +84,8 @@ class RetrainConfig:
     until: Optional[str] = None              # ``run``: train the missing days up to this one (YYYYMMDD)
     dry_run: bool = False                    # ``run``: print the plan, write nothing
     force: bool = False                      # ``run``: retrain a day a version was trained on
+    allow_gaps: bool = False                 # ``run``: train across days missing from the data set
+    create: bool = False                     # ``run``: create the registry (cold start) where none is
     to: Optional[str] = None                 # ``rollback``: the version to repoint current to
     json: bool = False                       # ``status``: one JSON object
 

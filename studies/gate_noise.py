@@ -78,7 +78,7 @@ def damage(root: str, day: str, kind: str, seed: int = 0) -> None:
 def job(registry: str, data: str, until: str, nproc: int) -> int:
     from pipelines.retrain_demo import retrain_command
 
-    cmd = retrain_command(registry, data, nproc, [f"until={until}"]) + RECORD_GATE
+    cmd = retrain_command(registry, data, nproc, [f"until={until}", "create=true"]) + RECORD_GATE  # the first run creates it
     with open(os.path.join(os.path.dirname(registry), "job.log"), "a") as log:
         return subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 

@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         cold = os.path.join(seed_dir(out, seed), "cold")
         if not Registry(cold).current():
-            code = _run(retrain_command(cold, data, args.nproc, ["until=" + sorted(read_meta(data)["days"])[
+            code = _run(retrain_command(cold, data, args.nproc, ["create=true", "until=" + sorted(read_meta(data)["days"])[
                 base_days - 1]], COLD_START) + [f"seed={seed}"], log)
             if code != ExitStatus.OK:
                 print(f"the cold start of seed {seed} failed (exit {code}); see {log}")

@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (75; see docs/contributing.md for the last full run's time)
+    .venv/bin/python tests/mutants.py            # every mutant (87; see docs/contributing.md for the last full run's time)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
@@ -366,6 +366,36 @@ MUTANTS = (
     Mutant("J2", "the dry run skips the day's setup (its settings comparison)", "pipelines/retrain.py",
            "        for note in setup_day(cfg, registry, plans[0], all_days, current=current).notes:\n", "        for note in []:\n",
            ["tests/test_retrain_checks.py::test_the_dry_run_exits_as_the_run_does_and_an_execution_key_is_noted"]),
+    Mutant("RG1", "a version's manifest lists none of its files (nothing to verify)", "pipelines/registry.py",
+           "FILES: dict(sorted(files.items()))}", "FILES: {}}",
+           ["tests/test_registry_checks.py::test_a_damaged_checkpoint_shard_of_the_current_version_is_refused_before_any_worker_starts[truncated]"]),
+    Mutant("RG2", "the job trains without verifying the files of the version it warm-starts from", "pipelines/retrain.py",
+           "    if current is not None and not plans[0].cold_start:\n", "    if False:\n",
+           ["tests/test_registry_checks.py::test_a_damaged_checkpoint_shard_of_the_current_version_is_refused_before_any_worker_starts[truncated]"]),
+    Mutant("RG3", "a file is verified by its size only (one altered byte of the same size passes)",
+           "recsys_hdet/serving/manifest.py",
+           'if file_record(path)["sha256"] != recorded.get("sha256"):', "if False:",
+           ["tests/test_registry_checks.py::test_a_damaged_checkpoint_shard_of_the_current_version_is_refused_before_any_worker_starts[one-byte-altered]"]),
+    Mutant("RG4", "an older version's damaged manifest stops the job (its trained days read from it)", "pipelines/day_plan.py",
+           "manifest = registry.intact_manifest(v)", "manifest = registry.manifest(v)",
+           ["tests/test_registry_checks.py::test_an_older_versions_truncated_manifest_never_stops_the_job"]),
+    Mutant("RG5", "a gap in the days trains by default", "pipelines/day_plan.py",
+           "    if not allow:\n", "    if False:\n",
+           ["tests/test_registry_checks.py::test_a_day_missing_before_the_new_one_is_refused_unless_allowed"]),
+    Mutant("RG6", "current is repointed at a damaged version", "pipelines/registry.py",
+           "damage = self.verify(version)", "damage = None",
+           ["tests/test_registry_checks.py::test_a_damaged_checkpoint_shard_of_the_current_version_is_refused_before_any_worker_starts[truncated]"]),
+    Mutant("RG7", "the job cold-starts a new registry on a typo'd path", "pipelines/retrain.py",
+           "if not registry.exists() and not cfg.create:", "if False:",
+           ["tests/test_retrain.py::test_dry_run_prints_the_plan_and_changes_nothing"]),
+    Mutant("RG8", "rollback takes the lock on a typo'd path (creating it)", "pipelines/registry_commands.py",
+           "if not registry.exists():  # before the lock", "if False:  # before the lock",
+           ["tests/test_retrain.py::test_command_line_errors_and_statuses"]),
+    Mutant("RG9", "the daily settings check skips an adopted run of another preset (its config never compared)",
+           "pipelines/settings.py",
+           'comparable = parent.get("experiment") == experiment or parent.get("adopted_from") is not None',
+           'comparable = parent.get("experiment") == experiment',
+           ["tests/test_retrain_checks.py::test_an_adopted_run_of_another_preset_is_compared_key_by_key"]),
     Mutant("W1", "the raw program maps an unseen id to the missing row", "recsys_hdet/serving/raw_program.py",
            "torch.full_like(raw, OOV_ROW))", "torch.full_like(raw, MISSING_ROW))",
            ["tests/test_serving_raw.py::test_the_raw_program_scores_raw_requests_as_convert_and_predict_do"]),

@@ -164,13 +164,25 @@ def test_adopt_takes_the_overrides_from_the_runs_recorded_config(tmp_path):
         with pytest.raises(RetrainError, match="leave overrides out") as e:
             adopted_overrides(cfg, run, given=True)
         assert key in str(e.value), str(e.value)
-    # a run of another preset whose data preset is its own: the job's experiment gets data=<the run's>
+    # a run of another preset: its config is the registry's settings, so the job's preset's other values are
+    # refused, named, as the daily check would refuse every day (here the demo preset's max LRs)
     other = _recorded_run(tmp_path / "demo", ["+experiment=demo", "trainer.nproc=2"])
-    assert adopted_overrides(R.compose(["registry=/x"], needs_data=False, command="adopt"), other, given=False) == [
-        "trainer.nproc=2", "data=demo"]
+    with pytest.raises(RetrainError, match="every day's run would be refused the same way") as e:
+        adopted_overrides(R.compose(["registry=/x"], needs_data=False, command="adopt"), other, given=False)
+    assert "optim.lr.embedding: 0.05 -> 0.02; optim.lr.no_decay: 0.002 -> 0.001" in str(e.value), str(e.value)
+    # allowed: the job's experiment gets data=<the run's>
+    allowed = R.compose(["registry=/x", "allow_config_change=true"], needs_data=False, command="adopt")
+    assert adopted_overrides(allowed, other, given=False) == ["trainer.nproc=2", "data=demo"]
 
 
-def test_adopt_without_overrides_publishes_the_run_with_its_own(hdet_run, tmp_path, data_cache):
+def test_adopt_holds_the_runs_settings_against_the_days_preset(hdet_run, tmp_path, data_cache, tiny_dataset):
+    """The tiny HDET run (the default preset, HDET's controller) adopted into a job whose days train the
+    ``retrain_daily`` preset: refused (exit 2, the differing keys named, nothing created; before: adopted without a
+    word); with allow_config_change=true adopted, the keys noted, and the run's config is the registry's settings:
+    the next day's dry run, with the version's own overrides, is refused naming the keys its run would change
+    (before: exit 0, and the day trained with the preset's values); current stays on the complete v0001."""
+    from pipelines.registry import Registry
+
     run = tmp_path / "run"
     shutil.copytree(hdet_run, run)
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
@@ -179,12 +191,28 @@ def test_adopt_without_overrides_publishes_the_run_with_its_own(hdet_run, tmp_pa
     refused = run_command([*cmd, f"registry={tmp_path / 'r1'}", "overrides=['data=demo']"], env=env, timeout=300)
     assert refused.returncode == 2 and "data.name: 'tiny' -> 'demo'" in refused.stderr, refused.stderr[-2000:]
     assert not (tmp_path / "r1").exists()
-    proc = run_command([*cmd, f"registry={tmp_path / 'r2'}"], env=env, timeout=300)
+    refused = run_command([*cmd, f"registry={tmp_path / 'r2'}"], env=env, timeout=300)
+    changed = "optim.lr.embedding: 0.05 -> 0.02"  # the default preset's max LRs, retrain_daily's after the arrow
+    assert refused.returncode == 2 and changed in refused.stderr and "allow_config_change=true" in refused.stderr, \
+        refused.stderr[-2000:]
+    assert not (tmp_path / "r2").exists()
+    proc = run_command([*cmd, f"registry={tmp_path / 'r2'}", "allow_config_change=true"], env=env, timeout=300)
     assert proc.returncode == 0 and "adopted" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "note: experiment=retrain_daily composes another config than the run's" in proc.stderr and \
+        changed in proc.stderr, proc.stderr[-2000:]
     manifest = json.loads((tmp_path / "r2" / "versions" / "v0001" / "manifest.json").read_text())
     recorded = OmegaConf.load(run / ".hydra" / "overrides.yaml")
     assert manifest["settings"]["overrides"] == [o for o in recorded if not o.startswith("data.root")]
     assert manifest["settings"]["overrides"][0] == "data=tiny"
+
+    overrides = "overrides=[" + ",".join(f"'{o}'" for o in manifest["settings"]["overrides"]) + "]"
+    dry = run_command([sys.executable, "-m", "pipelines.retrain", f"registry={tmp_path / 'r2'}",
+                       f"data.root={tiny_dataset}", overrides, "dry_run=true"], env=env, timeout=300)
+    lines = dry.stderr.strip().splitlines()
+    assert dry.returncode == 2 and len(lines) == 1 and "REFUSED" in lines[0], dry.stdout[-2000:] + dry.stderr[-2000:]
+    assert "differ from the published version v0001's" in lines[0] and changed in lines[0], lines[0]
+    reg = Registry(str(tmp_path / "r2"))
+    assert reg.current() == "v0001" and reg.verify("v0001") is None and reg.checked("v0001")
 
 
 # Each command that needs an argument, run with none: the key it needs named in one line, exit 2 (the Hydra

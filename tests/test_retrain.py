@@ -214,14 +214,16 @@ def test_command_line_errors_and_statuses(tmp_path, capsys):
     assert R.main(["registry=/x", "data.root=/y", "gate.calibration=[1.2,1.3]"]) == 2
     assert R.main(["registry=/x", "data.root=/y", "carry_lr_clamp=0.5"]) == 2
     assert "carry_lr_clamp=0.5: must be a number >= 1 or null" in capsys.readouterr().err
-    assert _main(tmp_path) == ExitStatus.FAILED  # no data set there
+    assert _main(tmp_path) == ExitStatus.USAGE  # no data set there: bad input
     assert "meta.json missing" in capsys.readouterr().err
     # status and rollback read the registry only: no data.root needed
     assert R.main(["status", f"registry={tmp_path / 'registry'}"]) == 2  # no registry at that path
     assert "no registry there" in capsys.readouterr().err
     os.makedirs(tmp_path / "registry")
-    assert R.main(["status", f"registry={tmp_path / 'registry'}"]) == 0  # an empty one
-    assert "0 version(s), current: None" in capsys.readouterr().out
+    assert R.main(["status", f"registry={tmp_path / 'registry'}"]) == 2  # an empty directory is no registry
+    assert "create one with `python -m pipelines.retrain adopt" in capsys.readouterr().err
+    assert R.main(["rollback", f"registry={tmp_path / 'noreg'}"]) == 2  # no lock taken, nothing created
+    assert "no registry there (nothing was created)" in capsys.readouterr().err and not (tmp_path / "noreg").exists()
     reg = Registry(str(tmp_path / "registry"))
     _version(reg, tmp_path, "v0001", "published", None, DAYS[:3])
     _version(reg, tmp_path, "v0002", "published", "v0001", [DAYS[3]],
@@ -288,7 +290,7 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     ensure_dataset(data, OmegaConf.to_container(spec.generator), {})
 
     # Day 1 (cold start, v0001); a second job is refused at once while the first holds the lock.
-    first = _job(tmp_path, "reg", data)
+    first = _job(tmp_path, "reg", data, "create=true")  # the first run creates the registry
     deadline = time.time() + 120
     while not (tmp_path / "reg" / ".lock").exists() and time.time() < deadline:
         time.sleep(0.2)
@@ -296,7 +298,7 @@ def test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills(tmp_path):
     assert code == ExitStatus.BUSY and "locked by another retraining job" in out, out
     code, out = _finish(first)
     assert code == ExitStatus.OK, out
-    killed = _job(tmp_path, "reg2", data)
+    killed = _job(tmp_path, "reg2", data, "create=true")
     deadline = time.time() + 600
     while time.time() < deadline and not list((tmp_path / "reg2" / "work").glob("*/checkpoint/step-*/manifest.json")):
         time.sleep(0.5)
@@ -356,7 +358,9 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path, tiny_dataset, cap
 
     shutil.copytree(tiny_dataset, tmp_path / "data")
     days = sorted(json.loads((tmp_path / "data" / "meta.json").read_text())["days"])
-    assert _main(tmp_path, "dry_run=true") == ExitStatus.OK  # there is work: a scheduler sees the run would train
+    assert _main(tmp_path, "dry_run=true") == ExitStatus.USAGE  # no registry there: a typo'd path is not a new one
+    assert "no registry there (nothing was created)" in capsys.readouterr().err
+    assert _main(tmp_path, "dry_run=true", "create=true") == ExitStatus.OK  # there is work: the run would train
     assert f"would train day {days[-1]} on {days[0]}..{days[-1]} (cold start)" in capsys.readouterr().out
     assert not (tmp_path / "registry").exists()  # a dry run writes nothing, not even the registry
     reg = Registry(str(tmp_path / "registry"))
@@ -485,8 +489,8 @@ def _truncate(path):
 
 
 def test_a_damaged_current_manifest_is_reported_skipped_and_repaired_by_a_rollback(tmp_path, tiny_dataset, capsys):
-    """A truncated manifest of the current version: status lists the version as damaged (text and JSON, exit 1,
-    no traceback); the job and its dry run refuse with one line naming the file and the rollback (exit 1, the
+    """A truncated manifest of the current version: status lists the version as damaged (text and JSON, exit 6,
+    no traceback); the job and its dry run refuse with one line naming the file and the rollback (exit 6, the
     registry unchanged); rollback without a target cannot know the parent; rollback to= an intact version
     repairs it. A manifest edited in place (valid JSON) fails its checksum."""
     reg = Registry(str(tmp_path / "registry"))
@@ -499,18 +503,18 @@ def test_a_damaged_current_manifest_is_reported_skipped_and_repaired_by_a_rollba
     before = files()
     capsys.readouterr()
 
-    assert R.main(["status", registry]) == ExitStatus.FAILED
+    assert R.main(["status", registry]) == ExitStatus.DAMAGED
     out, err = capsys.readouterr()
     assert "v0002 damaged" in out and "v0001 published" in out and "Traceback" not in out + err
     assert reg.manifest_path("v0002") in err and "rollback to=" in err
-    assert R.main(["status", "json=true", registry]) == ExitStatus.FAILED
+    assert R.main(["status", "json=true", registry]) == ExitStatus.DAMAGED
     status = json.loads(capsys.readouterr().out)
     by_version = {v["version"]: v for v in status["versions"]}
     assert by_version["v0002"]["status"] == "damaged" and "unreadable" in by_version["v0002"]["damage"]
     assert by_version["v0001"]["damage"] is None and status["damaged"] and status["current"] == "v0002"
 
     for dry in ([], ["dry_run=true"]):
-        assert R.main([registry, f"data.root={tiny_dataset}", *dry]) == ExitStatus.FAILED
+        assert R.main([registry, f"data.root={tiny_dataset}", *dry]) == ExitStatus.DAMAGED
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and reg.manifest_path("v0002") in err[0] and "rollback to=VERSION" in err[0], err
     assert files() == before

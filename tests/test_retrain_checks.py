@@ -189,7 +189,7 @@ def test_a_changed_execution_key_trains_with_the_note_and_another_worker_count_i
     day with two workers is refused, its dry run too, with the same status (the registry unchanged)."""
     days, _ = _data(tmp_path, tiny_dataset)
     wide_gate = ["gate.max_ne=100", "gate.calibration=[0.01,100]"]  # publish whatever the tiny days score
-    assert _main(tmp_path, _overrides(*LAYOUT), f"until={days[0]}", *wide_gate) == ExitStatus.OK
+    assert _main(tmp_path, _overrides(*LAYOUT), f"until={days[0]}", "create=true", *wide_gate) == ExitStatus.OK
     capsys.readouterr()
     threads = [*LAYOUT, "trainer.threads_per_worker=1"]
     assert _main(tmp_path, _overrides(*threads), f"until={days[1]}", *wide_gate) == ExitStatus.OK
@@ -203,3 +203,25 @@ def test_a_changed_execution_key_trains_with_the_note_and_another_worker_count_i
     assert codes == [ExitStatus.USAGE, ExitStatus.USAGE]
     assert "trainer.nproc: 1 -> 2 (data.batch_size is per worker" in capsys.readouterr().err
     assert reg.list_versions() == ["v0001", "v0002"] and not (tmp_path / "registry" / "work").exists()
+
+
+def test_an_adopted_run_of_another_preset_is_compared_key_by_key(tmp_path):
+    """A version adopted from a run of another preset (``adopted_from``, its ``experiment`` the run's): the day's
+    config is compared with the run's saved config by the same key table (a changed max LR refused, a changed
+    thread count noted), where a cold start of another preset is compared on the settings alone. Before: an
+    adopted ``demo`` run's days switched its LRs 0.05/0.002 -> 0.02/0.001 without a word."""
+    base = {"experiment": "retrain_daily", "cold_start_experiment": "retrain_daily", "carry_lr": False,
+            "carry_lr_clamp": 4.0, "seed": 0, "overrides": []}
+    was = OmegaConf.create({"experiment_name": "demo", "optim": {"lr": {"embedding": 0.05, "transformer": 0.002}},
+                            "trainer": {"threads_per_worker": None}})
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(was, str(tmp_path / ".hydra" / "config.yaml"))
+    now = OmegaConf.create({"experiment_name": "retrain_daily", "optim": {"lr": {"embedding": 0.02, "transformer": 0.001}},
+                            "trainer": {"threads_per_worker": 2}})
+    cfg = OmegaConf.create(base)
+    adopted = changed_settings(cfg, {"experiment": "demo", "adopted_from": "/runs/demo", "settings": base},
+                               str(tmp_path), now, "retrain_daily")
+    assert adopted.refused == ["optim.lr.embedding: 0.05 -> 0.02", "optim.lr.transformer: 0.002 -> 0.001"]
+    assert adopted.noted == ["trainer.threads_per_worker: None -> 2"]  # experiment_name: a label, not compared
+    cold = changed_settings(cfg, {"experiment": "demo", "settings": base}, str(tmp_path), now, "retrain_daily")
+    assert (cold.refused, cold.noted) == ([], [])
