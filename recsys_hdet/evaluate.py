@@ -34,7 +34,7 @@ def run() -> None:
     """``python -m recsys_hdet.evaluate`` and the ``recsys-hdet-evaluate`` command."""
     from data_tools.cli_args import DATA_ROOT_KEY
 
-    run_hydra_command(main, lambda: _composed, usage, DATA_ROOT_KEY)
+    run_hydra_command(main, lambda: _composed, usage, DATA_ROOT_KEY, config_name="evaluate")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def run() -> None:
 
     from data_tools.cli_args import DATA_ROOT_KEY
 
-    run_hydra_command(main, lambda: _composed, lambda: yaml_usage("export", __doc__), DATA_ROOT_KEY)
+    run_hydra_command(main, lambda: _composed, lambda: yaml_usage("export", __doc__), DATA_ROOT_KEY, config_name="export")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torchrec  # noqa: F401 - before Hydra sets up logging: fbgemm logs each l
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from recsys_hdet.config import (CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_dir_argument,
+from recsys_hdet.config import (CONF_DIR, ConfigError, remove_hydra_leftovers, run_dir_argument,
                                 run_hydra_command)
 from recsys_hdet.run_dir import RunDir
 from data_tools.exit_status import ExitStatus
@@ -82,7 +82,7 @@ def usage() -> str:
     lines = ["python -m recsys_hdet.train (recsys-hdet-train): train the multi-task ranker on local workers or as one",
              "rank under torchrun; HDET when the config enables it. Writes a run directory (docs/outputs.md).",
              "", "usage: python -m recsys_hdet.train [+experiment=PRESET] [run_dir=DIR] [group=option ...] [key=value ...]",
-             "  run_dir=DIR: the run directory (default outputs/<experiment_name>/<date>/<time>)", "",
+             "  run_dir=DIR: the run directory (default outputs/<experiment_name>/<YYYY-MM-DD_HH-MM-SS>)", "",
              "presets (+experiment=NAME):"]
     folder = os.path.join(CONF_DIR, "experiment")
     for name in sorted(n for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith("_")):
@@ -100,9 +100,6 @@ def usage() -> str:
 def cli() -> None:
     """``python -m recsys_hdet.train`` and the ``recsys-hdet-train`` command."""
     run_dir_argument()  # run_dir=DIR -> Hydra's hydra.run.dir=DIR
-    overrides = sys.argv[1:]
-    if not any(a.startswith("-") for a in overrides):
-        check_composition(overrides)
     from recsys_hdet.distributed import torchrun_follower
 
     if torchrun_follower():

@@ -28,7 +28,7 @@ OLD_SPELLINGS = [
     ("data_tools.relayout", "main", ["D"], "use data.root=DIR"),
     ("data_tools.relayout", "main", ["data.root=D", "--row-group-rows", "5"], "use row_group_rows=N"),
     ("data_tools.generate", "main", ["--out", "D"], "--out is no longer accepted; use out=DIR"),
-    ("data_tools.generate", "main", ["--append-to", "D"], "use out=ROOT append=true"),
+    ("data_tools.generate", "main", ["--append-to", "D"], "use data.root=DIR append=true"),
     ("data_tools.generate", "main", ["out=D", "--n-users", "5"], "--n-users is no longer accepted; use n_users=INT"),
     ("pipelines.retrain", "main", ["registry=R", "data_root=D"], "data_root= is no longer accepted; use data.root=DIR"),
     ("pipelines.retrain", "main", ["adopt", "registry=R", "run_dir=X", "data_root=D"], "use data.root=DIR"),
