@@ -25,9 +25,10 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, polars, hydra; print('setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__)"
 	touch $(STAMP)
 
-# One new run directory per demo; the evaluation writes report.html there and prints its path.
+# One new run directory per demo, named as every run directory (recsys_hdet/run_dir.py, TIME_FORMAT); the
+# evaluation writes report.html there and prints its path.
 ifndef DEMO_RUN
-DEMO_RUN := outputs/demo/$(shell date +%Y%m%d-%H%M%S)
+DEMO_RUN := outputs/demo/$(shell date +%Y-%m-%d_%H-%M-%S)
 endif
 demo: $(STAMP)
 	$(PY) -m recsys_hdet.train +experiment=demo run_dir=$(DEMO_RUN)

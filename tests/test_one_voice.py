@@ -104,3 +104,18 @@ def test_the_commands_refuse_a_plus_typo_in_one_line_as_subprocesses(tmp_path):
         assert "did you mean" in lines[0] and "Traceback" not in proc.stderr
     assert os.listdir(tmp_path) == []
 
+
+def test_one_run_directory_naming_scheme():
+    # Three schemes once (<date>/<time> in --help, the config's, `make demo`'s 20261128-143217): now one.
+    from recsys_hdet.lr_find import usage as lr_find_usage
+    from recsys_hdet.run_dir import TIME_FORMAT, TIME_SHOWN
+    from recsys_hdet.train import usage as train_usage
+
+    with open(os.path.join(REPO, "conf", "config.yaml")) as f:
+        assert f"${{now:{TIME_FORMAT}}}" in f.read()
+    with open(os.path.join(REPO, "Makefile")) as f:
+        assert f"$(shell date +{TIME_FORMAT})" in f.read()
+    with open(os.path.join(REPO, "recsys_hdet", "lr_find.py")) as f:
+        assert "${{now:{TIME_FORMAT}}}" in f.read()
+    for text in (train_usage(), lr_find_usage()):
+        assert TIME_SHOWN in text and "<date>" not in text and "<time>" not in text
