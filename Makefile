@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned, so nothing can pull a different (multi-GB CUDA) build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[$(DEVICE),test]"
+	$(PY) -m pip install -q -e ".[$(DEVICE),test,mlflow]"
 	test $(DEVICE) = cuda || $(PY) -m pip install -q --no-deps torchrec==1.8.0
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, polars, hydra; print('setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__)"
 	touch $(STAMP)

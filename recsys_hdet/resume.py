@@ -17,7 +17,8 @@ FINISHED = "finished"
 RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.metrics_every", "trainer.eval_batch_size", "trainer.profile",
                     "trainer.checkpoint", "trainer.periodic_checkpoint", "trainer.resume", "trainer.resume_from", "trainer.max_restarts",
                     "trainer.tensorboard", "trainer.threads_per_worker", "trainer.branch_from", "trainer.stop_at_step",
-                    "model.compile_dense")  # compiled or eager: the same computation
+                    "model.compile_dense",  # compiled or eager: the same computation
+                    "tracking")  # where the run is also logged
 
 
 def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:

@@ -48,6 +48,7 @@ class RunDir:
     SUMMARY = "summary.json"           # the outcome: a finished run has one
     CHECKPOINT = "checkpoint"          # the final model, and the periodic step-<N>/ checkpoints
     TENSORBOARD = "tensorboard"        # TensorBoard's event files
+    TRACKING = "mlflow.json"           # tracking=mlflow: the run's MLflow store and run id (recsys_hdet/tracking.py)
     PROFILE = "profile.txt"            # trainer.profile's operator table
     RANGE_TEST = "range_test.json"     # HDET's range test on the replicas (hdet.range_test)
     # What recsys_hdet.evaluate writes

@@ -89,6 +89,10 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
         raise
     for path in written:
         os.replace(path + ".new", path)
+    if not into:  # the run's own evaluation: into its MLflow run, when it has one (recsys_hdet/tracking.py)
+        from recsys_hdet.tracking import log_evaluation
+
+        log_evaluation(run.run_dir, result, written)
     for task, m in result["eval"].items():
         o = result.get("oracle", {}).get(task)
         print(f"  {task:>12}: AUC {_shown(m, 'auc')}  NE {_shown(m, 'ne')}" + (f"  (oracle {_shown(o, 'ne')})" if o else "")
