@@ -85,28 +85,12 @@ def _placeholder(key: str, f: dataclasses.Field) -> str:
     return "VALUE"
 
 
-def _required(f: dataclasses.Field) -> bool:
-    return f.default == "???"
-
-
 def usage(prog: str, doc: str, schema: type) -> str:
-    """A command's ``--help``: its docstring, then each key with its default and meaning."""
-    lines = [doc.strip(), "", f"usage: {prog} key=value ...", "", "keys:"]
-    for key, f, text in _fields(schema):
-        left = f"  {key}={_placeholder(key, f)}"
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
-        if _required(f):
-            note = "(required)"
-        elif f.metadata.get("shown"):
-            note = f"({f.metadata['shown']})"
-        elif default is None:
-            note = "(optional)"
-        else:
-            note = f"(default {str(default).lower() if isinstance(default, bool) else default})"
-        lines.append(f"{left:<34} " + " ".join(x for x in (text, note) if x))
-    lines += ["", "Values use Hydra's override grammar (as python -m recsys_hdet.train): a list [a,b], a mapping "
-              "{a:1},", "a quoted string for a value with '=' or ',' in it ('DIR/day=20220410.parquet')."]
-    return "\n".join(lines)
+    """A command's ``--help``: its docstring, then each key with its type, default and meaning
+    (:func:`data_tools.cli_help.help_text`, the one generator of every command's)."""
+    from data_tools.cli_help import help_text
+
+    return help_text(doc, f"usage: {prog} key=value ...", schema)
 
 
 def old_spelling(argv: Sequence[str], renamed: Mapping[str, str], positional: Optional[str] = None,

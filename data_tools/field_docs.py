@@ -21,12 +21,12 @@ import textwrap
 import tokenize
 from typing import Dict, List
 
-_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`x`, :func:`~a.b` -> x, a.b
+ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`x`, :func:`~a.b` -> x, a.b
 
 
 def plain(text: str) -> str:
     """``text`` without reStructuredText markup (roles, double backquotes) and with its spaces collapsed."""
-    return " ".join(_ROLE.sub(r"\1", text).replace("``", "").split())
+    return " ".join(ROLE.sub(r"\1", text).replace("``", "").split())
 
 
 @functools.lru_cache(maxsize=None)

@@ -227,11 +227,13 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args and args[0] in COMMANDS else "run"
     if any(a in HELP for a in args):
-        print("python -m pipelines.retrain (recsys-hdet-retrain): the scheduled retraining job. For each new day:\n"
-              "warm-start from the published model, train, evaluate candidate and published model on the day's\n"
-              "held-out rows, gate, publish atomically (docs/operations.md; keys: conf/retrain.yaml).\n\n"
-              f"{USAGE}\n\nExit status: 0 published, 1 failed, 2 usage, 4 rejected by the gate, 5 nothing to do "
-              "(nothing_to_do_exit), 75 busy.")
+        from recsys_hdet.config import command_usage
+
+        print(command_usage(
+            "python -m pipelines.retrain (recsys-hdet-retrain): the scheduled retraining job. For each new day:\n"
+            "warm-start from the published model, train, evaluate candidate and published model on the day's\n"
+            "held-out rows, gate, publish atomically (docs/operations.md).\nExit status: 0 published, 1 failed, "
+            "2 usage, 4 rejected by the gate, 5 nothing to do (nothing_to_do_exit), 75 busy.", USAGE, "retrain"))
         return ExitStatus.OK
     problem = old_spelling(args, OLD_SPELLINGS)
     if problem is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -111,11 +111,39 @@ def check_range_test(cfg: DictConfig) -> None:
              "after hdet.range_test's commit the run trains plain: needs allreduce")
 
 
-def yaml_usage(config_name: str, doc: str) -> str:
-    """A command's ``--help``: its docstring, then its keys as ``conf/<config_name>.yaml`` lists them."""
-    with open(os.path.join(CONF_DIR, f"{config_name}.yaml")) as f:
-        keys = f.read().split("\ndefaults:")[0]
-    return doc.strip() + "\n\n" + keys.strip()
+def command_usage(doc: str, usage: str, config_name: str, sections: Mapping[str, List[str]] = {}) -> str:
+    """A Hydra command's ``--help`` from one source (:func:`data_tools.cli_help.help_text`): ``doc``, ``usage``,
+    ``sections``, then every key of the schema of ``conf/<config_name>.yaml`` with its type, its default (the
+    composed config's value) and its meaning (the schema's field docs)."""
+    from data_tools.cli_help import help_text
+
+    return help_text(doc, usage, SCHEMAS[config_name], compose(config_name, []), sections)
+
+
+def _preset_summary(path: str) -> str:
+    """A preset's description in full: the comment lines that open its file, joined."""
+    words: List[str] = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("# @package"):
+                continue
+            if not line.startswith("#"):
+                break
+            words.append(line[1:].strip())
+    return " ".join(w for w in words if w)
+
+
+def training_sections() -> Dict[str, List[str]]:
+    """The presets a user runs (files starting with ``_`` are fragments the presets share, not presets), each
+    described in full, and the config groups with their options, read from conf/ (train's and lr_find's --help)."""
+    folder = os.path.join(CONF_DIR, "experiment")
+    presets = [f"  {name[:-5]:<24}{_preset_summary(os.path.join(folder, name))}"
+               for name in sorted(n for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith("_"))]
+    groups = []
+    for group in sorted(g for g in os.listdir(CONF_DIR) if os.path.isdir(os.path.join(CONF_DIR, g)) and g != "experiment"):
+        options = sorted(n[:-5] for n in os.listdir(os.path.join(CONF_DIR, group)) if n.endswith(".yaml"))
+        groups.append(f"  {group:<10}{', '.join(options)}")
+    return {"presets (+experiment=NAME)": presets, "config groups (group=option)": groups}
 
 
 def remove_hydra_leftovers(run_dir: str, log_name: str) -> None:

@@ -329,13 +329,18 @@ def cost_line(record: Dict[str, Any]) -> str:
 
 
 def usage() -> str:
-    return "\n".join([
-        "python -m recsys_hdet.lr_find (recsys-hdet-lr-find): LR range tests (one per axis: embedding, dense) of a",
-        "training config; prints the max LRs to train with and writes lr_find.json (docs/training.md).", "",
-        "usage: python -m recsys_hdet.lr_find [+experiment=PRESET] [run_dir=DIR] [overrides as for recsys_hdet.train]",
-        "  run_dir=DIR: where lr_find.json and the sweeps go (default outputs/lr_find/<experiment_name>/<YYYY-MM-DD_HH-MM-SS>)",
-        "  optim.schedule.range_test.steps=100 .low=0.001 .high=10000: each sweep's length and range (x max LR)", "",
-        "Exit status: 0 suggested, 1 a sweep gave no suggestion, 2 bad config or data."])
+    """``--help``: what the command does, then the training config's presets, groups and keys (it takes them all)."""
+    from recsys_hdet.config import command_usage, training_sections
+    from recsys_hdet.run_dir import TIME_SHOWN
+
+    return command_usage(
+        "python -m recsys_hdet.lr_find (recsys-hdet-lr-find): LR range tests (one per axis: embedding, dense) of a\n"
+        "training config; prints the max LRs to train with and writes lr_find.json (docs/training.md).\n"
+        "Exit status: 0 suggested, 1 a sweep gave no suggestion, 2 bad config or data.",
+        "usage: python -m recsys_hdet.lr_find [+experiment=PRESET] [run_dir=DIR] [group=option ...] [key=value ...]\n"
+        f"  run_dir=DIR: where lr_find.json and the sweeps go (default outputs/lr_find/<experiment_name>/{TIME_SHOWN})\n"
+        "  optim.schedule.range_test.steps, .low, .high: each sweep's length and range (x max LR)", "config",
+        training_sections())
 
 
 def cli() -> None:

@@ -119,3 +119,39 @@ def test_one_run_directory_naming_scheme():
         assert "${{now:{TIME_FORMAT}}}" in f.read()
     for text in (train_usage(), lr_find_usage()):
         assert TIME_SHOWN in text and "<date>" not in text and "<time>" not in text
+
+
+def _schemas():
+    from data_tools.convert import ConvertArgs
+    from data_tools.generate import _arguments
+    from data_tools.relayout import RelayoutArgs
+    from data_tools.validate import ValidateArgs
+    from recsys_hdet.config import SCHEMAS
+
+    return [("recsys_hdet.train", "cli", SCHEMAS["config"]), ("recsys_hdet.lr_find", "cli", SCHEMAS["config"]),
+            ("recsys_hdet.evaluate", "run", SCHEMAS["evaluate"]), ("recsys_hdet.export", "run", SCHEMAS["export"]),
+            ("recsys_hdet.predict", "run", SCHEMAS["predict"]), ("pipelines.retrain", "main", SCHEMAS["retrain"]),
+            ("data_tools.convert", "main", ConvertArgs), ("data_tools.generate", "main", _arguments()),
+            ("data_tools.validate", "main", ValidateArgs), ("data_tools.relayout", "main", RelayoutArgs)]
+
+
+def test_every_key_of_every_commands_schema_is_in_its_help_with_a_meaning(monkeypatch, capsys):
+    from data_tools.cli_args import schema_keys
+    from data_tools.cli_help import has_markup
+
+    for module, entry, schema in _schemas():
+        assert call(module, entry, ["--help"], monkeypatch) in (None, 0)
+        out = capsys.readouterr().out
+        lines = {line.split("=", 1)[0].strip(): line for line in out.splitlines() if line.startswith("  ") and "=" in line}
+        missing = [k for k in schema_keys(schema) if k not in lines]
+        assert not missing, f"{module} --help lacks {missing}"
+        assert not has_markup(out), f"{module} --help shows reStructuredText"
+        assert all("(default " in lines[k] or "(required" in lines[k] or "(optional" in lines[k] for k in schema_keys(schema))
+        if schema.__name__ in ("EvaluateConfig", "ExportConfig", "PredictConfig", "RetrainConfig", "ConvertArgs"):
+            bare = [k for k in schema_keys(schema) if lines[k].split("=", 1)[1].split(maxsplit=1)[1].startswith("(")]
+            assert not bare, f"{module} --help: no meaning for {bare}"
+        if module in ("recsys_hdet.train", "recsys_hdet.lr_find"):  # presets in full, not cut
+            assert "Compare with the same run without exploration: +experiment=dropout_recovery hdet=disabled." in out
+            assert not any(line.rstrip().endswith(" ...") for line in out.splitlines())  # cut preset texts
+            assert "  trainer.nproc=INT" in out and "local workers when not under torchrun" in out
+            assert "  optim.dense.type=adam|adamw|prodigy|schedulefree_adamw" in out
