@@ -34,6 +34,7 @@ import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from data_tools.fileio import read_json, read_jsonl, write_json_atomic
+from recsys_hdet.config_values import flatten
 from recsys_hdet.run_dir import RunDir
 
 DEFAULT_STORE = os.path.join("outputs", "mlflow")  # the working directory's, beside the runs' outputs/<experiment>/
@@ -71,15 +72,6 @@ def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
-
-
-def _flat(node: Any, prefix: str = "") -> Dict[str, Any]:
-    if not isinstance(node, dict):
-        return {prefix: node}
-    out: Dict[str, Any] = {}
-    for k, v in node.items():
-        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
 
 
 def _log(client: Any, run_id: str, metrics: Iterable[tuple] = (), params: Mapping[str, Any] = {},
@@ -138,7 +130,7 @@ def _log_training(cfg: Any, run_dir: str, exit_status: int, summary: Optional[Ma
         state = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run.info.run_id, "logged_step": 0}
         write_json_atomic(state_path, state)
         config = OmegaConf.to_container(files.config(), resolve=True)
-        _log(client, state["run_id"], params=_flat(config))
+        _log(client, state["run_id"], params=flatten(config))
     client = _client(state["tracking_uri"])
     records = [r for r in read_jsonl(files.path(RunDir.METRICS)) if "step" in r and r["step"] > state["logged_step"]] \
         if os.path.isfile(files.path(RunDir.METRICS)) else []

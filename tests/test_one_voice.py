@@ -3,13 +3,12 @@
 expected, ``+key`` refused unless the command knows the key. The commands run in this process through their
 own entry points (as tests/test_cli_args.py runs them), the installed ones once as subprocesses."""
 
-import importlib
 import os
 import sys
 
 import pytest
 
-from conftest import REPO, run_command
+from conftest import REPO, call_command, run_command
 
 N = "/nonexistent-issue58"
 # (name, module, entry point, the arguments every case gives, unknown key, its fix, wrong type, the type)
@@ -40,14 +39,7 @@ COMMANDS = [
 ]
 
 
-def call(module, entry, argv, monkeypatch):
-    """The command's exit status, run in this process as ``python -m module argv`` runs it."""
-    fn = getattr(importlib.import_module(module), entry)
-    monkeypatch.setattr(sys, "argv", [module, *argv])
-    try:
-        return fn(argv) if entry == "main" else fn()
-    except SystemExit as e:
-        return e.code
+call = call_command
 
 
 def one_line(module, entry, argv, monkeypatch, capsys):
