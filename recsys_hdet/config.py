@@ -1,8 +1,13 @@
 """The training config: composed by Hydra over the typed schema (:mod:`recsys_hdet.config_schema`),
 then checked here before any worker starts.
 
+- :func:`check_composition` composes every Hydra command's config (train, lr_find, evaluate, export,
+  predict, the retraining job; :data:`SCHEMAS`) before the command runs, so that any composition error is
+  the one line of :mod:`data_tools.cli_args` (the owner of every command's error voice), exit 2;
+  :func:`run_hydra_command` runs it, and ``--help`` (:func:`command_usage`: every key with its type,
+  default and meaning, :mod:`data_tools.cli_help`).
 - :func:`compose_error` turns Hydra's composition errors (a key the schema lacks, a wrong type, a
-  choice outside its enum) into one line naming the key and what is allowed.
+  choice outside its enum) into that line naming the key and what is allowed.
 - :func:`validate_config`: keys added with ``+`` that the schema does not declare (Hydra lets ``+``
   add any key), every group's own checks (the schema's ``__post_init__``), then the checks that span
   groups. Each error names the config key, the value and what is allowed.
