@@ -20,14 +20,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned, so nothing can pull a different (multi-GB CUDA) build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[$(DEVICE),test]"
+	$(PY) -m pip install -q -e ".[$(DEVICE),test,mlflow]"
 	test $(DEVICE) = cuda || $(PY) -m pip install -q --no-deps torchrec==1.8.0
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, polars, hydra; print('setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__)"
 	touch $(STAMP)
 
-# One new run directory per demo; the evaluation writes report.html there and prints its path.
+# One new run directory per demo, named as every run directory (recsys_hdet/run_dir.py, TIME_FORMAT); the
+# evaluation writes report.html there and prints its path.
 ifndef DEMO_RUN
-DEMO_RUN := outputs/demo/$(shell date +%Y%m%d-%H%M%S)
+DEMO_RUN := outputs/demo/$(shell date +%Y-%m-%d_%H-%M-%S)
 endif
 demo: $(STAMP)
 	$(PY) -m recsys_hdet.train +experiment=demo run_dir=$(DEMO_RUN)

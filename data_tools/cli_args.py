@@ -8,6 +8,12 @@ job) get this from Hydra; the other commands (``data_tools.convert``, ``validate
 grammar (the same quoting as the Hydra commands) and merged into ``OmegaConf.structured``. An unknown
 key, a wrong type or a missing required key is one line and exit status 2, as in the Hydra commands.
 
+The one error voice of every command is here: :func:`usage_error` (``error: ...``, exit 2) and the lines it
+says for an unknown key (:func:`unknown_key`: did you mean), a wrong value (:func:`wrong_value`: the type
+expected) and a Hydra composition error (:func:`composition_error`); ``+key=value`` is ``key=value`` for a
+key the command declares and refused for any other (:func:`known_plus`, :func:`check_known_keys`). The
+Hydra commands reach them through :func:`recsys_hdet.config.check_composition`.
+
 An old spelling (``--out DIR``, a positional path, ``data_root=``, ``hydra.run.dir=``, ...) is refused by
 :func:`refuse_old_spellings`: exit status 2 and one line naming the new spelling.
 
@@ -79,28 +85,12 @@ def _placeholder(key: str, f: dataclasses.Field) -> str:
     return "VALUE"
 
 
-def _required(f: dataclasses.Field) -> bool:
-    return f.default == "???"
-
-
 def usage(prog: str, doc: str, schema: type) -> str:
-    """A command's ``--help``: its docstring, then each key with its default and meaning."""
-    lines = [doc.strip(), "", f"usage: {prog} key=value ...", "", "keys:"]
-    for key, f, text in _fields(schema):
-        left = f"  {key}={_placeholder(key, f)}"
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
-        if _required(f):
-            note = "(required)"
-        elif f.metadata.get("shown"):
-            note = f"({f.metadata['shown']})"
-        elif default is None:
-            note = "(optional)"
-        else:
-            note = f"(default {str(default).lower() if isinstance(default, bool) else default})"
-        lines.append(f"{left:<34} " + " ".join(x for x in (text, note) if x))
-    lines += ["", "Values use Hydra's override grammar (as python -m recsys_hdet.train): a list [a,b], a mapping "
-              "{a:1},", "a quoted string for a value with '=' or ',' in it ('DIR/day=20220410.parquet')."]
-    return "\n".join(lines)
+    """A command's ``--help``: its docstring, then each key with its type, default and meaning
+    (:func:`data_tools.cli_help.help_text`, the one generator of every command's)."""
+    from data_tools.cli_help import help_text
+
+    return help_text(doc, f"usage: {prog} key=value ...", schema)
 
 
 def old_spelling(argv: Sequence[str], renamed: Mapping[str, str], positional: Optional[str] = None,
@@ -139,11 +129,86 @@ def refuse_old_spellings(argv: Sequence[str], renamed: Mapping[str, str], positi
         usage_error(message)
 
 
-def _unknown_key(key: str, schema: type) -> str:
-    keys = [k for k, _, _ in _fields(schema)]
-    close = difflib.get_close_matches(key, keys, n=1)
-    return (f"config {key}: unknown key (the command has no such setting)"
-            + (f"; did you mean {close[0]}?" if close else "") + f". Keys: {', '.join(keys)}")
+def unknown_key(key: str, known: Sequence[str]) -> str:
+    """The one line for a key the command does not know: ``key`` as the user typed it (less a ``+``), the
+    closest of ``known`` (dotted keys: its siblings, or every key of a small command), then its siblings."""
+    parent = key.rpartition(".")[0]
+    close = difflib.get_close_matches(key, known, n=1)
+    names = [k[len(parent) + 1:] if parent and k.startswith(parent + ".") else k for k in known]
+    return (f"config {key}: unknown key (the command has no such setting, so nothing would read it)"
+            + (f"; did you mean {close[0]}?" if close else "")
+            + (f" Keys of {parent}: " if parent else " Keys: ") + ", ".join(names))
+
+
+def wrong_value(key: str, message: str, expected: Any = None) -> str:
+    """The one line for a value OmegaConf refused (a wrong type, a choice outside its enum): the key, OmegaConf's
+    first line, then the type the schema declares (``expected``) unless the message lists the choices."""
+    first = str(message).splitlines()[0]
+    named = expected is not None and "expected one of" not in first
+    shown = expected.__name__ if isinstance(expected, type) else str(expected).replace("typing.", "")
+    return f"config {key}: {first}" + (f" (expected {shown})" if named else "")
+
+
+def schema_keys(schema: type) -> List[str]:
+    """Every key a command's dataclass ``schema`` declares, dotted (``data.root``), its nested dataclasses'
+    keys included (not the dataclasses' own names: ``+data=...`` is a config group, not a key)."""
+    return [k for k, _, _ in _fields(schema)]
+
+
+def known_plus(argv: Sequence[str], schema: type) -> List[str]:
+    """``+key=value`` for a key the schema declares is ``key=value`` (Hydra refuses to add a key that is
+    there); ``+`` with any other key is left to Hydra, which adds it, and to :func:`check_known_keys`,
+    which refuses it unless it lies in a mapping whose keys are the user's (``+tasks.share.weight=1``)."""
+    keys = set(schema_keys(schema))
+    return [a[1:] if a.startswith("+") and not a.startswith("++") and a[1:].split("=", 1)[0] in keys else a
+            for a in argv]
+
+
+def check_known_keys(node: Any, parent: str = "") -> None:
+    """Exit 2 naming the first key of the composed ``node`` that its schema class does not declare (a key
+    added with ``+``: a typo, not a setting). Mappings whose keys are the user's (``tasks``,
+    ``data.generator``) are free."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(node, DictConfig):
+        return
+    schema = OmegaConf.get_type(node)
+    fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    for key in node.keys():
+        path = f"{parent}.{key}" if parent else str(key)
+        if fields is not None and key not in fields:
+            raise KeyError(unknown_key(path, [f"{parent}.{f}" if parent else f for f in fields]))
+        check_known_keys(node._get_node(key), path)
+
+
+def composition_error(exc: BaseException, schema: type) -> str:
+    """The one line for an error composing a config of root class ``schema``: an unknown key (did you mean),
+    a wrong type (the type expected) or a bad choice (the choices), named; any other (an unknown preset, a
+    malformed override) Hydra's own message, its lines joined."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = exc.__cause__
+    key = getattr(cause, "full_key", None)
+    if key:
+        parent, _, name = key.rpartition(".")
+        node: Any = schema
+        for part in parent.split(".") if parent else []:
+            node = typing.get_type_hints(node).get(part)  # postponed annotations resolved in their modules
+            if not dataclasses.is_dataclass(node):
+                break
+        else:
+            fields = {f.name: f.type for f in dataclasses.fields(node)}
+            if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+                return unknown_key(key, [f"{parent}.{f}" if parent else f for f in fields])
+            if isinstance(cause, ValidationError):
+                return wrong_value(key, cause.msg, fields.get(name.split("[")[0]))
+    text = str(exc).split("\nConfig search path")[0]  # Hydra's search path: not the user's concern
+    head, _, options = text.partition("\nAvailable options")
+    lines = [line.strip() for line in head.splitlines() if line.strip()]
+    if options:  # an unknown preset or group option: the choices, on the same line
+        group, _, names = options.partition(":")
+        lines.append(f"(available options{group}: {', '.join(names.split())})")
+    return " ".join(lines) or type(exc).__name__
 
 
 def _parse_values(argv: Sequence[str]) -> Dict[str, Any]:
@@ -162,8 +227,8 @@ def _parse_values(argv: Sequence[str]) -> Dict[str, Any]:
             usage_error(f"{a}: cannot parse ({str(e).splitlines()[0]}); quote a value with '=' or ',' in it")
         if o.is_sweep_override():
             usage_error(f"{a}: several values; give a list [a,b] (or quote a value with ',' in it)")
-        if str(o.input_line).startswith(("+", "~")):
-            usage_error(f"{a}: give key=value (no + or ~)")
+        if str(o.input_line).startswith("~"):
+            usage_error(f"{a}: give key=value (no ~)")
         values[o.key_or_group] = o.value()
     return values
 
@@ -184,13 +249,13 @@ def parse(argv: Optional[Sequence[str]], schema: Type[T], prog: str, doc: str,
     fields = {k: f for k, f, _ in _fields(schema)}
     refuse_old_spellings(args, renamed, positional, {k: _placeholder(k, f) for k, f in fields.items()})
     cfg = OmegaConf.structured(schema)
-    for key, value in _parse_values(args).items():
+    for key, value in _parse_values([a[1:] if a.startswith("+") else a for a in args]).items():  # +key: the key, known or not
         try:
             OmegaConf.update(cfg, key, value, merge=True)
         except (ConfigAttributeError, ConfigKeyError):
-            usage_error(_unknown_key(key, schema))
+            usage_error(unknown_key(key, list(fields)))
         except ValidationError as e:
-            usage_error(f"config {key}: {str(e.msg).splitlines()[0]}")
+            usage_error(wrong_value(key, e.msg, fields[key].type if key in fields else None))
     for key in sorted(OmegaConf.missing_keys(cfg), key=list(fields).index):
         usage_error(f"config {key}: missing (pass {key}={_placeholder(key, fields[key])})")
     try:

@@ -225,7 +225,7 @@ def main(argv=None) -> int:
                         max_unmatched_fraction=args.max_unmatched,
                         max_conflicting_duplicates=args.max_conflicting_duplicates)
         except DataError as e:
-            print(f"ERROR: {e}", file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr)
             return ExitStatus.USAGE
         return 0
     try:
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
                 max_conflicting_duplicates=args.max_conflicting_duplicates, extend_vocab=args.extend_vocab,
                 chunk_rows=args.chunk_rows, row_group_rows=args.row_group_rows)
     except DataError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return ExitStatus.USAGE
     return 0
 

@@ -9,7 +9,7 @@ A valid processed data set in ``root`` without generator provenance (e.g. conver
 KuaiRand data) is returned as is and never overwritten.
 
 Data sets that grow: ``append_synthetic_days(root, days)`` adds the next days of a generated data
-set in place (same ground truth, drift continued; ``python -m data_tools.generate out=ROOT append=true``).
+set in place (same ground truth, drift continued; ``python -m data_tools.generate append=true data.root=ROOT``).
 the meta file's ``source.generator`` keeps the config the data set was generated with and
 ``source.appended_days`` lists the days added since. The rule ``ensure_dataset`` applies: a data set
 is usable for a requested generator config when every field but ``days`` is equal and the data set

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     try:
         meta = relayout(args.data.root, args.row_group_rows, verbose=True)
     except DataError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return ExitStatus.USAGE
     print(f"{args.data.root}: layout {json.dumps(meta['layout'])}")
     return 0

@@ -18,25 +18,25 @@ from data_tools.schema import START_DATE
 
 @dataclass(frozen=True)
 class GeneratorConfig:
-    seed: int = 0
-    n_users: int = 5000
-    n_videos: int = 20000
-    n_authors: int = 3000
-    n_music: int = 2000
-    n_tags: int = 500
-    days: int = 5
-    impressions_per_day: int = 60000
-    latent_dim: int = 8
-    start_date: int = START_DATE
+    seed: int = 0  # seeds the world and every day's impressions
+    n_users: int = 5000  # users in the world
+    n_videos: int = 20000  # videos in the world
+    n_authors: int = 3000  # video authors
+    n_music: int = 2000  # music tracks
+    n_tags: int = 500  # video tags
+    days: int = 5  # days to simulate
+    impressions_per_day: int = 60000  # log rows per day
+    latent_dim: int = 8  # size of the true user and video factors
+    start_date: int = START_DATE  # the first day, YYYYMMDD
     user_zipf: float = 1.0  # exponent of user activity skew
     item_zipf: float = 1.1  # exponent of item popularity skew
-    tag_zipf: float = 1.0
+    tag_zipf: float = 1.0  # exponent of tag popularity skew
     drift: float = 0.05  # per-day drift scale of item factors and task biases
     signal_scale: float = 1.0  # multiplies every non-bias logit term
     rand_fraction: float = 0.05  # share of impressions with a uniformly random video (is_rand=1)
-    target_contribution: float = 0.01
-    target_like: float = 0.03
-    target_long_dwell: float = 0.30
+    target_contribution: float = 0.01  # positive rate of the contribution task (comment, forward, follow)
+    target_like: float = 0.03  # positive rate of the like task
+    target_long_dwell: float = 0.30  # positive rate of the long-dwell task
 
     def __post_init__(self):
         ints = ("seed", "n_users", "n_videos", "n_authors", "n_music", "n_tags", "days",

@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     try:
         meta = validate_processed(root)
     except DataError as e:
-        print(f"INVALID: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return ExitStatus.USAGE
     rows = sum(d.get("rows", 0) for d in meta["days"].values())
     print(f"OK: {root}: {len(meta['days'])} days, {rows} rows, "

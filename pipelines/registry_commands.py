@@ -40,7 +40,7 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
     registry at that path."""
     registry = Registry(str(cfg.registry))
     if not registry.exists():
-        print(f"[retrain] {no_registry(registry)}", file=sys.stderr)
+        print(f"error: {no_registry(registry)}", file=sys.stderr)
         return ExitStatus.USAGE
     lineage = registry.status()
     code, damaged = ExitStatus.OK, None
@@ -103,7 +103,9 @@ def adopt(cfg: DictConfig, overrides_given: bool = False) -> int:
     from recsys_hdet.evaluation import EvaluationError, load_run
 
     registry = Registry(str(cfg.registry))
-    fail = lambda msg, status: print(f"[retrain] {msg}", file=sys.stderr) or status
+    # bad input (exit 2) says error: as every command's; the job's other ends keep its [retrain] log lines
+    fail = lambda msg, status: print(f"{'error:' if status == ExitStatus.USAGE else '[retrain]'} {msg}",
+                                     file=sys.stderr) or status
     if cfg.run_dir is None:
         return fail("adopt needs run_dir=DIR (a completed training run)", ExitStatus.USAGE)
     if os.path.isdir(registry.root) and registry.list_versions():
@@ -115,7 +117,8 @@ def adopt(cfg: DictConfig, overrides_given: bool = False) -> int:
         cfg.overrides = adopted_overrides(cfg, run, overrides_given)
         candidate = evaluate_run(run.run_dir, data_root=run.meta.root, nproc=int(cfg.eval_nproc))
     except (EvaluationError, RetrainError) as e:
-        return fail(f"run_dir={cfg.run_dir}: {e}", ExitStatus.USAGE)
+        named = str(e).startswith(f"run_dir={cfg.run_dir}")  # the message names the key already
+        return fail(str(e) if named else f"run_dir={cfg.run_dir}: {e}", ExitStatus.USAGE)
     decision = gate(cfg, run.summary, candidate, None)
     if decision["decision"] != "published":
         return fail("not adopted: " + "; ".join(decision["reasons"]) + "; the registry is unchanged", ExitStatus.REJECTED)
@@ -184,7 +187,7 @@ def rollback(cfg: DictConfig, to: Optional[str]) -> int:
     version is refused, exit 1, naming the file); exit 2 on a path that holds no registry."""
     registry = Registry(str(cfg.registry))
     if not registry.exists():  # before the lock: taking it would create the directory
-        print(f"[retrain] {no_registry(registry)}", file=sys.stderr)
+        print(f"error: {no_registry(registry)}", file=sys.stderr)
         return ExitStatus.USAGE
     try:
         with registry.lock():

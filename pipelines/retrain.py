@@ -222,10 +222,13 @@ OLD_SPELLINGS = {"data_root=": "data.root=DIR", "--until": "until=DAY", "--dry-r
 
 def compose(overrides: Sequence[str], needs_data: bool = True, command: str = "run") -> DictConfig:
     """The job's config; ``needs_data``: ``data.root`` is required (``status`` and ``rollback``
-    read the registry only; ``adopt`` defaults it to the run's); ``command``: whose options may be given."""
-    from recsys_hdet.config import compose as compose_config
+    read the registry only; ``adopt`` defaults it to the run's); ``command``: whose options may be given.
+    A composition error (an unknown key, ``+`` included, a wrong type) exits 2 in one line
+    (:func:`recsys_hdet.config.check_composition`); a missing or misplaced key raises ValueError."""
+    from data_tools.cli_args import known_plus
+    from recsys_hdet.config import SCHEMAS, check_composition
 
-    cfg = compose_config("retrain", overrides)
+    cfg = check_composition(known_plus(overrides, SCHEMAS["retrain"]), "retrain")
     if OmegaConf.is_missing(cfg, "registry"):
         raise ValueError("config registry: missing (pass registry=DIR)")
     if needs_data and cfg.data.root is None:
@@ -240,6 +243,8 @@ def compose(overrides: Sequence[str], needs_data: bool = True, command: str = "r
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return _main(argv)
+    except SystemExit as e:  # a usage error (data_tools.cli_args.usage_error) said its line: its status returned
+        return int(e.code or 0)
     except BrokenPipeError:  # the reader went away (``status | head``): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's final flush does not fail again
@@ -247,16 +252,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
-    from data_tools.cli_args import HELP, old_spelling
+    from data_tools.cli_args import HELP, old_spelling, usage_error
 
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args and args[0] in COMMANDS else "run"
     if any(a in HELP for a in args):
-        print("python -m pipelines.retrain (recsys-hdet-retrain): the scheduled retraining job. For each new day:\n"
-              "warm-start from the published model, train, evaluate candidate and published model on the day's\n"
-              "held-out rows, gate, publish atomically (docs/operations.md; keys: conf/retrain.yaml).\n\n"
-              f"{USAGE}\n\nExit status: 0 published, 1 failed, 2 usage, 4 rejected by the gate, 5 nothing to do "
-              "(nothing_to_do_exit), 6 the version in service is damaged (roll back), 75 busy.")
+        from recsys_hdet.config import command_usage
+
+        print(command_usage(
+            "python -m pipelines.retrain (recsys-hdet-retrain): the scheduled retraining job. For each new day:\n"
+            "warm-start from the published model, train, evaluate candidate and published model on the day's\n"
+            "held-out rows, gate, publish atomically (docs/operations.md).\nExit status: 0 published, 1 failed, "
+            "2 usage, 4 rejected by the gate, 5 nothing to do (nothing_to_do_exit), 6 the version in service is damaged "
+            "(roll back), 75 busy.", USAGE, "retrain"))
         return ExitStatus.OK
     problem = old_spelling(args, OLD_SPELLINGS)
     if problem is None:
@@ -264,16 +272,11 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         problem = other and (f"unknown option {other[0]} (arguments are key=value)" if other[0].startswith("-") else
                              f"{other[0]}: expected key=value, or a command first ({', '.join(COMMANDS)})")
     if problem:
-        print(f"[retrain] error: {problem}", file=sys.stderr)
-        return ExitStatus.USAGE
+        usage_error(problem)
     try:
         cfg = compose(args, needs_data=command == "run", command=command)
-    except Exception as e:  # noqa: BLE001 - Hydra's and ours: a config error, named
-        from recsys_hdet.config import compose_error
-        from recsys_hdet.job_schema import RetrainConfig
-
-        print(f"[retrain] config error: {compose_error(e, RetrainConfig) or e}\n{USAGE}", file=sys.stderr)
-        return ExitStatus.USAGE
+    except ValueError as e:  # ours, and the schema's value checks (ConfigError)
+        usage_error(str(e))
     if command == "status":
         return status(cfg, bool(cfg.json))
     if command == "rollback":

@@ -91,7 +91,11 @@ def process_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Se
         write_version_report(day.run_dir, manifest, version)
     except Exception as e:  # noqa: BLE001 - a report failure fails the day, named
         raise RetrainError(f"day {plan.day}: the version's report failed: {type(e).__name__}: {e}") from e
+    from recsys_hdet.tracking import log_gate, tracked_run
+
+    mlflow_run = tracked_run(day.run_dir)  # read before _record removes the day's run directory
     _record(cfg, registry, plan, day, version, manifest, decision)
+    log_gate(mlflow_run, plan.day, decision, version)  # on the day's MLflow run (overrides=[tracking=mlflow])
     _log_outcome(plan, version, day.current, decision, log)
     return decision["decision"]
 

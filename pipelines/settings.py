@@ -42,7 +42,7 @@ JOB_KEYS = ("data.until", "data.skip_days", "data.train_days", "data.eval_days",
 # model.sharding_types (which rows each rank reads, how the sparse optimizer's state is split).
 EXECUTION_KEYS = ("trainer.threads_per_worker", "trainer.eval_batch_size", "trainer.log_every",
                   "trainer.metrics_every", "trainer.periodic_checkpoint", "trainer.collective_timeout_s",
-                  "trainer.max_restarts", "trainer.tensorboard", "trainer.profile", "model.compile_dense")
+                  "trainer.max_restarts", "trainer.tensorboard", "trainer.profile", "model.compile_dense", "tracking")
 # Layout keys that look like execution but change the optimizer's semantics: refused like any setting, the
 # reason stated in the refusal (to move a registry to another worker count, pass allow_config_change=true once).
 REFUSED_LAYOUT = {

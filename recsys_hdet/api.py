@@ -163,7 +163,12 @@ def train(cfg: DictConfig, run_dir: str, *, job_start: Optional[float] = None) -
                 break
             print(f"the job failed (exit status {code}): restart {attempt + 1} of trainer.max_restarts={max_restarts}, "
                   "from the newest complete checkpoint", file=sys.stderr, flush=True)
-    return TrainResult.load(run_dir, code)
+    result = TrainResult.load(run_dir, code)
+    if not torchrun_follower():  # one writer: the launcher (rank 0's under torchrun), never a worker
+        from recsys_hdet.tracking import log_training
+
+        log_training(cfg, run_dir, code, result.summary)
+    return result
 
 
 def ensure_warm_start(cfg: TrainConfig) -> str | None:

@@ -1,8 +1,13 @@
 """The training config: composed by Hydra over the typed schema (:mod:`recsys_hdet.config_schema`),
 then checked here before any worker starts.
 
+- :func:`check_composition` composes every Hydra command's config (train, lr_find, evaluate, export,
+  predict, the retraining job; :data:`SCHEMAS`) before the command runs, so that any composition error is
+  the one line of :mod:`data_tools.cli_args` (the owner of every command's error voice), exit 2;
+  :func:`run_hydra_command` runs it, and ``--help`` (:func:`command_usage`: every key with its type,
+  default and meaning, :mod:`data_tools.cli_help`).
 - :func:`compose_error` turns Hydra's composition errors (a key the schema lacks, a wrong type, a
-  choice outside its enum) into one line naming the key and what is allowed.
+  choice outside its enum) into that line naming the key and what is allowed.
 - :func:`validate_config`: keys added with ``+`` that the schema does not declare (Hydra lets ``+``
   add any key), every group's own checks (the schema's ``__post_init__``), then the checks that span
   groups. Each error names the config key, the value and what is allowed.
@@ -10,12 +15,9 @@ then checked here before any worker starts.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
 import sys
-import typing
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -41,50 +43,24 @@ def probe_rows(cfg: DictConfig) -> int:
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
 
-def _unknown_key(parent: str, key: str, keys: List[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, keys, n=1)
-    path = f"{parent}.{key}" if parent else key
-    return ConfigError(f"config {path}: unknown key (the schema has no such setting, so nothing would read it)"
-                       + (f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "")
-                       + (f" Keys of {parent}: {', '.join(keys)}" if parent else ""))
-
-
 def check_known_keys(node: Any, parent: str = "") -> None:
-    """A key added with ``+`` that its schema class does not declare (``+hdet.alpah=0.1``) is a
-    typo, not a setting. Mappings whose keys are the user's (``tasks``, ``data.generator``) are free."""
-    if not isinstance(node, DictConfig):
-        return
-    schema = OmegaConf.get_type(node)
-    fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
-    for key in node.keys():
-        if fields is not None and key not in fields:
-            raise _unknown_key(parent, str(key), fields)
-        check_known_keys(node._get_node(key), f"{parent}.{key}" if parent else str(key))
+    """A key added with ``+`` that its schema class does not declare (``+hdet.alpah=0.1``) is a typo, not a
+    setting: :class:`ConfigError` naming it (:func:`data_tools.cli_args.check_known_keys`)."""
+    from data_tools.cli_args import check_known_keys as check
+
+    try:
+        check(node, parent)
+    except KeyError as e:
+        raise ConfigError(e.args[0]) from None
 
 
 def compose_error(exc: BaseException, schema: type = config_schema.TrainConfig) -> Optional[str]:
-    """The message for a Hydra composition error caused by the schema (unknown key, wrong type, bad
-    choice), naming the key and what is allowed; None for any other error. ``schema``: the config's
-    root class (training by default)."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+    """The one line for a Hydra composition error caused by the schema (unknown key, wrong type, bad choice),
+    naming the key and what is allowed; None for any other error. ``schema``: the config's root class
+    (training by default). The line is :func:`data_tools.cli_args.composition_error`'s."""
+    from data_tools.cli_args import composition_error
 
-    cause = exc.__cause__
-    key = getattr(cause, "full_key", None)
-    if key is None:
-        return None
-    parent, _, name = key.rpartition(".")
-    for part in parent.split(".") if parent else []:
-        schema = typing.get_type_hints(schema).get(part)  # postponed annotations resolved in their modules
-        if not dataclasses.is_dataclass(schema):
-            return None
-    fields = {f.name: f.type for f in dataclasses.fields(schema)}
-    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
-        return str(_unknown_key(parent, name, list(fields)))
-    if isinstance(cause, ValidationError):
-        expected, message = fields.get(name.split("[")[0]), str(cause.msg).splitlines()[0]
-        named = expected and "expected one of" not in message  # an enum's message lists the choices already
-        return f"config {key}: {message}" + (f" (expected {expected})" if named else "")
-    return None
+    return composition_error(exc, schema) if getattr(exc.__cause__, "full_key", None) else None
 
 
 def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
@@ -144,11 +120,39 @@ def check_range_test(cfg: DictConfig) -> None:
              "after hdet.range_test's commit the run trains plain: needs allreduce")
 
 
-def yaml_usage(config_name: str, doc: str) -> str:
-    """A command's ``--help``: its docstring, then its keys as ``conf/<config_name>.yaml`` lists them."""
-    with open(os.path.join(CONF_DIR, f"{config_name}.yaml")) as f:
-        keys = f.read().split("\ndefaults:")[0]
-    return doc.strip() + "\n\n" + keys.strip()
+def command_usage(doc: str, usage: str, config_name: str, sections: Mapping[str, List[str]] = {}) -> str:
+    """A Hydra command's ``--help`` from one source (:func:`data_tools.cli_help.help_text`): ``doc``, ``usage``,
+    ``sections``, then every key of the schema of ``conf/<config_name>.yaml`` with its type, its default (the
+    composed config's value) and its meaning (the schema's field docs)."""
+    from data_tools.cli_help import help_text
+
+    return help_text(doc, usage, SCHEMAS[config_name], compose(config_name, []), sections)
+
+
+def _preset_summary(path: str) -> str:
+    """A preset's description in full: the comment lines that open its file, joined."""
+    words: List[str] = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("# @package"):
+                continue
+            if not line.startswith("#"):
+                break
+            words.append(line[1:].strip())
+    return " ".join(w for w in words if w)
+
+
+def training_sections() -> Dict[str, List[str]]:
+    """The presets a user runs (files starting with ``_`` are fragments the presets share, not presets), each
+    described in full, and the config groups with their options, read from conf/ (train's and lr_find's --help)."""
+    folder = os.path.join(CONF_DIR, "experiment")
+    presets = [f"  {name[:-5]:<24}{_preset_summary(os.path.join(folder, name))}"
+               for name in sorted(n for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith("_"))]
+    groups = []
+    for group in sorted(g for g in os.listdir(CONF_DIR) if os.path.isdir(os.path.join(CONF_DIR, g)) and g != "experiment"):
+        options = sorted(n[:-5] for n in os.listdir(os.path.join(CONF_DIR, group)) if n.endswith(".yaml"))
+        groups.append(f"  {group:<10}{', '.join(options)}")
+    return {"presets (+experiment=NAME)": presets, "config groups (group=option)": groups}
 
 
 def remove_hydra_leftovers(run_dir: str, log_name: str) -> None:
@@ -187,21 +191,33 @@ def compose(config_name: str = "config", overrides: Sequence[str] = ()) -> DictC
         return hydra_compose(config_name=config_name, overrides=list(overrides))
 
 
-def check_composition(overrides: List[str]) -> None:
-    """Composes the config once before Hydra's own run, so that an unknown key, a wrong type or a
-    bad choice is reported in one line naming the key and what is allowed (exit 2). Hydra reports
-    every other composition error itself (flags such as --help or -m are left to it)."""
-    from hydra.errors import ConfigCompositionException
+# Each command's config (conf/<name>.yaml) and the schema class at its root.
+SCHEMAS = {"config": config_schema.TrainConfig, "evaluate": config_schema.EvaluateConfig,
+           "export": config_schema.ExportConfig, "predict": config_schema.PredictConfig,
+           "retrain": config_schema.RetrainConfig}
 
+
+def check_composition(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
+    """Composes ``conf/<config_name>.yaml`` with ``overrides`` before Hydra's own run (and the retraining job's
+    config), so that every composition error is one line, exit 2 (:func:`data_tools.cli_args.usage_error`): an
+    unknown key (did you mean), a wrong type (the type expected), a bad choice, a key added with ``+`` that
+    the schema does not declare, an unknown preset. Returns the composed config. Hydra's own keys
+    (``hydra.*``, ``hydra/...``) are left to Hydra."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from data_tools.cli_args import composition_error, usage_error
+
+    mine = [a for a in overrides if not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
     try:
-        compose("config", overrides)
-    except ConfigCompositionException as e:
-        message = compose_error(e)
-        if message:
-            print(f"error: {message}", file=sys.stderr)
-            from data_tools.exit_status import ExitStatus
-
-            sys.exit(ExitStatus.USAGE)
+        cfg = compose(config_name, mine)
+    except (HydraException, OmegaConfBaseException) as e:
+        usage_error(composition_error(e, SCHEMAS[config_name]))
+    try:
+        check_known_keys(cfg)
+    except ConfigError as e:
+        usage_error(str(e))
+    return cfg
 
 
 def run_dir_argument() -> None:
@@ -232,19 +248,24 @@ def require_given(cfg: DictConfig, placeholders: Mapping[str, str]) -> None:
 
 
 def run_hydra_command(main: Callable[[], None], composed: Callable[[], bool], usage: Callable[[], str],
-                      renamed: Mapping[str, str] = {}) -> None:
-    """Runs a ``@hydra.main`` entry point as a command: ``-h``/``--help`` prints ``usage()``; an argument
-    spelled the old way (``renamed``: old -> new, :func:`data_tools.cli_args.old_spelling`) exits 2 naming
-    the new one; Hydra's own exit 1 before the config was composed (it printed why: an unknown key, a
-    wrong type, a missing preset) becomes the usage status, 2. ``composed()``: whether ``main``'s body was
+                      renamed: Mapping[str, str] = {}, config_name: str = "config") -> None:
+    """Runs a ``@hydra.main`` entry point of ``conf/<config_name>.yaml`` as a command: ``-h``/``--help`` prints
+    ``usage()``; an argument spelled the old way (``renamed``: old -> new,
+    :func:`data_tools.cli_args.old_spelling`) exits 2 naming the new one; ``+key=value`` is ``key=value`` for a
+    key of the schema (:func:`data_tools.cli_args.known_plus`); the config is composed once first
+    (:func:`check_composition`: any error one line, exit 2); Hydra's own exit 1 before the config was composed
+    (a flag's run: ``-m``, ``--cfg``) becomes the usage status, 2. ``composed()``: whether ``main``'s body was
     entered."""
-    from data_tools.cli_args import refuse_old_spellings
+    from data_tools.cli_args import known_plus, refuse_old_spellings
     from data_tools.exit_status import ExitStatus
 
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(usage())
         return
     refuse_old_spellings(sys.argv[1:], renamed)
+    sys.argv[1:] = known_plus(sys.argv[1:], SCHEMAS[config_name])
+    if not any(a.startswith("-") for a in sys.argv[1:]):  # Hydra's flags (-m, --cfg) compose their own way
+        check_composition(sys.argv[1:], config_name)
     try:
         main()
     except SystemExit as e:

@@ -30,7 +30,7 @@ from recsys_hdet.config_values import (CUDA_ONLY_EMBEDDING_OPTIMIZERS, AnnealStr
                                        EmbeddingOptimizer, Schedule, ShardingType, TrainExposure, TrainPipeline, at_least,
                                        fraction, is_number, positive, require)
 from recsys_hdet.hdet.config import HDETConfigGroup
-from recsys_hdet.job_schema import EvaluateConfig, ExportConfig, PredictConfig, RetrainConfig
+from recsys_hdet.job_schema import EvaluateConfig, ExportConfig, PredictConfig, RetrainConfig, TrackingConfig
 
 
 # ----------------------------------------------------------------------------------------------
@@ -375,6 +375,7 @@ class TrainConfig:
     seed: int = 0
     tasks: Dict[str, TaskConfig] = field(default_factory=dict)
     loss: LossConfig = field(default_factory=LossConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         require(len(self.tasks) >= 1, "tasks", dict(self.tasks), "declare at least one task")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Any
+from typing import Any, Dict
 
 
 def plain(node: Any) -> Any:
@@ -21,6 +21,16 @@ def plain(node: Any) -> Any:
             return node
         node = OmegaConf.create(node)
     return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+
+
+def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
+    """A nested dict as ``{"parent.key": value}`` (lists and other values are leaves)."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    out: Dict[str, Any] = {}
+    for k, v in node.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
 
 
 class ConfigError(ValueError):

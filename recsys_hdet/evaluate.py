@@ -20,21 +20,22 @@ def main(cfg: DictConfig) -> None:
 
 
 def usage() -> str:
-    """``--help``: what the command does and its keys (conf/evaluate.yaml, comments included)."""
-    import os
+    """``--help``: what the command does and every key (recsys_hdet.config.command_usage)."""
+    from recsys_hdet.config import command_usage
 
-    with open(os.path.join(CONF_DIR, "evaluate.yaml")) as f:
-        keys = f.read().split("\ndefaults:")[0]
-    return ("python -m recsys_hdet.evaluate (recsys-hdet-evaluate): score a trained run on its held-out days and\n"
-            "write eval.json, predictions.parquet and report.html into the run directory, or compare several runs\n"
-            "in one report (docs/outputs.md). Exit status: 0 done, 2 bad arguments or input.\n\n" + keys.strip())
+    return command_usage(
+        "python -m recsys_hdet.evaluate (recsys-hdet-evaluate): score a trained run on its held-out days and\n"
+        "write eval.json, predictions.parquet and report.html into the run directory, or compare several runs\n"
+        "in one report (docs/outputs.md). Exit status: 0 done, 2 bad arguments or input.",
+        "usage: python -m recsys_hdet.evaluate run_dir=DIR [key=value ...]\n"
+        "       python -m recsys_hdet.evaluate runs=[DIR,...] [out=DIR2] [key=value ...]", "evaluate")
 
 
 def run() -> None:
     """``python -m recsys_hdet.evaluate`` and the ``recsys-hdet-evaluate`` command."""
     from data_tools.cli_args import DATA_ROOT_KEY
 
-    run_hydra_command(main, lambda: _composed, usage, DATA_ROOT_KEY)
+    run_hydra_command(main, lambda: _composed, usage, DATA_ROOT_KEY, config_name="evaluate")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ def main(cfg: DictConfig) -> None:
     except ArtifactError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(ExitStatus.USAGE)
+    from recsys_hdet.tracking import log_export
+
+    log_export(manifest["run_dir"], str(cfg.out))  # into the run's MLflow run, when it has one
     print(f"exported {manifest['run_dir']} (step {manifest['checkpoint_steps']}, commit {manifest['commit']}) "
           f"to {cfg.out}: {manifest['program']}, "
           + (f"{manifest['raw_program']['file']}, " if "raw_program" in manifest else "")
@@ -39,11 +42,11 @@ def main(cfg: DictConfig) -> None:
 
 
 def run() -> None:
-    from recsys_hdet.config import yaml_usage
+    from recsys_hdet.config import command_usage
 
     from data_tools.cli_args import DATA_ROOT_KEY
 
-    run_hydra_command(main, lambda: _composed, lambda: yaml_usage("export", __doc__), DATA_ROOT_KEY)
+    run_hydra_command(main, lambda: _composed, lambda: command_usage(__doc__, "usage: python -m recsys_hdet.export key=value ...", "export"), DATA_ROOT_KEY, config_name="export")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ suggestion within one sweep step of an end of the range is flagged (``range_edge
 
 The command prints the overrides to train with (each group's max LR x its axis's multiplier: the dense
 groups keep their ratios) and writes ``lr_find.json`` into its run directory
-(``run_dir``, default ``outputs/lr_find/<experiment>/<time>/``; the sweeps in ``sweep_embedding/`` and ``sweep_dense/``).
+(``run_dir``, default ``outputs/lr_find/<experiment_name>/<YYYY-MM-DD_HH-MM-SS>/``; the sweeps in ``sweep_embedding/`` and ``sweep_dense/``).
 The console shows one line per sweep (its LRs, how it ended, its seconds), each sweep's step lines going to its
 own ``train.log``, then the suggestion per axis and the command's cost in seconds (in all and per sweep).
 
@@ -55,7 +55,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.hdet.range_test.rule import CLASSIC_SMOOTHING, curve_record, range_edge, suggest_multiplier
 from recsys_hdet.constants import LR_AXES
-from recsys_hdet.config import (CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_dir_argument,
+from recsys_hdet.config import (CONF_DIR, ConfigError, remove_hydra_leftovers, run_dir_argument,
                                 run_hydra_command)
 from data_tools.exit_status import ExitStatus
 
@@ -349,13 +349,18 @@ def cost_line(record: Dict[str, Any]) -> str:
 
 
 def usage() -> str:
-    return "\n".join([
-        "python -m recsys_hdet.lr_find (recsys-hdet-lr-find): LR range tests (one per axis: embedding, dense) of a",
-        "training config; prints the max LRs to train with and writes lr_find.json (docs/training.md).", "",
-        "usage: python -m recsys_hdet.lr_find [+experiment=PRESET] [run_dir=DIR] [overrides as for recsys_hdet.train]",
-        "  run_dir=DIR: where lr_find.json and the sweeps go (default outputs/lr_find/<experiment_name>/<date>_<time>)",
-        "  optim.schedule.range_test.steps=100 .low=0.001 .high=10000: each sweep's length and range (x max LR)", "",
-        "Exit status: 0 suggested, 1 a sweep gave no suggestion, 2 bad config or data."])
+    """``--help``: what the command does, then the training config's presets, groups and keys (it takes them all)."""
+    from recsys_hdet.config import command_usage, training_sections
+    from recsys_hdet.run_dir import TIME_SHOWN
+
+    return command_usage(
+        "python -m recsys_hdet.lr_find (recsys-hdet-lr-find): LR range tests (one per axis: embedding, dense) of a\n"
+        "training config; prints the max LRs to train with and writes lr_find.json (docs/training.md).\n"
+        "Exit status: 0 suggested, 1 a sweep gave no suggestion, 2 bad config or data.",
+        "usage: python -m recsys_hdet.lr_find [+experiment=PRESET] [run_dir=DIR] [group=option ...] [key=value ...]\n"
+        f"  run_dir=DIR: where lr_find.json and the sweeps go (default outputs/lr_find/<experiment_name>/{TIME_SHOWN})\n"
+        "  optim.schedule.range_test.steps, .low, .high: each sweep's length and range (x max LR)", "config",
+        training_sections())
 
 
 def cli() -> None:
@@ -363,9 +368,9 @@ def cli() -> None:
     run_dir_argument()  # run_dir=DIR -> Hydra's hydra.run.dir=DIR
     overrides = sys.argv[1:]
     if not any(a.lstrip("+").startswith("hydra.run.dir=") for a in overrides):
-        sys.argv.append("hydra.run.dir=outputs/lr_find/${experiment_name}/${now:%Y-%m-%d_%H-%M-%S}")
-    if not any(a.startswith("-") for a in overrides):
-        check_composition(overrides)
+        from recsys_hdet.run_dir import TIME_FORMAT
+
+        sys.argv.append(f"hydra.run.dir=outputs/lr_find/${{experiment_name}}/${{now:{TIME_FORMAT}}}")
     run_hydra_command(main, lambda: _config_composed, usage)
 
 

@@ -56,9 +56,9 @@ OLD_SPELLINGS = {"input=": "data.root=DIR (a processed data set) or log=CSV (a r
 
 
 def run() -> None:
-    from recsys_hdet.config import yaml_usage
+    from recsys_hdet.config import command_usage
 
-    run_hydra_command(main, lambda: _composed, lambda: yaml_usage("predict", __doc__), OLD_SPELLINGS)
+    run_hydra_command(main, lambda: _composed, lambda: command_usage(__doc__, "usage: python -m recsys_hdet.predict key=value ...", "predict"), OLD_SPELLINGS, config_name="predict")
 
 
 if __name__ == "__main__":

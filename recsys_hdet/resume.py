@@ -9,7 +9,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from data_tools.fileio import abs_path
-from recsys_hdet.config_values import ConfigError
+from recsys_hdet.config_values import ConfigError, flatten
 from recsys_hdet.run_dir import RunDir
 
 FINISHED = "finished"
@@ -17,22 +17,14 @@ FINISHED = "finished"
 RESUME_SAFE_KEYS = ("trainer.log_every", "trainer.metrics_every", "trainer.eval_batch_size", "trainer.profile",
                     "trainer.checkpoint", "trainer.periodic_checkpoint", "trainer.resume", "trainer.resume_from", "trainer.max_restarts",
                     "trainer.tensorboard", "trainer.threads_per_worker", "trainer.branch_from", "trainer.stop_at_step",
-                    "model.compile_dense")  # compiled or eager: the same computation
-
-
-def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: Dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
+                    "model.compile_dense",  # compiled or eager: the same computation
+                    "tracking")  # where the run is also logged
 
 
 def config_changes(saved: Dict[str, Any], now: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     """(keys that change what a checkpoint means, keys that only change logging/eval/checkpointing)."""
     # a key added since the checkpoint was written reads as its default there (ADDED_KEYS)
-    a, b = {**ADDED_KEYS, **_flatten(saved)}, {**ADDED_KEYS, **_flatten(now)}
+    a, b = {**ADDED_KEYS, **flatten(saved)}, {**ADDED_KEYS, **flatten(now)}
     changed = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
     safe = [k for k in changed if k.startswith(RESUME_SAFE_KEYS)]
     return [k for k in changed if k not in safe], safe
@@ -72,8 +64,8 @@ def resolve_resume(cfg_dict: Dict[str, Any], run_dir: str) -> Optional[str]:
         **cfg_dict["trainer"], "resume_from": manifest.get("config", {}).get("trainer", {}).get("resume_from")}})
     if meaning:
         raise ConfigError(f"config: cannot resume from {path}: these keys change what it means: "
-                          + ", ".join(f"{k} ({_flatten(manifest['config']).get(k, '<absent>')!r} -> "
-                                      f"{_flatten(cfg_dict).get(k, '<absent>')!r})" for k in meaning))
+                          + ", ".join(f"{k} ({flatten(manifest['config']).get(k, '<absent>')!r} -> "
+                                      f"{flatten(cfg_dict).get(k, '<absent>')!r})" for k in meaning))
     if safe:
         print(f"resume: changed since the checkpoint (allowed): {', '.join(safe)}", flush=True)
     print(f"resume: continuing from {path} (step {manifest['step']})", flush=True)
@@ -102,7 +94,7 @@ def resolve_branch(cfg_dict: Dict[str, Any]) -> str:
         manifest = check_step_checkpoint(path)
     except CheckpointError as e:
         raise ConfigError(f"config trainer.branch_from={given}: {e}") from None
-    saved, now = {**ADDED_KEYS, **_flatten(manifest.get("config", {}))}, _flatten(cfg_dict)
+    saved, now = {**ADDED_KEYS, **flatten(manifest.get("config", {}))}, flatten(cfg_dict)
     differ = sorted(k for k in set(saved) | set(now) if k.startswith(BRANCH_FIXED_KEYS)
                     and saved.get(k, "<absent>") != now.get(k, "<absent>"))
     if differ:

@@ -19,6 +19,13 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
+# The one naming scheme of a directory a command makes when none is given: outputs/<what>/<its start time>, the
+# time as below (Hydra's ${now:...} in conf/config.yaml and lr_find, evaluate's comparisons, `make demo`; checked
+# by tests/test_one_voice.py). A training run: outputs/<experiment_name>/2026-11-28_14-32-17.
+TIME_FORMAT = "%Y-%m-%d_%H-%M-%S"
+TIME_SHOWN = "<YYYY-MM-DD_HH-MM-SS>"  # the time as --help and the docs show it
+
+
 def sync_records(path: str) -> List[Dict[str, Any]]:
     """``hdet.jsonl``'s sync records, without its event lines (a rollback: ``"event": "rollback"``)."""
     return [r for r in read_jsonl(path) if "event" not in r]
@@ -41,6 +48,7 @@ class RunDir:
     SUMMARY = "summary.json"           # the outcome: a finished run has one
     CHECKPOINT = "checkpoint"          # the final model, and the periodic step-<N>/ checkpoints
     TENSORBOARD = "tensorboard"        # TensorBoard's event files
+    TRACKING = "mlflow.json"           # tracking=mlflow: the run's MLflow store and run id (recsys_hdet/tracking.py)
     PROFILE = "profile.txt"            # trainer.profile's operator table
     RANGE_TEST = "range_test.json"     # HDET's range test on the replicas (hdet.range_test)
     # What recsys_hdet.evaluate writes

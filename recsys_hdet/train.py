@@ -10,17 +10,16 @@ diverged run exits with 3.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
-from typing import List, Optional
+from typing import Optional
 
 import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging: fbgemm logs each library it loads at INFO
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from recsys_hdet.config import (CONF_DIR, ConfigError, check_composition, remove_hydra_leftovers, run_dir_argument,
+from recsys_hdet.config import (CONF_DIR, ConfigError, remove_hydra_leftovers, run_dir_argument,
                                 run_hydra_command)
 from recsys_hdet.run_dir import RunDir
 from data_tools.exit_status import ExitStatus
@@ -62,47 +61,25 @@ def main(cfg: DictConfig) -> Optional[float]:
     return sum(ne) / len(ne)
 
 
-def _preset_summary(path: str) -> str:
-    """A preset's first sentence, from the comment lines that open its file."""
-    words: List[str] = []
-    with open(path) as f:
-        for line in f:
-            if line.startswith("# @package"):
-                continue
-            if not line.startswith("#"):
-                break
-            words.append(line[1:].strip())
-    text = " ".join(words).split(". ")[0].rstrip(".")
-    return text if len(text) <= 80 else text[:80].rsplit(" ", 1)[0] + " ..."
-
-
 def usage() -> str:
-    """``--help``: what the command does, the presets a user runs (files starting with ``_`` are
-    fragments the presets share, not presets) and the config groups, read from conf/."""
-    lines = ["python -m recsys_hdet.train (recsys-hdet-train): train the multi-task ranker on local workers or as one",
-             "rank under torchrun; HDET when the config enables it. Writes a run directory (docs/outputs.md).",
-             "", "usage: python -m recsys_hdet.train [+experiment=PRESET] [run_dir=DIR] [group=option ...] [key=value ...]",
-             "  run_dir=DIR: the run directory (default outputs/<experiment_name>/<date>/<time>)", "",
-             "presets (+experiment=NAME):"]
-    folder = os.path.join(CONF_DIR, "experiment")
-    for name in sorted(n for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith("_")):
-        lines.append(f"  {name[:-5]:<24}{_preset_summary(os.path.join(folder, name))}")
-    lines += ["", "config groups (group=option):"]
-    for group in sorted(g for g in os.listdir(CONF_DIR) if os.path.isdir(os.path.join(CONF_DIR, g)) and g != "experiment"):
-        options = sorted(n[:-5] for n in os.listdir(os.path.join(CONF_DIR, group)) if n.endswith(".yaml"))
-        lines.append(f"  {group:<10}{', '.join(options)}")
-    lines += ["", "Every key, its type and allowed values: recsys_hdet/config_schema.py; the composed config: --cfg job;",
-              "Hydra's own flags: --hydra-help.",
-              "Exit status: 0 completed, 1 failed, 2 bad config or data (nothing written), 3 diverged (docs/operations.md)."]
-    return "\n".join(lines)
+    """``--help``: what the command does, the presets, the config groups and every key with its type, default
+    and meaning (:func:`recsys_hdet.config.command_usage`)."""
+    from recsys_hdet.config import command_usage, training_sections
+    from recsys_hdet.run_dir import TIME_SHOWN
+
+    return command_usage(
+        "python -m recsys_hdet.train (recsys-hdet-train): train the multi-task ranker on local workers or as one\n"
+        "rank under torchrun; HDET when the config enables it. Writes a run directory (docs/outputs.md).\n"
+        "Exit status: 0 completed, 1 failed, 2 bad config or data (nothing written), 3 diverged (docs/operations.md).\n"
+        "The composed config: --cfg job; Hydra's own flags: --hydra-help.",
+        "usage: python -m recsys_hdet.train [+experiment=PRESET] [run_dir=DIR] [group=option ...] [key=value ...]\n"
+        f"  run_dir=DIR: the run directory (default outputs/<experiment_name>/{TIME_SHOWN})", "config",
+        training_sections())
 
 
 def cli() -> None:
     """``python -m recsys_hdet.train`` and the ``recsys-hdet-train`` command."""
     run_dir_argument()  # run_dir=DIR -> Hydra's hydra.run.dir=DIR
-    overrides = sys.argv[1:]
-    if not any(a.startswith("-") for a in overrides):
-        check_composition(overrides)
     from recsys_hdet.distributed import torchrun_follower
 
     if torchrun_follower():

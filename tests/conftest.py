@@ -51,6 +51,19 @@ def tiny_dataset(data_cache):
     return root
 
 
+def call_command(module, entry, argv, monkeypatch):
+    """A command's exit status, run in this process as ``python -m module argv`` runs it: ``main(argv)``, or a
+    Hydra command's entry point with ``sys.argv``."""
+    import importlib
+
+    fn = getattr(importlib.import_module(module), entry)
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    try:
+        return fn(argv) if entry == "main" else fn()
+    except SystemExit as e:
+        return e.code
+
+
 def run_command(cmd, *, timeout, cwd=REPO, env=None):
     """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), except that a timeout
     kills the command's whole process group: a launcher's spawned workers (grandchildren) die with

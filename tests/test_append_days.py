@@ -149,7 +149,7 @@ def test_appending_two_days_twice_and_concurrently(tmp_path):
 
 def test_ensure_dataset_keeps_an_appended_data_set(tmp_path, capsys):
     root = _build(tmp_path)
-    assert generate_main([f"out={root}", "append=true", "days=2"]) == 0
+    assert generate_main([f"data.root={root}", "append=true", "days=2"]) == 0
     assert f"{DAY3}, {DAY4}" in capsys.readouterr().out
     mtime = os.path.getmtime(os.path.join(root, "meta.json"))
     for days in (2, 3, 4):  # generated 2 <= requested <= 2 + 2 appended: usable as it is
@@ -161,7 +161,7 @@ def test_ensure_dataset_keeps_an_appended_data_set(tmp_path, capsys):
     for over in (dict(days=1), dict(days=5), dict(seed=6)):
         assert _existing(root, GeneratorConfig(**dict(GEN, **over)), resolve_min_count({}))[0] is False, over
     with pytest.raises(SystemExit):
-        generate_main([f"out={root}", "append=true", "seed=3"])  # the data set's own config is used
+        generate_main([f"data.root={root}", "append=true", "seed=3"])  # the data set's own config is used
 
 
 # ---- convert.append_days ----------------------------------------------------------------------------

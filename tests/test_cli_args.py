@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import REPO, run_command
+from conftest import REPO, call_command, run_command
 
 # (module, its entry point, argv, the new spelling the refusal names)
 OLD_SPELLINGS = [
@@ -28,7 +28,8 @@ OLD_SPELLINGS = [
     ("data_tools.relayout", "main", ["D"], "use data.root=DIR"),
     ("data_tools.relayout", "main", ["data.root=D", "--row-group-rows", "5"], "use row_group_rows=N"),
     ("data_tools.generate", "main", ["--out", "D"], "--out is no longer accepted; use out=DIR"),
-    ("data_tools.generate", "main", ["--append-to", "D"], "use out=ROOT append=true"),
+    ("data_tools.generate", "main", ["--append-to", "D"], "use data.root=DIR append=true"),
+    ("data_tools.generate", "main", ["append=true", "out=D"], "out=D with append=true is no longer accepted"),
     ("data_tools.generate", "main", ["out=D", "--n-users", "5"], "--n-users is no longer accepted; use n_users=INT"),
     ("pipelines.retrain", "main", ["registry=R", "data_root=D"], "data_root= is no longer accepted; use data.root=DIR"),
     ("pipelines.retrain", "main", ["adopt", "registry=R", "run_dir=X", "data_root=D"], "use data.root=DIR"),
@@ -46,15 +47,7 @@ OLD_SPELLINGS = [
 ]
 
 
-def _call(module, entry, argv, monkeypatch):
-    """The command's exit status, run in this process: main(argv) or, for a Hydra command, its entry point
-    with ``sys.argv``."""
-    fn = getattr(importlib.import_module(module), entry)
-    monkeypatch.setattr(sys, "argv", [module, *argv])
-    try:
-        return fn(argv) if entry == "main" else fn()
-    except SystemExit as e:
-        return e.code
+_call = call_command
 
 
 @pytest.mark.parametrize("module, entry, argv, new", OLD_SPELLINGS, ids=[f"{m}:{' '.join(a)}" for m, _, a, _ in OLD_SPELLINGS])

@@ -9,7 +9,7 @@ each task's label, prediction and, on synthetic data, the true probability), ``e
 renamed, so a failed evaluation leaves the run directory as it was.
 
 Comparison: writes one side-by-side ``report.html`` into its own directory ``out`` (default
-``outputs/comparisons/<date>_<time>``; never a run's directory). Each run is evaluated on its own held-out
+``outputs/comparisons/<YYYY-MM-DD_HH-MM-SS>``; never a run's directory). Each run is evaluated on its own held-out
 days exactly as ``run_dir=`` would (reusing an ``eval.json`` that scored the same days unless
 ``rescore=true``); a run that ``days=`` scores on other days than its own is scored into
 ``out/runs/<n>-<run>/`` (eval.json, predictions.parquet), its run directory left as it is, so comparing a
@@ -89,6 +89,10 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
         raise
     for path in written:
         os.replace(path + ".new", path)
+    if not into:  # the run's own evaluation: into its MLflow run, when it has one (recsys_hdet/tracking.py)
+        from recsys_hdet.tracking import log_evaluation
+
+        log_evaluation(run.run_dir, result, written)
     for task, m in result["eval"].items():
         o = result.get("oracle", {}).get(task)
         print(f"  {task:>12}: AUC {_shown(m, 'auc')}  NE {_shown(m, 'ne')}" + (f"  (oracle {_shown(o, 'ne')})" if o else "")
@@ -109,11 +113,14 @@ def evaluate_run(run_dir: str, days: Optional[Sequence[str]] = None, data_root: 
 
 
 def default_comparison_dir() -> str:
-    """A comparison's directory when ``out=`` is not given: ``outputs/comparisons/<date>_<time>`` (beside the
-    runs' own ``outputs/<experiment>/<date>_<time>``), a new one per comparison."""
+    """A comparison's directory when ``out=`` is not given: ``outputs/comparisons/<YYYY-MM-DD_HH-MM-SS>`` (beside
+    the runs' own ``outputs/<experiment_name>/<YYYY-MM-DD_HH-MM-SS>``: :data:`recsys_hdet.run_dir.TIME_FORMAT`), a
+    new one per comparison."""
     import datetime as dt
 
-    return os.path.join("outputs", "comparisons", dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    from recsys_hdet.run_dir import TIME_FORMAT
+
+    return os.path.join("outputs", "comparisons", dt.datetime.now().strftime(TIME_FORMAT))
 
 
 def compare_runs(run_dirs: Sequence[str], out: Optional[str] = None, labels: Optional[Sequence[str]] = None,

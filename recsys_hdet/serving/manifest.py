@@ -31,7 +31,7 @@ def read_manifest(model_dir: str) -> Dict[str, Any]:
         with open(path) as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        raise ArtifactError(f"{path}: missing; model={model_dir} is not an exported model "
+        raise ArtifactError(f"{path}: missing; model_dir={model_dir} is not an exported model "
                             "(python -m recsys_hdet.export run_dir=... out=...)") from None
     except (OSError, ValueError) as e:
         raise ArtifactError(f"{path}: not readable JSON ({e})") from None
