@@ -98,7 +98,8 @@ class GateConfig:
 class RetrainConfig:
     """``python -m pipelines.retrain``: the job's settings (recorded in each version), then the invocation's own
     options."""
-    registry: str = MISSING                  # the model registry directory (created by adopt, or by the first run with create=true)
+    # the model registry directory (created by adopt, or by the first run with create=true)
+    registry: str = MISSING
     # data.root: the processed data set new days are appended to (run needs it; adopt: default the run's; status
     # and rollback do not read it)
     data: DataRoot = field(default_factory=DataRoot)
