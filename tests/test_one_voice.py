@@ -64,7 +64,7 @@ def test_unknown_key_wrong_type_and_plus_typo_are_one_line_exit_2(name, module, 
 
 @pytest.mark.parametrize("module, entry, argv, said", [
     ("recsys_hdet.evaluate", "run", [f"run_dir={N}/run", "+batch_size=5"], f"run_dir={N}/run: no such directory"),
-    ("pipelines.retrain", "main", ["rollback", f"registry={N}/reg", "+to=v0001"], "no complete version 'v0001'"),
+    ("pipelines.retrain", "main", ["rollback", f"registry={N}/reg", "+to=v0001"], "no registry there (nothing was created)"),
     ("data_tools.validate", "main", [f"+data.root={N}/d"], f"{N}/d"),
 ])
 def test_plus_on_a_key_the_command_knows_is_that_key(module, entry, argv, said, monkeypatch, capsys):
