@@ -53,7 +53,7 @@ import hydra
 import torchrec  # noqa: F401 - before Hydra sets up logging (as in recsys_hdet.train)
 from omegaconf import DictConfig, OmegaConf
 
-from recsys_hdet.hdet.range_test.rule import CLASSIC_SMOOTHING, curve_record, range_edge, suggest_multiplier
+from recsys_hdet.hdet.range_test.rule import CLASSIC_SMOOTHING, curve_record, range_edge
 from recsys_hdet.constants import LR_AXES
 from recsys_hdet.config import (CONF_DIR, ConfigError, remove_hydra_leftovers, run_dir_argument,
                                 run_hydra_command)
@@ -66,7 +66,7 @@ _config_composed = False
 
 def range_test_curve(metrics: Sequence[Dict[str, Any]]) -> tuple[List[int], List[float]]:
     """A range-test run's logged curve from its ``RunDir.METRICS`` records: the steps trained at each record
-    and the loss logged there (what :func:`suggest_multiplier` reads)."""
+    and the loss logged there (what :func:`~recsys_hdet.hdet.range_test.rule.curve_record` reads)."""
     logged = [m for m in metrics if "loss" in m and "step" in m]
     return [int(m["step"]) for m in logged], [m["loss"]["avg"] for m in logged]
 
@@ -268,7 +268,7 @@ def find(cfg: DictConfig, run_dir: str) -> Dict[str, Any]:
             return record
         curve = range_test_curve(RunDir(result.run_dir).metrics())
         sweep["curve"] = curve_record(*curve, low, high, int(rt.steps))  # what lr_find.png draws
-        sweep["multiplier"] = suggest_multiplier(*curve, low, high, int(rt.steps))
+        sweep["multiplier"] = sweep["curve"]["multiplier"]  # fastai's rule, read once by curve_record
         if sweep["multiplier"] is None:
             return record
         sweep["range_edge"] = range_edge(sweep["multiplier"], low, high, int(rt.steps))
