@@ -196,7 +196,11 @@ def composition_error(exc: BaseException, schema: type) -> str:
             node = typing.get_type_hints(node).get(part)  # postponed annotations resolved in their modules
             if not dataclasses.is_dataclass(node):
                 break
-        else:
+        # The node's own schema where OmegaConf names it: a group option's schema that extends the declared one
+        # (conf/hdet/enabled.yaml's), whose keys are the ones allowed there.
+        node = getattr(cause, "object_type", None) if dataclasses.is_dataclass(getattr(cause, "object_type", None)) \
+            else node
+        if dataclasses.is_dataclass(node):
             fields = {f.name: f.type for f in dataclasses.fields(node)}
             if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
                 return unknown_key(key, [f"{parent}.{f}" if parent else f for f in fields])

@@ -28,6 +28,7 @@ from pipelines.lr_carry import clamp_carried, preset_lrs
 from pipelines.registry import Registry
 from pipelines.settings import SettingsComparison, changed_settings
 from pipelines.version_manifest import day_manifest, version_files, write_version_report
+from recsys_hdet.hdet.config import hdet_form
 from recsys_hdet.api import compose_config
 from recsys_hdet.run_dir import RunDir
 
@@ -126,10 +127,11 @@ def setup_day(cfg: DictConfig, registry: Registry, plan: DayPlan, all_days: Sequ
     overrides = training_overrides(cfg, plan, all_days, warm, carried)
     composed = _checked_config(plan, overrides)
     experiment = cfg.cold_start_experiment if plan.cold_start else cfg.experiment
-    if cfg.carry_lr and not bool(composed.hdet.enabled):
+    if cfg.carry_lr and hdet_form(composed.hdet) == "plain":
         raise CarryWithoutController(
-            f"day {plan.day}: carry_lr=true carries the rates HDET's controller ended with, but experiment="
-            f"{experiment} trains plain (hdet.enabled=false): set carry_lr=false, or add 'hdet=controller' to overrides")
+            f"day {plan.day}: carry_lr=true carries the rates the published model's HDET run trained at (its "
+            f"controller's last, or its range test's commit), but experiment={experiment} trains plain "
+            "(hdet=disabled): set carry_lr=false, or add 'hdet=enabled' or 'hdet=controller' to overrides")
     found = changed_settings(cfg, parent_manifest, current_dir, composed, experiment) if current_dir \
         else SettingsComparison()
     if found.refused and not cfg.allow_config_change:

@@ -33,8 +33,9 @@ from recsys_hdet.config import CONF_DIR
 from data_tools.cli_args import opt, parse
 from data_tools.exit_status import ExitStatus
 
-DEMO_OVERRIDES = ("data=retrain_demo", "trainer.sharding_group_size=1", "hdet.probe_rows=1024", "hdet.sync_every=10",
-                  "trainer.periodic_checkpoint.every_steps=25")
+DEMO_OVERRIDES = ("data=retrain_demo", "trainer.sharding_group_size=1", "trainer.periodic_checkpoint.every_steps=25")
+# HDET's controller on the demo data (its keys are its own: each HDET form composes only the keys it reads).
+DEMO_CONTROLLER = ("hdet=controller", "hdet.probe_rows=1024", "hdet.sync_every=10")
 
 
 def shuffle_labels(root: str, day: str, seed: int = 0) -> None:

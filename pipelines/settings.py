@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from recsys_hdet.config import recorded_config
 from recsys_hdet.run_dir import RunDir
 
 SETTING_KEYS = ("experiment", "cold_start_experiment", "overrides", "carry_lr", "carry_lr_clamp", "seed")
@@ -99,7 +100,8 @@ def changed_settings(cfg: DictConfig, parent: Mapping[str, Any], parent_dir: str
     comparable = parent.get("experiment") == experiment or parent.get("adopted_from") is not None
     if not comparable or not os.path.isfile(parent_run.path(RunDir.CONFIG)):
         return found
-    config = config_differences(parent_run.config(), training, bool(cfg.carry_lr))
+    recorded = parent_run.overrides() if os.path.isfile(parent_run.path(RunDir.OVERRIDES)) else []
+    config = config_differences(parent_run.config(), training, bool(cfg.carry_lr), recorded, parent_dir)
     found.refused += config.refused
     found.noted += config.noted
     return found
@@ -122,18 +124,24 @@ def _config_diff(was: DictConfig, now: DictConfig, carry_lr: bool) -> Dict[str, 
     """``{key: "key: old -> new"}`` for every key of two resolved training configs that differs, leaving out the
     keys the job sets itself (:data:`JOB_KEYS`; the max LRs too when ``carry_lr`` carries them)."""
     skip = JOB_KEYS + (("optim.lr",) if carry_lr else ())
-    old = _flat(OmegaConf.to_container(was, resolve=True))
+    old = _flat(OmegaConf.to_container(was, resolve=True) if isinstance(was, DictConfig) else was)
     new = _flat(OmegaConf.to_container(now, resolve=True))
     return {key: f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
             for key in sorted(set(old) | set(new))
             if not _job_key(key, skip) and old.get(key, "<absent>") != new.get(key, "<absent>")}
 
 
-def config_differences(was: DictConfig, now: DictConfig, carry_lr: bool) -> SettingsComparison:
+def config_differences(was: DictConfig, now: DictConfig, carry_lr: bool, was_overrides: Sequence[str] = (),
+                       where: str = "") -> SettingsComparison:
     """Every key of two resolved training configs that differs, leaving out :data:`JOB_KEYS` (the max LRs too
     when ``carry_lr`` carries them), as ``key: old -> new``: a key of :data:`EXECUTION_KEYS` noted, any other
-    refused (a key of :data:`REFUSED_LAYOUT` with its reason)."""
+    refused (a key of :data:`REFUSED_LAYOUT` with its reason). ``was`` is read in today's shape
+    (:func:`recsys_hdet.config.recorded_config`, with its run's overrides ``was_overrides``); a config recorded
+    before the HDET forms had their own schemas is noted, naming ``where`` it was recorded."""
     found = SettingsComparison()
+    was, notice = recorded_config(OmegaConf.create(OmegaConf.to_container(was, resolve=True)), was_overrides)
+    if notice:
+        found.noted.append(f"{where or 'the recorded config'}: {notice}")
     for key, line in _config_diff(was, now, carry_lr).items():
         if _job_key(key, EXECUTION_KEYS):
             found.noted.append(line)

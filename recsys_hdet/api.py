@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.config import ConfigError, validate_config
-from recsys_hdet.config_schema import TrainConfig
+from recsys_hdet.config_schema import TrainConfig, structured
 from recsys_hdet.config_values import plain
 from data_tools.exit_status import ExitStatus
 from data_tools.fileio import abs_path
@@ -237,7 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("usage: python -m recsys_hdet.api CONFIG_FILE RUN_DIR", file=sys.stderr)
         return ExitStatus.USAGE
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(args[0]))
+        cfg = structured(OmegaConf.load(args[0]))
         return train(cfg, args[1]).exit_status
     except (ConfigError, DataError, ValueError) as e:
         print(f"error: {args[0]}: {e}", file=sys.stderr)

@@ -15,15 +15,18 @@ then checked here before any worker starts.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+import typing
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet import config_schema
 from recsys_hdet.config_values import ConfigError, require as _require
-from recsys_hdet.hdet.config import PROBE_SIGNALS
+from recsys_hdet.hdet.config import FORM_SCHEMAS, PROBE_SIGNALS, hdet_form
 
 __all__ = ["CONF_DIR", "ConfigError", "compose_error", "probe_rows", "run_hydra_command", "validate_config"]
 
@@ -37,7 +40,7 @@ def probe_rows(cfg: DictConfig) -> int:
     if reserved is not None:
         return int(reserved)
     h = cfg.hdet
-    return int(h.probe_rows) if h.enabled and h.signal in PROBE_SIGNALS and not h.range_test.steps else 0
+    return int(h.probe_rows) if hdet_form(h) == "controller" and h.signal in PROBE_SIGNALS else 0
 
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -60,7 +63,53 @@ def compose_error(exc: BaseException, schema: type = config_schema.TrainConfig) 
     (training by default). The line is :func:`data_tools.cli_args.composition_error`'s."""
     from data_tools.cli_args import composition_error
 
-    return composition_error(exc, schema) if getattr(exc.__cause__, "full_key", None) else None
+    key = getattr(exc.__cause__, "full_key", None)
+    if not key:
+        return None
+    line = composition_error(exc, schema)
+    if "unknown key" not in line or not key.startswith("hdet."):
+        return line
+    owner = form_of_key(key)
+    if owner:
+        return f"{line}; {key} is a key of hdet={owner}, not of this form"
+    # a typo of another form's key (hdet.alpah under the default hdet=disabled): the closest key of every form
+    here = getattr(exc.__cause__, "object_type", None)
+    parent, _, name = key.rpartition(".")
+    known = {f.name for f in dataclasses.fields(here)} if dataclasses.is_dataclass(here) else set()
+    for option, form in FORM_SCHEMAS.items():
+        close = [c for c in difflib.get_close_matches(name, [f.name for f in dataclasses.fields(form)], n=1)
+                 if c not in known and parent == "hdet"]
+        if close:
+            return f"{line}; did you mean hdet.{close[0]}, a key of hdet={option}?"
+    return line
+
+
+def recorded_config(config: Any, overrides: Sequence[str] = ()) -> Tuple[Dict[str, Any], Optional[str]]:
+    """A run's recorded config (a DictConfig or a mapping: ``RunDir.CONFIG``, a checkpoint's) as a plain dict in
+    today's shape, for comparing it with a config composed now, and the one line that names how it was read when
+    it was recorded before each HDET form had its own schema (:func:`recsys_hdet.hdet.config.recorded_hdet`; None
+    otherwise). ``overrides``: the run's own (``RunDir.OVERRIDES``), where known."""
+    from recsys_hdet.hdet.config import recorded_hdet
+
+    plain = OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else dict(config)
+    if "hdet" not in plain:
+        return plain, None
+    hdet, notice = recorded_hdet(plain["hdet"], overrides)
+    return {**plain, "hdet": hdet}, notice
+
+
+def form_of_key(key: str) -> Optional[str]:
+    """The ``hdet`` option whose schema declares ``key`` (``hdet.alpha`` -> controller), for a key given under another
+    form; None for a key no form declares."""
+    def declares(schema: Any, path: List[str]) -> bool:
+        hints = typing.get_type_hints(schema)
+        kind = hints.get(path[0])
+        return path[0] in hints and (len(path) == 1 or (dataclasses.is_dataclass(kind) and declares(kind, path[1:])))
+
+    head, _, rest = key.partition(".")
+    if head != "hdet" or not rest:
+        return None
+    return next((option for option, form in FORM_SCHEMAS.items() if declares(form, rest.split("."))), None)
 
 
 def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
@@ -73,8 +122,8 @@ def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
         raise
     except ValueError as e:  # the HDET engine's own checks, run by the schema (ValueError: it knows no config)
         raise ConfigError(str(e)) from None
-    h = cfg.hdet
-    _require(h.enabled or cfg.trainer.dense_gradients == "allreduce", "trainer.dense_gradients",
+    h, form = cfg.hdet, hdet_form(cfg.hdet)
+    _require(form == "controller" or cfg.trainer.dense_gradients == "allreduce", "trainer.dense_gradients",
              str(cfg.trainer.dense_gradients), "'local' leaves the dense replicas apart until an HDET sync "
              "averages them: needs HDET's controller (hdet=controller)")
     _require(not h.enabled or cfg.optim.schedule.name == "one_cycle", "optim.schedule.name",
@@ -82,9 +131,9 @@ def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
     _require(not h.enabled or cfg.optim.dense.type != "schedulefree_adamw", "optim.dense.type",
              str(cfg.optim.dense.type), "Schedule-Free AdamW trains at a constant LR with no schedule for HDET to "
              "move: not with HDET (hdet.enabled=true)")
-    if h.enabled and h.range_test.steps:
+    if form == "range_test":
         check_range_test(cfg)
-    elif h.enabled and h.signal in PROBE_SIGNALS:
+    elif form == "controller" and h.signal in PROBE_SIGNALS:
         _require(cfg.data.reserve_rows != 0, "data.reserve_rows", 0,
                  f"hdet.signal={h.signal} scores rows reserved from training: null (hdet.probe_rows) or > 0")
         if h.signal == "anneal_probe":
@@ -93,7 +142,7 @@ def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
                      f"its cooldown trains on {cooldown_rows} reserved rows (x data.batch_size="
                      f"{cfg.data.batch_size}), leaving none of the {probe_rows(cfg)} reserved rows "
                      "(data.reserve_rows, else hdet.probe_rows) for the probe")
-    if h.enabled and h.explore.weight_decay is not None:
+    if form == "controller" and h.explore.weight_decay is not None:
         _require(cfg.optim.dense.type == "adamw", "optim.dense.type", str(cfg.optim.dense.type),
                  "exploring weight decay needs decoupled weight decay: set optim.dense.type=adamw")
         _require(float(cfg.optim.dense.weight_decay) > 0, "optim.dense.weight_decay", cfg.optim.dense.weight_decay,
@@ -102,8 +151,8 @@ def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
 
 
 def check_range_test(cfg: DictConfig) -> None:
-    """What the range test on the replicas (hdet.range_test.steps > 0) needs: two replicas or more (one sweep
-    per axis), the one-cycle schedule of Adam or AdamW (the committed max LRs are its), no other HDET form."""
+    """What the range test on the replicas (hdet=enabled) needs: two replicas or more (one sweep per axis), the
+    one-cycle schedule of Adam or AdamW (the committed max LRs are its)."""
     nproc, group = int(cfg.trainer.nproc), int(cfg.trainer.sharding_group_size)
     if nproc // group < 2:
         fits = [g for g in range(nproc // 2, 0, -1) if nproc % g == 0]  # sharding groups that leave 2+ replicas
@@ -114,10 +163,6 @@ def check_range_test(cfg: DictConfig) -> None:
                           "python -m recsys_hdet.lr_find (it sweeps the axes one after the other on one replica)")
     _require(cfg.optim.dense.type in ("adam", "adamw"), "optim.dense.type", str(cfg.optim.dense.type),
              "sets its own step size: hdet.range_test suggests max LRs for adam or adamw")
-    _require(int(cfg.hdet.explore_rounds) == 0, "hdet.explore_rounds", cfg.hdet.explore_rounds,
-             "explore-then-commit and hdet.range_test are two HDET forms: choose one")
-    _require(cfg.trainer.dense_gradients == "allreduce", "trainer.dense_gradients", str(cfg.trainer.dense_gradients),
-             "after hdet.range_test's commit the run trains plain: needs allreduce")
 
 
 def command_usage(doc: str, usage: str, config_name: str, sections: Mapping[str, List[str]] = {}) -> str:
@@ -152,7 +197,12 @@ def training_sections() -> Dict[str, List[str]]:
     for group in sorted(g for g in os.listdir(CONF_DIR) if os.path.isdir(os.path.join(CONF_DIR, g)) and g != "experiment"):
         options = sorted(n[:-5] for n in os.listdir(os.path.join(CONF_DIR, group)) if n.endswith(".yaml"))
         groups.append(f"  {group:<10}{', '.join(options)}")
-    return {"presets (+experiment=NAME)": presets, "config groups (group=option)": groups}
+    from data_tools.cli_help import key_lines
+
+    forms = {f"keys of hdet={option} (only with that option)":
+             key_lines(form, compose("config", [f"hdet={option}"]), "hdet.")
+             for option, form in FORM_SCHEMAS.items() if option != "disabled"}
+    return {"presets (+experiment=NAME)": presets, "config groups (group=option)": groups, **forms}
 
 
 def remove_hydra_leftovers(run_dir: str, log_name: str) -> None:

@@ -29,7 +29,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from recsys_hdet.config_values import (CUDA_ONLY_EMBEDDING_OPTIMIZERS, AnnealStrategy, DayRead, DenseGradients, DenseOptimizer,
                                        EmbeddingOptimizer, Schedule, ShardingType, TrainExposure, TrainPipeline, at_least,
                                        fraction, is_number, positive, require)
-from recsys_hdet.hdet.config import HDETConfigGroup
+from recsys_hdet.hdet.config import FORM_SCHEMAS, SCHEMA_OF_FORM, HDETForm, hdet_form
 from recsys_hdet.job_schema import EvaluateConfig, ExportConfig, PredictConfig, RetrainConfig, TrackingConfig
 
 
@@ -370,7 +370,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    hdet: HDETConfigGroup = field(default_factory=HDETConfigGroup)
+    hdet: HDETForm = field(default_factory=HDETForm)   # the chosen form's schema (conf/hdet/: hdet=enabled, ...)
     experiment_name: str = "default"
     seed: int = 0
     tasks: Dict[str, TaskConfig] = field(default_factory=dict)
@@ -390,6 +390,8 @@ def register() -> None:
     """Registers the schemas the YAML files' defaults lists name (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    for option, form in FORM_SCHEMAS.items():  # each hdet option's own keys (conf/hdet/<option>.yaml names it)
+        cs.store(group="hdet", name=f"{option}_schema", node=form)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="retrain_schema", node=RetrainConfig)
     cs.store(name="export_schema", node=ExportConfig)
@@ -401,9 +403,18 @@ def check(cfg: DictConfig) -> "TrainConfig":
     raises :class:`ConfigError`). What the training job passes on: components read its typed sections,
     with the defaults declared here and nowhere else. A config built without the schema (a plain container,
     ``OmegaConf.create``) is merged onto it first."""
-    if OmegaConf.get_type(cfg) is not TrainConfig:
-        cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
-    return OmegaConf.to_object(cfg)
+    return OmegaConf.to_object(structured(cfg))
+
+
+def structured(cfg: Any) -> DictConfig:
+    """A config built without the schema (a plain container, a resolved config file) merged onto it, its ``hdet``
+    node onto the schema of the form its keys name (:func:`recsys_hdet.hdet.config.hdet_form`), as Hydra's
+    composition does through the chosen option; a composed config as it is."""
+    if isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is TrainConfig:
+        return cfg
+    schema = OmegaConf.structured(TrainConfig)
+    schema.hdet = OmegaConf.structured(SCHEMA_OF_FORM[hdet_form((cfg or {}).get("hdet"))])
+    return OmegaConf.merge(schema, cfg)
 
 
 register()

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from data_tools.fileio import abs_path
 from recsys_hdet.config import ConfigError
 from recsys_hdet.config_values import DayRead, plain
+from recsys_hdet.hdet.config import hdet_form
 
 
 def prepare_data(cfg: DictConfig) -> str:
@@ -103,7 +104,7 @@ def _check_sweep_fits_the_pass(cfg: DictConfig, per_day: dict, global_batch: int
     """The range test on the replicas sweeps on the pass's first batches: a pass shorter than the sweep is refused
     here, before any worker starts (the loader's arithmetic; a day dealt by row groups is counted by rows)."""
     h = cfg.hdet
-    if not (h.enabled and int(h.range_test.steps) > 0):
+    if hdet_form(h) != "range_test":
         return
     steps = sum(max(rows - reserved, 0) // global_batch for rows in per_day.values())
     if steps < int(h.range_test.steps):

@@ -29,6 +29,7 @@ import torch
 from recsys_hdet.components.checkpoint import check_step_checkpoint
 from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_schedules
+from recsys_hdet.hdet.config import hdet_form
 
 
 # The manifest key (periodic checkpoints) and meta key (the final model) of the LR control's commitment.
@@ -165,7 +166,8 @@ def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_e
                            bool(cfg.optim.schedule.cycle_momentum), total_steps, plain_embedding_sync_every, record,
                            committed)
 
-    if bool(cfg.hdet.enabled) and int(cfg.hdet.range_test.steps) > 0:
+    form = hdet_form(cfg.hdet)
+    if form == "range_test":
         from recsys_hdet.hdet.range_test.job import replica_range_test, reuse_commitment
 
         # The range test on the replicas: the sweep runs now, from the step-0 state it then puts back; the pass
@@ -175,7 +177,7 @@ def build_lr_control(cfg: Any, handles: JobHandles, *, total_steps: int, plain_e
         done = done or replica_range_test(cfg, handles)
         return plain(done["committed"], {"hdet": {"form": "range_test", "range_test": done["range_test"]},
                                          "lr": {"controlled_max_lr": done["committed"]}}, done)
-    if bool(cfg.hdet.enabled):
+    if form == "controller":
         from recsys_hdet.hdet.controller.integration import build_hdet_control
 
         # After explore-then-commit's last round HDET hands the pass to the plain control at the held LRs.

@@ -60,7 +60,13 @@ def resolve_resume(cfg_dict: Dict[str, Any], run_dir: str) -> Optional[str]:
             manifest = check_step_checkpoint(path)
         except CheckpointError as e:
             raise ConfigError(f"config trainer.resume={mode}: {e}") from None
-    meaning, safe = config_changes(manifest.get("config", {}), {**cfg_dict, "trainer": {
+    from recsys_hdet.config import recorded_config
+
+    saved, notice = recorded_config(manifest.get("config", {}))
+    if notice:
+        print(f"resume: {path}: {notice}", flush=True)
+    manifest = {**manifest, "config": saved}
+    meaning, safe = config_changes(saved, {**cfg_dict, "trainer": {
         **cfg_dict["trainer"], "resume_from": manifest.get("config", {}).get("trainer", {}).get("resume_from")}})
     if meaning:
         raise ConfigError(f"config: cannot resume from {path}: these keys change what it means: "
@@ -109,8 +115,9 @@ def _check_branch_commitment(cfg_dict: Dict[str, Any], manifest: Dict[str, Any],
     """A branch under the range test (``hdet=enabled``) trains at the rates the run it branches from committed:
     it starts at that run's step, where no sweep from step 0 can run. ConfigError when that run committed none, or
     committed with other sweep settings or configured rates."""
-    hdet = cfg_dict.get("hdet") or {}
-    if not (hdet.get("enabled") and int((hdet.get("range_test") or {}).get("steps", 0)) > 0):
+    from recsys_hdet.hdet.config import hdet_form
+
+    if hdet_form(cfg_dict.get("hdet")) != "range_test":
         return
     from omegaconf import OmegaConf
 

@@ -41,6 +41,7 @@ from recsys_hdet.components.replicas import PeriodicEmbeddingAveraging, ReplicaA
 from recsys_hdet.components.rollback import Rollback, build_rollback
 from recsys_hdet.components.tensorboard import build_tensorboard, log_final
 from recsys_hdet.config import probe_rows
+from recsys_hdet.hdet.config import hdet_form
 from recsys_hdet.lr_control import COMMITMENT, LRControl, build_lr_control, recorded_commitment, run_cost
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.models.ranker import PARAM_GROUPS, build_model  # noqa: F401 (build_model: re-exported)
@@ -174,7 +175,7 @@ class Trainer:
         if lr_control.embedding_sync_every:
             self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), averaged every "
                      f"{lr_control.embedding_sync_every} steps")
-        elif averager.has_embedding_replicas:
+        elif averager.has_embedding_replicas and hdet_form(cfg.hdet) == "controller":
             self.log(f"{self.pgs.layout.replicas} embedding replicas (one per sharding group), each with its own LR, "
                      f"averaged at every HDET sync ({cfg.hdet.sync_every} steps)")
 

@@ -45,16 +45,16 @@ from pipelines import retrain as R
 from studies.provenance import code_state
 from studies.stats import paired
 from pipelines.registry import Registry
-from pipelines.retrain_demo import retrain_command
+from pipelines.retrain_demo import DEMO_CONTROLLER, retrain_command
 from recsys_hdet.config import CONF_DIR
 from recsys_hdet.constants import TASKS
 from data_tools.contract import has_meta, read_meta
 from data_tools.exit_status import ExitStatus
 
 # arm -> the training overrides of its days (after the demo overrides); the cold start trains plain. Every run
-# reserves the HDET probe's rows (hdet.probe_rows in the demo overrides), so both arms train the same rows.
+# reserves the HDET probe's rows (hdet.probe_rows in the controller's demo overrides), so all arms train the same rows.
 SAME_ROWS = ("data.reserve_rows=1024",)
-ARMS = {"hdet": ("hdet=controller", *SAME_ROWS), "range_test": ("hdet=enabled", *SAME_ROWS),
+ARMS = {"hdet": (*DEMO_CONTROLLER, *SAME_ROWS), "range_test": ("hdet=enabled", *SAME_ROWS),
         "plain": ("hdet=disabled", *SAME_ROWS)}
 # The contender arm (--arm) -> its report's name and what it runs (the plain arm is every contender's reference).
 CONTENDERS = {"hdet": ("retraining", "`hdet=controller` (conf/hdet/controller.yaml's controller, exploring on every day)"),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from data_tools.fileio import read_json
+from recsys_hdet.hdet.config import recorded_hdet
 from recsys_hdet.run_dir import RunDir
 from studies.contract import StudyMismatch
 from studies.provenance import REPO, code_state
@@ -206,6 +207,11 @@ def verify(study: StudyFiles, name: str) -> Dict[str, Any]:
     if "threads_per_worker" not in (record.get("layout") or {}):
         fresh.get("layout", {}).pop("threads_per_worker", None)  # an older line that did not record it
     recorded = {**record, "overrides": current_spelling(list(record["overrides"]), record.get("commit"))}
+    if "config" in (record.get("hdet") or {}):  # the hdet config as today's form records it (the keys it reads)
+        hdet, notice = recorded_hdet(record["hdet"]["config"], record["overrides"])
+        recorded["hdet"] = {**record["hdet"], "config": hdet}
+        if notice:
+            print(f"{name}: {notice}", flush=True)
     diffs = differences(recorded, fresh)  # the overrides in today's spelling, as the run was retrained
     return {**out, "reproduced": not diffs, "differences": diffs, "record": fresh}
 

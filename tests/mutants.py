@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (87; see docs/contributing.md for the last full run's time)
+    .venv/bin/python tests/mutants.py            # every mutant (98; see docs/contributing.md for the last full run's time)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
@@ -39,8 +39,8 @@ MUTANTS = (
            "if False:",
            ["tests/test_train.py::test_two_process_run_writes_the_artifact_contract"]),
     Mutant("B", "HDET silently off at alpha = 0", "recsys_hdet/lr_control.py",
-           "if bool(cfg.hdet.enabled):",
-           "if bool(cfg.hdet.enabled) and float(cfg.hdet.alpha) > 0:",
+           'if form == "controller":',
+           'if form == "controller" and float(cfg.hdet.alpha) > 0:',
            ["tests/test_hdet_train.py::test_alpha_zero_reproduces_the_plain_run_exactly"]),
     Mutant("C", "the rank's 'state is finite' flag ignored in the engine's sync", "recsys_hdet/hdet/controller/engine.py",
            "mine = torch.tensor([signal, 1.0 if self.state_is_finite() else 0.0, train_window], dtype=torch.float64)",
@@ -353,6 +353,19 @@ MUTANTS = (
     Mutant("RT19", "fbgemm's host step counter (iter_cpu) not restored with iter", "recsys_hdet/components/train_state.py",
            "                kernel.iter_cpu.fill_(int(kernel.iter.item()))", "                pass",
            ["tests/test_hdet_range_test.py::test_a_snapshot_restores_fbgemm_s_step_counters_and_the_next_steps_are_the_same"]),
+    Mutant("RT20", "hdet.range_test.steps=0 under hdet=enabled accepted (it once ran the controller)",
+           "recsys_hdet/hdet/config.py", "isinstance(self.steps, int) and self.steps >= 2,",
+           "isinstance(self.steps, int) and self.steps >= 0,",
+           ["tests/test_hdet_range_test.py::test_each_form_composes_only_its_own_keys_and_steps_0_names_the_controller"]),
+    Mutant("RT21", "hdet=enabled composes the controller's keys too (they are accepted, never read)",
+           "recsys_hdet/hdet/config.py", 'FORM_SCHEMAS = {"disabled": HDETForm, "enabled": RangeTestForm, "controller": ControllerForm}',
+           "@dataclass\nclass _Both(ControllerForm, RangeTestForm):\n    enabled: bool = True\n\n\n"
+           'FORM_SCHEMAS = {"disabled": HDETForm, "enabled": _Both, "controller": ControllerForm}',
+           ["tests/test_hdet_range_test.py::test_each_form_composes_only_its_own_keys_and_steps_0_names_the_controller"]),
+    Mutant("RT22", "a config recorded with hdet=enabled's old controller keys keeps them (resume and the daily job refuse it)",
+           "recsys_hdet/hdet/config.py", '        today = {"enabled": True, "range_test": dict(h["range_test"])}',
+           "        today = dict(h)",
+           ["tests/test_hdet_range_test.py::test_a_config_recorded_before_the_forms_had_their_own_keys_is_read_with_one_notice"]),
     Mutant("SP1", "a run recorded while hdet=enabled loaded the controller keeps that spelling (a resumed study refuses "
            "every finished controller run)", "studies/results.py",
            '    return ["hdet=controller" if o == "hdet=enabled" else o for o in overrides]', "    return list(overrides)",

@@ -29,7 +29,7 @@ def test_the_installed_commands_read_the_checkouts_conf_from_any_directory(tmp_p
     import sys
 
     bin_dir = os.path.dirname(sys.executable)
-    proc = subprocess.run([os.path.join(bin_dir, "recsys-hdet-train"), "data=tiny", "+hdet.alpah=0.1",
+    proc = subprocess.run([os.path.join(bin_dir, "recsys-hdet-train"), "data=tiny", "hdet=controller", "+hdet.alpah=0.1",
                            f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     _assert_clean_failure(proc, tmp_path / "run", "hdet.alpah: unknown key", "did you mean hdet.alpha?")
@@ -55,9 +55,9 @@ def _config_error(*overrides):
         ("trainer.rollback.max_rollbacks=-1", ["trainer.rollback.max_rollbacks", ">= 0"]),
         ("optim.dense.type=lamb", ["optim.dense.type", "'lamb'", "adam, adamw, prodigy, schedulefree_adamw"]),
         ("trainer.nproc=abc", ["trainer.nproc", "'abc'", "Integer"]),
-        ("hdet.alpah=0.1", ["hdet.alpah: unknown key", "did you mean hdet.alpha?"]),
+        ("hdet.alpah=0.1", ["hdet.alpah: unknown key", "did you mean hdet.alpha, a key of hdet=controller?"]),
         ("optim.embedding.type=adam", ["optim.embedding.type", "no fused adam", "'rowwise_adagrad'"]),
-        ("+hdet.alpah=0.1", ["hdet.alpah: unknown key", "did you mean hdet.alpha?"]),
+        ("+trainer.nproq=2", ["trainer.nproq: unknown key", "did you mean trainer.nproc?"]),
         ("+trainer.lr=0.1", ["trainer.lr: unknown key"]),
         ("trainer.dense_gradients=local", ["trainer.dense_gradients='local'", "needs HDET's controller (hdet=controller)"]),
         ("trainer.dense_gradients=ring", ["trainer.dense_gradients", "one of [allreduce, local]"]),

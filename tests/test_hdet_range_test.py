@@ -190,8 +190,6 @@ def test_one_replica_or_another_form_is_refused_before_training(tmp_path, data_c
 
     base = ["data=tiny", "hdet=enabled", "hdet.range_test.steps=8"]
     for extra, named in ((["trainer.nproc=2", "trainer.sharding_group_size=2"], "at least 2 replicas"),
-                         (["trainer.nproc=2", "trainer.sharding_group_size=1", "hdet.explore_rounds=1",
-                           "hdet.explore_steps=5", "hdet.space=log"], "choose one"),
                          (["trainer.nproc=2", "trainer.sharding_group_size=1", "optim.dense.type=prodigy"],
                           "sets its own step size")):
         with pytest.raises(ConfigError, match=named):
@@ -201,6 +199,68 @@ def test_one_replica_or_another_form_is_refused_before_training(tmp_path, data_c
                 "+hdet.range_test.divisors.other=10"):
         with pytest.raises(ConfigError, match="hdet.range_test"):
             validate_config(compose_config([*base, "trainer.nproc=2", "trainer.sharding_group_size=1", bad]))
+
+
+def test_each_form_composes_only_its_own_keys_and_steps_0_names_the_controller():
+    """Issue 57 item 4: hdet=enabled composes the range test's keys alone; a controller key under it is unknown and
+    named as hdet=controller's (and the other way round); range_test.steps=0, which once ran the controller, is
+    refused naming hdet=controller; --help lists each form's keys."""
+    from conftest import config_error
+
+    from recsys_hdet.api import compose_config
+
+    layout = ["data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1"]
+    assert set(compose_config([*layout, "hdet=enabled"]).hdet) == {"enabled", "range_test"}
+    assert set(compose_config([*layout, "hdet=disabled"]).hdet) == {"enabled"}
+    controller = compose_config([*layout, "hdet=controller"]).hdet
+    assert "range_test" not in controller and {"alpha", "signal", "probe_rows", "sync_every"} <= set(controller)
+    for overrides, needles in (
+            (["hdet=enabled", "hdet.range_test.steps=0"], ["hdet.range_test.steps=0", "hdet=controller"]),
+            (["hdet=enabled", "hdet.alpha=-5"], ["hdet.alpha: unknown key", "a key of hdet=controller"]),
+            (["hdet=enabled", "hdet.signal=probe"], ["hdet.signal: unknown key", "a key of hdet=controller"]),
+            (["hdet=controller", "hdet.range_test.steps=8"], ["hdet.range_test: unknown key", "a key of hdet=enabled"]),
+            (["hdet.alpah=0.1"], ["hdet.alpah: unknown key", "did you mean hdet.alpha, a key of hdet=controller?"])):
+        message = config_error(*layout, *overrides)
+        for needle in needles:
+            assert needle in message, message
+    from recsys_hdet.train import usage
+
+    text = usage()
+    assert "keys of hdet=enabled (only with that option):" in text and "hdet.range_test.off_map=STR" in text
+    assert "keys of hdet=controller (only with that option):" in text and "hdet.alpha=FLOAT" in text
+
+
+def test_a_config_recorded_before_the_forms_had_their_own_keys_is_read_with_one_notice(tmp_path):
+    """A run recorded while hdet=enabled composed every controller key reads in today's shape, with one line: the
+    range test's (the controller keys it never read dropped), and the controller's of the era when hdet=enabled meant
+    it (its overrides say so); today's shapes read as they are, silently. The retraining job's comparison with such
+    a version's config refuses nothing and notes the line; a resolved config file of each form trains typed."""
+    from omegaconf import OmegaConf
+
+    from pipelines.settings import config_differences
+    from recsys_hdet.api import compose_config
+    from recsys_hdet.config import recorded_config
+    from recsys_hdet.config_schema import check, structured
+    from recsys_hdet.hdet.config import ControllerForm, RangeTestForm
+
+    layout = ["data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1"]
+    now = compose_config([*layout, "hdet=enabled"])
+    controller = OmegaConf.to_container(compose_config([*layout, "hdet=controller"]).hdet, resolve=True)
+    today = OmegaConf.to_container(now, resolve=True)
+    old_range_test = {**today, "hdet": {**controller, "enabled": True, "range_test": dict(today["hdet"]["range_test"])}}
+    read, notice = recorded_config(old_range_test)
+    assert read["hdet"] == today["hdet"]
+    assert "controller that the range test never read" in notice and "read as hdet=enabled" in notice
+    old_controller = {**today, "hdet": {**controller, "range_test": {**today["hdet"]["range_test"], "steps": 0}}}
+    read, notice = recorded_config(old_controller, ["data=tiny", "hdet=enabled"])
+    assert read["hdet"] == controller and "when that name meant HDET's controller" in notice
+    assert "read as hdet=controller" in notice
+    assert recorded_config(today) == (today, None)
+    assert recorded_config({**today, "hdet": controller}, ["hdet=controller"]) == ({**today, "hdet": controller}, None)
+    found = config_differences(OmegaConf.create(old_range_test), now, carry_lr=False, where="v0001")
+    assert found.refused == [] and found.noted == [f"v0001: {recorded_config(old_range_test)[1]}"]
+    assert type(check(structured(OmegaConf.create(today))).hdet) is RangeTestForm
+    assert type(check(structured(OmegaConf.create({**today, "hdet": controller}))).hdet) is ControllerForm
 
 
 # ----------------------------------------------------------------------------------------------

@@ -256,7 +256,7 @@ def _job(tmp_path, name, data, *extra, env=None):
     demo = __import__("pipelines.retrain_demo", fromlist=["x"])
     # HDET on: the carried LRs are the controller's, and a killed HDET day must resume bit for bit too
     cmd = [sys.executable, "-m", "pipelines.retrain", *extra, f"registry={tmp_path / name}", f"data.root={data}",
-           "overrides=[" + ",".join(f"'{o}'" for o in (*demo.DEMO_OVERRIDES, f"trainer.nproc={NPROC}", "hdet=controller")) + "]"]
+           "overrides=[" + ",".join(f"'{o}'" for o in (*demo.DEMO_OVERRIDES, f"trainer.nproc={NPROC}", *demo.DEMO_CONTROLLER)) + "]"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, **(env or {})})
 
@@ -435,7 +435,7 @@ def test_a_changed_setting_between_days_is_refused_naming_the_keys(tmp_path, tin
     # carry_lr=true on a plain day (the retrain_daily preset is plain) has no controller rates to carry: refused.
     assert _main(tmp_path, "carry_lr=true", "allow_config_change=true") == ExitStatus.USAGE
     err = capsys.readouterr().err
-    assert "REFUSED" in err and "carry_lr=true carries the rates HDET's controller ended with" in err, err
+    assert "REFUSED" in err and "carry_lr=true carries the rates the published model's HDET run trained at" in err, err
     assert reg.list_versions() == before
 
 

@@ -1,12 +1,18 @@
-"""HDET's configuration: one dataclass with every controller field, its default and its check.
+"""HDET's configuration: one schema per form of the ``hdet`` config group, each declaring only the keys its
+form reads.
 
-The defaults are the paper's form (linear spread 1 +- 1/9, softmax weights with sigma 0.1, T = 1000,
-the controller from step 100k); ``conf/hdet/enabled.yaml`` sets the product's form (the range test on the
-replicas) and ``conf/hdet/controller.yaml`` the controller's measured values. The
-config schema's ``hdet`` group (:class:`HDETConfigGroup`, below) *is* this class, extended with the
-job's own HDET fields (enabled, the signal, the probe rows, explored hyperparameters, the warm
-start): every HDET field is declared once, here. Import-light (no torch), so the schema can extend it
-without importing the engine.
+- :class:`HDETForm` (``hdet=disabled``, plain data-parallel training): ``enabled`` alone; the base of the
+  others, and the type of the training schema's ``hdet`` field, so that Hydra takes the chosen option's own
+  schema (conf/hdet/*.yaml name theirs in their defaults) and a key of another form is an unknown key.
+- :class:`RangeTestForm` (``hdet=enabled``, the product's form): the range test on the replicas.
+- :class:`ControllerForm` (``hdet=controller``): the paper's controller, :class:`HDETConfig`'s fields (whose
+  defaults are the paper's form: linear spread 1 +- 1/9, softmax weights with sigma 0.1, T = 1000, the
+  controller from step 100k) and the job's own (the signal, the probe rows, explored hyperparameters, the warm
+  start); conf/hdet/controller.yaml sets the measured values.
+
+:func:`hdet_form` names a config's form (typed or as a run recorded it); :func:`recorded_hdet` reads a config
+recorded before the forms had their own schemas. Every HDET field is declared once, here. Import-light (no
+torch), so the schema can use it without importing the engines.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from recsys_hdet.config_values import at_least, fraction, is_number, require
 from recsys_hdet.constants import LR_AXES
@@ -251,8 +257,7 @@ class ExploreConfig:
 
 @dataclass
 class ReplicaRangeTestConfig:
-    """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test.sweep`; docs/hdet.md): ``steps`` > 0 turns
-    the form on. Before the pass each replica sweeps one axis (the embedding; the dense groups together) from max
+    """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test.sweep`; docs/hdet.md). Before the pass each replica sweeps one axis (the embedding; the dense groups together) from max
     LR x ``low`` to x ``high`` over ``steps`` steps, the other axis held at x ``low``; the run commits each axis's
     suggestion and trains plain from the step-0 state at the committed max LRs (cost: these steps, in parallel).
     The suggestion is fastai's rule (the smoothed loss's minimum) divided per axis by ``divisors``: how far below
@@ -260,9 +265,10 @@ class ReplicaRangeTestConfig:
     start; the defaults were measured on the benchmark's model against its grid's best cell
     (docs/results/hdet_history.md, the third form), where the dense groups' edge, read with the embedding held
     low, lies about 20x above their best rate and the embedding's about 10x (fastai's 10)."""
-    steps: int = 0
-    low: float = 0.001
-    high: float = 10000.0
+    steps: int = 100   # the sweep's length in steps (each run by every replica at once)
+    low: float = 0.001     # the sweep's first rate, x each axis's configured max LR (the other axis's held rate)
+    high: float = 10000.0  # the sweep's last rate, x each axis's configured max LR
+    # per axis: how far below its smoothed minimum the committed max LR lies (measured on the benchmark's model)
     divisors: Dict[str, float] = field(default_factory=lambda: {"embedding": 10.0, "dense": 20.0})
     # An axis whose answer lies off the map (within a sweep step of the range's end, a curve that never explodes
     # or never descends) is flagged (the commit's line, range_test.json, summary.json, the report). keep: an axis
@@ -272,8 +278,9 @@ class ReplicaRangeTestConfig:
     off_map: str = "keep"
 
     def __post_init__(self) -> None:
-        require(isinstance(self.steps, int) and (self.steps == 0 or self.steps >= 2), "hdet.range_test.steps",
-                self.steps, "0 (off) or an integer >= 2")
+        require(isinstance(self.steps, int) and self.steps >= 2, "hdet.range_test.steps", self.steps,
+                "the sweep needs an integer >= 2 (0 turned HDET's controller on before the range test had its own "
+                "config: that form is hdet=controller)")
         require(is_number(self.low) and self.low > 0, "hdet.range_test.low", self.low, "must be a number > 0")
         require(is_number(self.high) and self.high > self.low, "hdet.range_test.high", self.high,
                 f"must be a number above hdet.range_test.low={self.low}")
@@ -294,12 +301,29 @@ class WarmInitConfig:
 
 
 @dataclass
-class HDETConfigGroup(HDETConfig):
-    """conf/hdet/: the controller's fields are :class:`recsys_hdet.hdet.config.HDETConfig`'s (declared,
-    defaulted, explained and checked there, once), plus the job's own HDET fields below. Every default and
-    meaning is here; conf/hdet/enabled.yaml (the range test on the replicas) and controller.yaml (the controller)
-    hold only the values where a measured form differs from these defaults (the paper's form)."""
+class HDETForm:
+    """The ``hdet`` config group's base schema, and ``hdet=disabled``'s whole one: plain data-parallel training.
+    Each form's schema extends it with the keys that form reads (:class:`RangeTestForm`, :class:`ControllerForm`);
+    the chosen option's yaml names its schema (``defaults: [range_test_schema]``), so Hydra refuses another form's
+    key as unknown."""
     enabled: bool = False   # false: plain data-parallel training (every replica the same hyperparameters)
+
+
+@dataclass
+class RangeTestForm(HDETForm):
+    """``hdet=enabled``: the range test on the replicas (:mod:`recsys_hdet.hdet.range_test`; docs/hdet.md). After
+    its commit the run trains plain, so it reads no key of the controller."""
+    enabled: bool = True
+    range_test: ReplicaRangeTestConfig = field(default_factory=ReplicaRangeTestConfig)
+
+
+@dataclass
+class ControllerForm(HDETConfig, HDETForm):
+    """``hdet=controller``: the paper's spread, averaging and controller (:mod:`recsys_hdet.hdet.controller`). The
+    controller's fields are :class:`HDETConfig`'s (declared, defaulted, explained and checked there, once), plus
+    the job's own fields below; conf/hdet/controller.yaml holds only the values where the measured form differs
+    from these defaults (the paper's form)."""
+    enabled: bool = True   # false: plain data-parallel training (hdet=disabled says it in one word)
     # null: the embedding replicas (sharding groups) are averaged at every sync when the embedding LR is spread,
     # else every trainer.embedding_sync_every steps as in a plain run (alpha = 0 is the plain run); N: every N
     # steps regardless
@@ -326,7 +350,6 @@ class HDETConfigGroup(HDETConfig):
     probe_mix: Any = 1.0
     explore: ExploreConfig = field(default_factory=ExploreConfig)   # hyperparameters beyond LR (null: not explored)
     warm_init: WarmInitConfig = field(default_factory=WarmInitConfig)
-    range_test: ReplicaRangeTestConfig = field(default_factory=ReplicaRangeTestConfig)
 
     def __post_init__(self) -> None:
         if not self.enabled:
@@ -341,3 +364,46 @@ class HDETConfigGroup(HDETConfig):
         mix = self.probe_mix
         require(mix == "replicas" or (is_number(mix) and 0 < mix <= 1), "hdet.probe_mix", mix,
                 "'replicas' or a number in (0, 1]")
+
+
+# The ``hdet`` group's options and their schemas (conf/hdet/<option>.yaml names ``<option's form>_schema``).
+FORM_SCHEMAS = {"disabled": HDETForm, "enabled": RangeTestForm, "controller": ControllerForm}
+SCHEMA_OF_FORM = {"plain": HDETForm, "range_test": RangeTestForm, "controller": ControllerForm}
+
+
+def hdet_form(hdet: Any) -> str:
+    """The form a config's ``hdet`` node trains with: ``plain``, ``range_test`` (``hdet=enabled``) or ``controller``
+    (``hdet=controller``), told by its keys, so that a config read back from a run (untyped) is named as the
+    typed one it was composed as."""
+    if isinstance(hdet, HDETForm):  # the typed config (config_schema.check's)
+        return "plain" if not hdet.enabled else "range_test" if isinstance(hdet, RangeTestForm) else "controller"
+    if not hdet or not hdet.get("enabled"):
+        return "plain"
+    # A config recorded before the forms had their own schemas held range_test.steps 0 under the controller.
+    return "range_test" if int((hdet.get("range_test") or {}).get("steps") or 0) > 0 else "controller"
+
+
+def recorded_hdet(hdet: Mapping[str, Any], overrides: Sequence[str] = ()) -> Tuple[Dict[str, Any], Optional[str]]:
+    """A run's recorded ``hdet`` node in today's shape, and one line saying how it was read when it was recorded
+    before each form had its own schema (None when it is today's shape).
+
+    Until then ``hdet=enabled`` composed every controller key: first meaning the controller (before the range test
+    had a name: ``range_test.steps`` 0 or absent), then the range test (``range_test.steps`` > 0), the controller's
+    keys recorded beside it but never read. A plain run recorded them too (never read). ``overrides``: the run's
+    command-line overrides (Hydra's), which tell an old ``hdet=enabled`` that meant the controller from
+    ``hdet=controller``, where the keys cannot (without them that run is read as the controller it trained, and
+    no line says so)."""
+    h = dict(hdet or {})
+    said_enabled = "hdet=enabled" in overrides
+    if not h.get("enabled"):
+        return {"enabled": False}, None  # plain: any other key recorded was never read
+    steps = int((h.get("range_test") or {}).get("steps") or 0)
+    if steps > 0:
+        today = {"enabled": True, "range_test": dict(h["range_test"])}
+        extra = sorted(set(h) - set(today))
+        return today, (f"recorded with hdet=enabled's old config, which also held {len(extra)} keys of HDET's "
+                       "controller that the range test never read (hdet.alpha, ...): read as hdet=enabled without "
+                       "them") if extra else None
+    controller = {k: v for k, v in h.items() if k != "range_test"}  # range_test.steps 0: the controller's, unread
+    return controller, ("recorded with hdet=enabled when that name meant HDET's controller (before the range test "
+                        "on the replicas took it): read as hdet=controller") if said_enabled else None
