@@ -2,7 +2,8 @@
 
 ``status [json=true]`` (the lineage, for people or for scripts and dashboards), ``rollback
 [to=VERSION]`` (repoints ``current``) and ``adopt run_dir=RUN`` (an existing completed run becomes
-version 1 of an empty registry, with the training overrides its recorded config was composed with).
+version 1 of an empty registry, with the training overrides its recorded config was composed with;
+``freeze_lr=true``: with the max LRs its range test committed, :mod:`pipelines.lr_freeze`).
 ``status`` and ``rollback`` read the registry only (no ``data.root``).
 """
 
@@ -12,13 +13,15 @@ import json
 import os
 import sys
 import tempfile
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipelines.day_plan import DamagedVersion, RetrainError, check_registry, check_warm_start, version_name
 from pipelines.gate import gate
+from pipelines.lr_freeze import FROZEN_CONFIG, committed_rates, freeze_record, frozen_config, frozen_overrides
 from pipelines.registry import UNCHECKED, Registry, RegistryBusy, RegistryError
+from pipelines.settings import FROZEN
 from pipelines.version_manifest import adopted_manifest, version_files, write_version_report
 from recsys_hdet.run_dir import RunDir
 from data_tools.exit_status import ExitStatus
@@ -98,7 +101,10 @@ def adopt(cfg: DictConfig, overrides_given: bool = False) -> int:
     trains the days after its training days, warm-started from it: train the run with the daily
     ``experiment`` (its model must fit the warm start). The version's ``overrides`` setting is the run's
     own (:func:`adopted_overrides`: its data preset and layout, read from its recorded config) unless
-    ``overrides_given``; ``data.root`` defaults to the run's data set."""
+    ``overrides_given``; ``data.root`` defaults to the run's data set. ``freeze_lr``: the max LRs the run's range
+    test committed replace its HDET and max-LR overrides (:mod:`pipelines.lr_freeze`; refused, exit 2 and nothing
+    written, for a run that committed none), the version recording them (``lr_frozen``) and the config its days
+    are compared with (:data:`pipelines.lr_freeze.FROZEN_CONFIG`)."""
     from recsys_hdet.evaluate import evaluate_run
     from recsys_hdet.evaluation import EvaluationError, load_run
 
@@ -114,7 +120,8 @@ def adopt(cfg: DictConfig, overrides_given: bool = False) -> int:
     data_root = None if cfg.data.root is None else os.path.abspath(str(cfg.data.root))
     try:
         run = load_run(str(cfg.run_dir), None, data_root)
-        cfg.overrides = adopted_overrides(cfg, run, overrides_given)
+        commit = committed_rates(run) if cfg.freeze_lr else None  # before anything is written
+        unfrozen, cfg.overrides, reference = adopted_settings(cfg, run, overrides_given, commit)
         candidate = evaluate_run(run.run_dir, data_root=run.meta.root, nproc=int(cfg.eval_nproc))
     except (EvaluationError, RetrainError) as e:
         named = str(e).startswith(f"run_dir={cfg.run_dir}")  # the message names the key already
@@ -123,10 +130,15 @@ def adopt(cfg: DictConfig, overrides_given: bool = False) -> int:
     if decision["decision"] != "published":
         return fail("not adopted: " + "; ".join(decision["reasons"]) + "; the registry is unchanged", ExitStatus.REJECTED)
     manifest = adopted_manifest(cfg, run, decision, candidate)
+    if commit:
+        manifest[FROZEN] = freeze_record(run, commit, unfrozen, list(cfg.overrides))
     os.makedirs(registry.root, exist_ok=True)
     try:
         with registry.lock(), tempfile.TemporaryDirectory(prefix="recsys-hdet-adopt-") as scratch:
             files = version_files(run.run_dir)
+            if commit:  # the config the days are compared with: the run's, at the frozen rates, hdet=disabled
+                files[FROZEN_CONFIG] = os.path.join(scratch, FROZEN_CONFIG)
+                OmegaConf.save(reference, files[FROZEN_CONFIG])
             version = version_name(1)
             # The version's report names its lineage; the adopted run's own report.html is left as it is.
             report = write_version_report(run.run_dir, manifest, version, os.path.join(scratch, RunDir.REPORT))
@@ -134,16 +146,28 @@ def adopt(cfg: DictConfig, overrides_given: bool = False) -> int:
                 files[RunDir.REPORT] = report
             registry.add_version(version, files, manifest)
             registry.set_current(version)
-            registry.log_event({"event": "adopted", "version": version, "run_dir": run.run_dir})
+            registry.log_event({"event": "adopted", "version": version, "run_dir": run.run_dir,
+                                **({FROZEN: commit["committed"]} if commit else {})})
     except RegistryBusy as e:
         return fail(f"BUSY: {e}", ExitStatus.BUSY)
     print(f"[retrain] adopted {run.run_dir} as {version} (trained on {run.train_days[0]}..{run.train_days[-1]}); "
           f"current: {version}")
+    if commit:
+        print("[retrain] froze the max LRs its range test committed: "
+              + " ".join(f"{g}={v:.6g}" for g, v in sorted(commit["committed"].items()))
+              + "; the days train plain at them (no sweep) with overrides=[" + ",".join(f"'{o}'" for o in cfg.overrides)
+              + "] (to sweep again: docs/operations.md, \"Adopting a run\")")
     return ExitStatus.OK
 
 
 
-def adopted_overrides(cfg: DictConfig, run, given: bool) -> List[str]:
+def adopted_overrides(cfg: DictConfig, run, given: bool, commit: Optional[Dict[str, Any]] = None) -> List[str]:
+    """:func:`adopted_settings`'s overrides."""
+    return adopted_settings(cfg, run, given, commit)[1]
+
+
+def adopted_settings(cfg: DictConfig, run, given: bool,
+             commit: Optional[Dict[str, Any]] = None) -> Tuple[List[str], List[str], DictConfig]:
     """The ``overrides`` every day's run trains with after ``adopt`` (the version's recorded setting, which the
     job's later runs must repeat): the run's own training overrides (``RunDir.OVERRIDES`` less the preset and
     the keys the job sets, :func:`pipelines.settings.run_overrides`), and its data preset (``data=NAME``, from
@@ -151,7 +175,13 @@ def adopted_overrides(cfg: DictConfig, run, given: bool) -> List[str]:
     the command line): ``cfg.overrides``, checked against the run's recorded config instead. RetrainError
     naming the keys when the job's ``experiment`` with these overrides would compose another config than the
     run's, a run of another preset included (the daily job refuses the next day the same way: the adopted run's
-    config is the registry's settings; ``allow_config_change=true`` adopts it anyway, the keys noted)."""
+    config is the registry's settings; ``allow_config_change=true`` adopts it anyway, the keys noted).
+
+    ``commit`` (``freeze_lr=true``, :func:`pipelines.lr_freeze.committed_rates`): the overrides are frozen
+    (:func:`pipelines.lr_freeze.frozen_overrides`) and the run's config is compared at the frozen rates with
+    ``hdet=disabled`` (:func:`pipelines.lr_freeze.frozen_config`); RetrainError when the frozen overrides would
+    still compose a run that sweeps. Returns (the overrides before the freeze, the overrides, the config the
+    days are compared with)."""
     from recsys_hdet.config import compose
 
     from pipelines.settings import config_changes, run_overrides
@@ -166,6 +196,15 @@ def adopted_overrides(cfg: DictConfig, run, given: bool) -> List[str]:
     if not given and training.data.name != preset:
         overrides.append(f"data={preset}")
         training = compose("config", [f"+experiment={cfg.experiment}", *overrides])
+    unfrozen = list(overrides)
+    if commit:
+        overrides = frozen_overrides(overrides, commit["committed"])
+        training = compose("config", [f"+experiment={cfg.experiment}", *overrides])
+        if bool(training.hdet.enabled):
+            raise RetrainError(f"freeze_lr=true: experiment={cfg.experiment} with overrides={overrides} still trains "
+                               "with HDET on (hdet.enabled=true: the preset sets it), so every day would sweep or run "
+                               "the controller; choose an experiment that trains plain with hdet=disabled")
+        recorded = frozen_config(recorded, training, commit["committed"])
     # the daily job compares each day's config with the adopted run's, whatever preset the run was trained with
     changes = config_changes(recorded, training, bool(cfg.carry_lr))
     if changes and cfg.allow_config_change:
@@ -179,7 +218,7 @@ def adopted_overrides(cfg: DictConfig, run, given: bool) -> List[str]:
                            + (f" (and {len(changes) - 8} more)" if len(changes) > 8 else "")
                            + ("; leave overrides out to take them from the run" if given else
                               "; every day's run would be refused the same way (allow_config_change=true allows it)"))
-    return overrides
+    return unfrozen, overrides, recorded
 
 
 def rollback(cfg: DictConfig, to: Optional[str]) -> int:

@@ -209,12 +209,12 @@ USAGE = ("usage: python -m pipelines.retrain [run] registry=DIR data.root=DIR [u
          "[allow_gaps=true] [create=true] [key=value ...]\n"
          "       python -m pipelines.retrain status registry=DIR [json=true]\n"
          "       python -m pipelines.retrain rollback registry=DIR [to=VERSION]\n"
-         "       python -m pipelines.retrain adopt registry=DIR run_dir=RUN [data.root=DIR]")
+         "       python -m pipelines.retrain adopt registry=DIR run_dir=RUN [data.root=DIR] [freeze_lr=true]")
 
 COMMANDS = ("run", "status", "rollback", "adopt")
 # Each command's own options (keys of conf/retrain.yaml that no other command reads).
 OPTIONS = {"until": "run", "dry_run": "run", "force": "run", "allow_gaps": "run", "create": "run", "to": "rollback",
-           "json": "status"}
+           "json": "status", "freeze_lr": "adopt"}
 # The spellings before the one convention (key=value, no dashes), each refused naming the new one.
 OLD_SPELLINGS = {"data_root=": "data.root=DIR", "--until": "until=DAY", "--dry-run": "dry_run=true",
                  "--force": "force=true", "--to": "to=VERSION", "--json": "json=true"}

@@ -9,7 +9,9 @@ Two things are compared with the current version's:
   max LRs too when ``carry_lr`` carries them). Between runs of one experiment, and against an adopted
   version (``adopt``: the adopted run's recorded config is the registry's settings, whatever preset it was
   trained with); a cold start trained with ``cold_start_experiment`` is compared on the settings alone when the
-  daily ``experiment`` differs (a preset chosen for the first run on purpose).
+  daily ``experiment`` differs (a preset chosen for the first run on purpose). A version adopted with
+  ``freeze_lr=true`` (its manifest's ``lr_frozen``) is compared by the config its ``lr_frozen.config`` file holds:
+  the run's with the frozen max LRs and ``hdet=disabled`` (:mod:`pipelines.lr_freeze`).
 
 A difference in a key of :data:`EXECUTION_KEYS` (how the run executes, logs and checkpoints) does not refuse
 the day: it is returned as a note, which the job logs (an ``overrides`` entry of such a key likewise). Every
@@ -29,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from recsys_hdet.config import recorded_config
 from recsys_hdet.run_dir import RunDir
 
+FROZEN = "lr_frozen"  # an adopted version's manifest key: the max LRs adopt froze (freeze_lr=true), pipelines.lr_freeze
 SETTING_KEYS = ("experiment", "cold_start_experiment", "overrides", "carry_lr", "carry_lr_clamp", "seed")
 # (experiment_name: the preset's label, not a setting; what the preset sets is compared key by key)
 JOB_KEYS = ("data.until", "data.skip_days", "data.train_days", "data.eval_days", "data.holdout", "data.root",
@@ -96,15 +99,24 @@ def changed_settings(cfg: DictConfig, parent: Mapping[str, Any], parent_dir: str
             # overrides that differ only in entries of EXECUTION_KEYS: their effect is a note, not a new model
             only_execution = k == "overrides" and _model_overrides(old.get(k) or []) == _model_overrides(new[k])
             (found.noted if only_execution else found.refused).append(line)
-    parent_run = RunDir(parent_dir)
     comparable = parent.get("experiment") == experiment or parent.get("adopted_from") is not None
-    if not comparable or not os.path.isfile(parent_run.path(RunDir.CONFIG)):
+    reference = reference_config(parent, parent_dir)
+    if not comparable or not os.path.isfile(reference):
         return found
+    parent_run = RunDir(parent_dir)
     recorded = parent_run.overrides() if os.path.isfile(parent_run.path(RunDir.OVERRIDES)) else []
-    config = config_differences(parent_run.config(), training, bool(cfg.carry_lr), recorded, parent_dir)
+    config = config_differences(OmegaConf.load(reference), training, bool(cfg.carry_lr), recorded, parent_dir)
     found.refused += config.refused
     found.noted += config.noted
     return found
+
+
+def reference_config(parent: Mapping[str, Any], parent_dir: str) -> str:
+    """The file of the training config a day is compared with: the version's run's (``RunDir.CONFIG``), or for a
+    version adopted with ``freeze_lr=true`` the one its manifest's :data:`FROZEN` names (the run's config with
+    the frozen max LRs and ``hdet=disabled``, as its days train)."""
+    frozen = (parent.get(FROZEN) or {}).get("config")
+    return os.path.join(parent_dir, frozen) if frozen else RunDir(parent_dir).path(RunDir.CONFIG)
 
 
 def _job_key(key: str, skip: Sequence[str] = JOB_KEYS) -> bool:

@@ -140,6 +140,10 @@ class RetrainConfig:
     # typo'd path is not a new registry)
     create: bool = False
     to: Optional[str] = None                 # rollback: the version to repoint current to (null: current's parent)
+    # adopt: a run trained with the range test (hdet=enabled): its committed max LRs become the job's overrides
+    # (optim.lr.<group>=<rate> each, hdet=disabled in place of hdet=enabled), so the days train plain at them with
+    # no sweep; refused (exit 2) for a run that committed none (docs/operations.md, "Adopting a run")
+    freeze_lr: bool = False
     json: bool = False                       # status: one JSON object, for scripts and dashboards
 
     def __post_init__(self) -> None:
