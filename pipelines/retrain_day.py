@@ -28,7 +28,7 @@ from pipelines.lr_carry import clamp_carried, preset_lrs
 from pipelines.registry import Registry
 from pipelines.settings import SettingsComparison, changed_settings
 from pipelines.version_manifest import day_manifest, version_files, write_version_report
-from recsys_hdet.hdet.config import hdet_form
+from recsys_hdet.hdet.form import hdet_form
 from recsys_hdet.api import compose_config
 from recsys_hdet.run_dir import RunDir
 

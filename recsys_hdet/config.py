@@ -26,7 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet import config_schema
 from recsys_hdet.config_values import ConfigError, require as _require
-from recsys_hdet.hdet.config import FORM_SCHEMAS, PROBE_SIGNALS, hdet_form
+from recsys_hdet.hdet.config import FORM_SCHEMAS
+from recsys_hdet.hdet.controller.config import PROBE_SIGNALS
+from recsys_hdet.hdet.form import hdet_form
 
 __all__ = ["CONF_DIR", "ConfigError", "compose_error", "probe_rows", "run_hydra_command", "validate_config"]
 

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from data_tools.fileio import abs_path
 from recsys_hdet.config import ConfigError
 from recsys_hdet.config_values import DayRead, plain
-from recsys_hdet.hdet.config import hdet_form
+from recsys_hdet.hdet.form import hdet_form
 
 
 def prepare_data(cfg: DictConfig) -> str:

@@ -29,7 +29,7 @@ import torch
 from recsys_hdet.components.checkpoint import check_step_checkpoint
 from recsys_hdet.components.job_handles import JobHandles
 from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_schedules
-from recsys_hdet.hdet.config import hdet_form
+from recsys_hdet.hdet.form import hdet_form
 
 
 # The manifest key (periodic checkpoints) and meta key (the final model) of the LR control's commitment.

@@ -115,7 +115,7 @@ def _check_branch_commitment(cfg_dict: Dict[str, Any], manifest: Dict[str, Any],
     """A branch under the range test (``hdet=enabled``) trains at the rates the run it branches from committed:
     it starts at that run's step, where no sweep from step 0 can run. ConfigError when that run committed none, or
     committed with other sweep settings or configured rates."""
-    from recsys_hdet.hdet.config import hdet_form
+    from recsys_hdet.hdet.form import hdet_form
 
     if hdet_form(cfg_dict.get("hdet")) != "range_test":
         return

@@ -41,7 +41,7 @@ from recsys_hdet.components.replicas import PeriodicEmbeddingAveraging, ReplicaA
 from recsys_hdet.components.rollback import Rollback, build_rollback
 from recsys_hdet.components.tensorboard import build_tensorboard, log_final
 from recsys_hdet.config import probe_rows
-from recsys_hdet.hdet.config import hdet_form
+from recsys_hdet.hdet.form import hdet_form
 from recsys_hdet.lr_control import COMMITMENT, LRControl, build_lr_control, recorded_commitment, run_cost
 from recsys_hdet.distributed import ProcessGroups, shard_model
 from recsys_hdet.models.ranker import PARAM_GROUPS, build_model  # noqa: F401 (build_model: re-exported)

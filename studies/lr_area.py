@@ -34,7 +34,7 @@ def one_cycle(schedule: Mapping[str, Any], max_lr: float, total_steps: int):
     from omegaconf import OmegaConf
 
     from recsys_hdet.components.lr_scheduler import build_one_cycle
-    from recsys_hdet.config_schema import ScheduleConfig
+    from recsys_hdet.optim_schema import ScheduleConfig
 
     return build_one_cycle(OmegaConf.merge(OmegaConf.structured(ScheduleConfig), schedule), max_lr, total_steps)
 

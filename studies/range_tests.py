@@ -1,6 +1,6 @@
 """The LR range tests as the studies run them, spelled out once so that a study does not move when the product's
 defaults do: the sweep (100 steps from x0.001 to x10000 of the start: lr_find's default,
-recsys_hdet.config_schema.RangeTestConfig, which tests/test_lr_recovery.py checks it against), the range test on
+recsys_hdet.optim_schema.RangeTestConfig, which tests/test_lr_recovery.py checks it against), the range test on
 the replicas as an HDET form (:data:`HDET_RANGE_TEST`), the LR finder's two sweeps as a run's overrides
 (:func:`finder_sweeps`) and the suggestion a sweep's results line gives (:func:`sweep_suggestion`).
 

@@ -65,7 +65,7 @@ def spawn(fn, world, *args, timeout_s=600.0):
 
 def tiny_sharded_model(pgs, lr=0.1):
     from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
-    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
+    from recsys_hdet.optim_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.distributed import shard_model
 
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dist_helpers import spawn
-from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.controller.config import HDETConfig
 
 STEPS, LOW_LR = 600, 0.01
 CURVATURE = torch.cat([torch.full((10,), 10.0), torch.full((50,), 0.01)]).double()

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from dist_helpers import spawn
-from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.controller.config import HDETConfig
 from recsys_hdet.hdet.controller.scheduler import HDETOneCycleLR
 from recsys_hdet.hdet.controller.statistics import spread_multipliers
 

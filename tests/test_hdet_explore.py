@@ -5,7 +5,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dist_helpers import spawn
-from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.controller.config import HDETConfig
 from recsys_hdet.hdet.controller.engine import HDETEngine
 from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 

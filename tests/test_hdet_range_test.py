@@ -241,7 +241,8 @@ def test_a_config_recorded_before_the_forms_had_their_own_keys_is_read_with_one_
     from recsys_hdet.api import compose_config
     from recsys_hdet.config import recorded_config
     from recsys_hdet.config_schema import check, structured
-    from recsys_hdet.hdet.config import ControllerForm, RangeTestForm
+    from recsys_hdet.hdet.controller.config import ControllerForm
+    from recsys_hdet.hdet.range_test.config import RangeTestForm
 
     layout = ["data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1"]
     now = compose_config([*layout, "hdet=enabled"])

@@ -73,7 +73,7 @@ def test_the_widened_default_range_suggests_above_x10_where_the_loss_still_falls
     and explodes above it: the suggestion is x100 (the old x0.01-x100 range capped it at x10) and is not
     flagged as an edge; the same curve cut at x100 (the old range's end) can only give x10 or less."""
     from recsys_hdet.hdet.range_test.rule import sweep_multiplier
-    from recsys_hdet.config_schema import RangeTestConfig
+    from recsys_hdet.optim_schema import RangeTestConfig
 
     rt = RangeTestConfig()
     low, high, n = rt.low, rt.high, rt.steps

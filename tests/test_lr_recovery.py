@@ -414,11 +414,11 @@ def test_a_good_start_parses_persists_and_plans_every_current_contender(tmp_path
 def test_the_range_test_contender_and_the_widened_finder_sweep_the_product_s_default_range():
     from recsys_hdet.hdet.range_test.sweep import SMOOTHING_DECADES
     from studies.range_tests import REPLICA_WINDOW_DECADES
-    from recsys_hdet.config_schema import RangeTestConfig
+    from recsys_hdet.optim_schema import RangeTestConfig
     from studies.lr_recovery_contenders import FINDERS, LABELS, variant_overrides
     from studies.range_tests import HDET_RANGE_TEST, finder_sweeps
 
-    from recsys_hdet.hdet.config import ReplicaRangeTestConfig
+    from recsys_hdet.hdet.range_test.config import ReplicaRangeTestConfig
     from studies.range_tests import REPLICA_DIVISORS
 
     assert HDET_RANGE_TEST == ("hdet=enabled", "hdet.range_test.steps=100", "hdet.range_test.low=0.001",

@@ -28,7 +28,7 @@ class _EmbeddingOnly(nn.Module):
 def _worker():
     from recsys_hdet.components.lr_scheduler import GroupLRScheduler, OneCycle
     from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
-    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
+    from recsys_hdet.optim_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.components.replicas import tbe_kernels
     from recsys_hdet.distributed import init_process_groups, shard_model
 
@@ -69,10 +69,10 @@ def test_fused_embedding_update_uses_the_lr_scheduled_for_that_step():
 def _hdet_worker():
     """Two embedding replicas (one sharding group per rank) at different HDET learning rates."""
     from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
-    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
+    from recsys_hdet.optim_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.components.replicas import tbe_kernels
     from recsys_hdet.distributed import init_process_groups, shard_model
-    from recsys_hdet.hdet.config import HDETConfig
+    from recsys_hdet.hdet.controller.config import HDETConfig
     from recsys_hdet.hdet.controller.scheduler import HDETOneCycleLR
     from recsys_hdet.hdet.hparams import ReplicaAxis
 
@@ -115,7 +115,7 @@ def _anchor_worker():
     is switched to its evaluation point inside eval_weights() and back to its training point after;
     Adam's eval_weights() changes nothing."""
     from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params
-    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
+    from recsys_hdet.optim_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.distributed import init_process_groups, shard_model
 
     pgs = init_process_groups(sharding_group_size=2)

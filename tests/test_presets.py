@@ -55,7 +55,7 @@ def test_the_schemas_choices_are_the_components_own():
     # read) are the schema's enums themselves (components/dataset.py, dataloader.py check against them).
     from recsys_hdet import config_values as S
     from recsys_hdet.components.optimizer import EMBEDDING_OPTIMIZERS
-    from recsys_hdet.hdet.config import SCORES, HDETScore, HDETSignal
+    from recsys_hdet.hdet.controller.config import SCORES, HDETScore, HDETSignal
     from recsys_hdet.hdet.controller.signals import SIGNALS
 
     assert set(HDETSignal) == set(SIGNALS)

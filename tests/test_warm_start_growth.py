@@ -160,7 +160,7 @@ def _local_chunks(state):
 
 def _sharded(pgs, vocab, types, dim, seed):
     from recsys_hdet.components.optimizer import fused_params
-    from recsys_hdet.config_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
+    from recsys_hdet.optim_schema import DenseOptimizerConfig, EmbeddingOptimizerConfig
     from recsys_hdet.distributed import shard_model
 
     torch.manual_seed(seed)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from recsys_hdet.hdet.config import FIT_SCORES, SLOPE_SCORES, HDETConfig
+from recsys_hdet.hdet.controller.config import FIT_SCORES, SLOPE_SCORES, HDETConfig
 from recsys_hdet.hdet.hparams import ScalarHParam
 from recsys_hdet.hdet.controller.rounds import best_replica, round_width, window_bounds
 from recsys_hdet.hdet.controller.statistics import (additive_drift, aimd_move, decay_gamma, effect_move, joint_effects, joint_preferences,

@@ -41,7 +41,7 @@ from recsys_hdet.config_values import plain
 from recsys_hdet.components.train_metrics import weighted_task_mean
 from recsys_hdet.components.replicas import ReplicaAverager, all_finite, average_, mixed_replica_loss
 from recsys_hdet.components.train_state import ModelState
-from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.controller.config import HDETConfig
 from recsys_hdet.hdet.hparams import ReplicaAxis
 from recsys_hdet.hdet.controller.explored import build_explored_hparams
 from recsys_hdet.hdet.controller.scheduler import HDETOneCycleLR

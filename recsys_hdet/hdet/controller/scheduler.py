@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import torch.distributed as dist
 
 from recsys_hdet.components.lr_scheduler import OneCycle
-from recsys_hdet.hdet.config import HDETConfig
+from recsys_hdet.hdet.controller.config import HDETConfig
 from recsys_hdet.hdet.controller.engine import HDETEngine
 from recsys_hdet.hdet.hparams import ReplicaAxis, ScalarHParam
 from recsys_hdet.hdet.controller.signals import ReplicaSignal

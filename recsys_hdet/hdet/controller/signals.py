@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Seque
 import torch
 
 from recsys_hdet.components.train_state import RNGState, Snapshot
-from recsys_hdet.hdet.config import HDETSignal
+from recsys_hdet.hdet.controller.config import HDETSignal
 
 
 class ReplicaSignal(Protocol):
