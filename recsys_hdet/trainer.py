@@ -7,7 +7,6 @@ Exit statuses: 0 completed, 3 diverged (see :attr:`ExitStatus.DIVERGED`).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -22,7 +21,7 @@ from recsys_hdet.components.checkpoint import CheckpointManager, build_checkpoin
 from recsys_hdet.components.model_checkpoint import load_model, save_model
 from recsys_hdet.components.hparam_bindings import LossSettings, set_temperature
 from recsys_hdet.components.job_handles import JobHandles
-from recsys_hdet.components.divergence import interval_failure
+from recsys_hdet.components.interval_check import IntervalCheck
 from data_tools.contract import oracle_column
 from recsys_hdet.components.dataset import DatasetMeta, DenseNormalization, RowHoldout, model_inputs, split_for
 from recsys_hdet.components.dataloader import ParquetBatchStream, TrainedPosition
@@ -33,7 +32,7 @@ from recsys_hdet.provenance import code_version
 from recsys_hdet.components.metrics_log import MetricLogger, lr_trajectory, peak_rss_mb, print_summary, truncate_jsonl
 from data_tools.fileio import write_json_atomic
 from recsys_hdet.evaluation.scoring import predict_batches, score_held_out
-from recsys_hdet.components.train_metrics import TrainMetrics, entropy_ne, weighted_task_mean
+from recsys_hdet.components.train_metrics import TrainMetrics, weighted_task_mean
 from recsys_hdet.components.train_pipeline import TimedBatches, TrainStep
 from recsys_hdet.components.train_state import LoopState, ModelState, RNGState, TrainClock
 from recsys_hdet.components.optimizer import GroupedOptimizer, fused_params, schedulefree_warmup
@@ -236,6 +235,8 @@ class Trainer:
         job.model.train()
         batches = job.data_wait = TimedBatches(iter(job.stream))
         attempt_start = loop.train_seconds
+        intervals = IntervalCheck(self.tasks, self.task_weights, self.rank, cfg, total_steps,
+                                  job.stream.examples_per_step, job.train_metrics)
         while loop.step < total_steps:
             if profiler is not None:
                 profiler.before_step(loop.step)
@@ -250,7 +251,8 @@ class Trainer:
             loop.add_step_losses(per_task.double())
             forced = lr_control.failed_check()
             if loop.step % log_every == 0 or loop.step in (total_steps, stop_at) or forced:
-                reason, record, interval = self._end_interval(job, clock.interval(), forced)
+                reason, record, interval = intervals.end(loop, clock.interval(), forced, job.optimizer.group_lrs(),
+                                                         lr_control.tolerates_non_finite_replicas)
                 # A failed check is rolled back while rollbacks are left (same decision on every rank).
                 event = job.rollback.undo(loop.step, reason) if reason else None
                 loop.end_interval(interval, rolled_back=event is not None)
@@ -298,47 +300,6 @@ class Trainer:
         with train_step.model_detached() as model:
             scored = predict_batches(model.module.logits, batches, self.pgs.device)
         return F.binary_cross_entropy_with_logits(scored["logits"], scored["labels"], reduction="none").double().mean(0)
-
-    def _end_interval(self, job: Job, seconds: float, forced: str):
-        """The logging interval's record and divergence check, from one small all-reduce, so every
-        rank takes the same decision. ``forced``: the LR control's reason to fail the check.
-        Returns (why the interval diverged or '', the RunDir.METRICS record: rank 0 writes it, the
-        interval's all-reduced sums for LoopState.end_interval)."""
-        loop, examples_per_step, num_tasks = job.loop, job.stream.examples_per_step, len(self.tasks)
-        every = self.cfg.trainer.metrics_every
-        due = every is None or loop.step % int(every) == 0 or bool(forced) \
-            or loop.step in (job.total_steps, self.cfg.trainer.stop_at_step)
-        # ne, calibration, auc: {task: value} on rank 0 (a collective: every rank takes the same decision); between
-        # two computations the records carry the loss alone and the rows wait for the next one
-        train_metrics = job.train_metrics.compute() if due else {}
-        # Rank 0's training NE rides on the all-reduce (the other ranks add zeros): every rank checks the same NE;
-        # so do the interval's positive labels and rows, for the NE the check reads between two computations.
-        ne = [float((train_metrics.get("ne") or {}).get(t, math.nan)) if self.rank == 0 else 0.0 for t in self.tasks]
-        stats = torch.cat([loop.window, torch.tensor([float(loop.window_steps), *ne], dtype=torch.float64),
-                           job.train_metrics.interval_positives()])
-        dist.all_reduce(stats)
-        good_steps = stats[num_tasks + 1] - stats[num_tasks]
-        mean = stats[:num_tasks] / good_steps  # no finite step in the interval: NaN (0/0), never a loss of 0
-        avg = weighted_task_mean(mean, self.task_weights)
-        metrics_record = {
-            "step": loop.step,
-            "examples": loop.step * examples_per_step,
-            "loss": {**{t: float(mean[i]) for i, t in enumerate(self.tasks)}, "avg": avg},
-            "lr": job.optimizer.group_lrs(),
-            **train_metrics,
-            "examples_per_sec": loop.window_steps * examples_per_step / max(seconds, 1e-9),
-        }
-        loop.window.zero_()
-        loop.window_steps = 0
-        # Where the LR control tolerates a non-finite replica (it is excluded and restored at the
-        # next sync), the interval fails only when no replica produced a finite loss in it.
-        non_finite = (good_steps == 0) if job.lr_control.tolerates_non_finite_replicas else (stats[num_tasks] > 0)
-        if due:
-            ne_all = {t: float(stats[num_tasks + 2 + i]) for i, t in enumerate(self.tasks)}
-        else:  # the interval's loss over the entropy of its positive rate (the collapse check's NE, not recorded)
-            positives, rows = stats[2 * num_tasks + 2:3 * num_tasks + 2], float(stats[-1])
-            ne_all = {t: entropy_ne(float(mean[i]), float(positives[i]), rows) for i, t in enumerate(self.tasks)}
-        return forced or interval_failure(avg, bool(non_finite), ne_all, self.cfg.trainer, loop), metrics_record, stats
 
     # ------------------------------------------------------------------------------------------
     def summarize(self, job: Job, status: str, train_loss: Dict[str, float], train_seconds: float) -> Dict[str, Any]:

@@ -11,7 +11,7 @@ the run ends as diverged. It fails on
   ordinary-looking loss: without this check such a run "completes" as a useless model. A fresh model
   starts above NE 1 while it learns the base rate, which is no collapse: hence the arming.
 
-Every rank takes the same decision: the inputs are all-reduced.
+Every rank takes the same decision: the inputs are all-reduced (:mod:`recsys_hdet.components.interval_check`).
 """
 
 from __future__ import annotations
