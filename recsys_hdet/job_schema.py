@@ -109,8 +109,9 @@ class RetrainConfig:
     # extra Hydra overrides for every training run, e.g. ['trainer.nproc=2'] or ['tracking=mlflow'] (each day's
     # run an MLflow run, its gate decision and version logged on it); adopt: default the run's own
     overrides: List[str] = field(default_factory=list)
-    # true (HDET days only; refused on a plain day): start each group's max LR from the per-group bases the
-    # published model's HDET controller ended with; false: the preset's LRs every day
+    # true (HDET days only; refused on a plain day): start each group's max LR from the rates the published model's
+    # HDET run trained at (the controller's last bases; the range test's commit, from which the day's sweep then
+    # spans), clamped by carry_lr_clamp; false: the preset's LRs every day
     carry_lr: bool = False
     carry_lr_clamp: Optional[float] = 4.0    # a carried LR stays within [preset / this, preset x this] (null: unbounded)
     holdout: HoldoutSlice = field(default_factory=HoldoutSlice)
