@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from recsys_hdet.run_dir import RunDir
 from studies.contract import CONTRACT
@@ -34,15 +34,19 @@ from studies.provenance import REPO
 from studies.range_tests import HDET_RANGE_TEST
 from studies.reporting import machine_line
 from studies.runs import train_run
+from studies.settings import COST_FILE, SETTINGS, Setting
 from studies.starts import PRESET, lr_overrides, recovery_anchor, start_lrs
 
 CONTENDERS = ("plain_rollback", "hdet_range_test", "lr_finder")
 
 
-def _common(start: str, seed: int) -> List[str]:
-    e, d = start_lrs(start, recovery_anchor())
-    return [f"+experiment={PRESET}", f"seed={seed}", *CONTRACT.overrides(), *lr_overrides(e, d),
-            "trainer.tensorboard=false"]
+def _common(start: str, seed: int, setting: Optional[Setting] = None) -> List[str]:
+    """A contender's overrides: the study's preset, the setting's (``--setting``), the contract, the start's rates
+    (factors of the benchmark's best cell, or of the setting's own: its study's ``anchor``)."""
+    anchor = recovery_anchor(setting.path("lr_recovery.json")) if setting else recovery_anchor()
+    e, d = start_lrs(start, anchor)
+    return [f"+experiment={PRESET}", *(setting.overrides if setting else ()), f"seed={seed}", *CONTRACT.overrides(),
+            *lr_overrides(e, d), "trainer.tensorboard=false"]
 
 
 def _train(work: str, name: str, overrides: Sequence[str], env: Dict[str, str]) -> Dict[str, Any]:
@@ -55,8 +59,9 @@ def _train(work: str, name: str, overrides: Sequence[str], env: Dict[str, str]) 
             "clean": run["clean"]}
 
 
-def contender(name: str, work: str, start: str, seed: int, env: Dict[str, str]) -> Dict[str, Any]:
-    common = _common(start, seed)
+def contender(name: str, work: str, start: str, seed: int, env: Dict[str, str],
+              setting: Optional[Setting] = None) -> Dict[str, Any]:
+    common = _common(start, seed, setting)
     if name == "plain_rollback":
         return _train(work, name, common, env)
     if name == "hdet_range_test":
@@ -75,19 +80,20 @@ def contender(name: str, work: str, start: str, seed: int, env: Dict[str, str]) 
             "finder_seconds": finder_seconds}
 
 
-def measure(work: str, start: str, seed: int, repeats: int, data_cache: str | None) -> Dict[str, Any]:
+def measure(work: str, start: str, seed: int, repeats: int, data_cache: str | None,
+            setting: Optional[Setting] = None) -> Dict[str, Any]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"RECSYS_HDET_DATA": data_cache} if data_cache else {})}
     rows: List[Dict[str, Any]] = []
     for k in range(repeats):
         order = CONTENDERS[k % len(CONTENDERS):] + CONTENDERS[:k % len(CONTENDERS)]
         repeat: Dict[str, Any] = {}
         for name in order:
-            repeat[name] = contender(name, os.path.join(work, f"repeat{k}"), start, seed, env)
+            repeat[name] = contender(name, os.path.join(work, f"repeat{k}"), start, seed, env, setting)
             print(f"repeat {k}: {name} {repeat[name]['seconds']:.0f} s, {repeat[name]['steps']} steps", flush=True)
         rows.append(repeat)
     ratio = {c: statistics.median(r[c]["seconds"] / r["plain_rollback"]["seconds"] for r in rows) for c in CONTENDERS}
     steps = {c: statistics.median(r[c]["steps"] / r["plain_rollback"]["steps"] for r in rows) for c in CONTENDERS}
-    return {"start": start, "seed": seed, "repeats": rows, "ratio": ratio, "steps_ratio": steps,
+    return {"setting": setting.name if setting else None, "start": start, "seed": seed, "repeats": rows, "ratio": ratio, "steps_ratio": steps,
             "order": "rotated per repeat", "commit": rows[0]["plain_rollback"]["commit"],
             "clean": all(r[c]["clean"] for r in rows for c in CONTENDERS), "machine": machine_line(),
             "date": time.strftime("%Y-%m-%d")}
@@ -100,12 +106,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--work", default=os.path.join(REPO, "outputs", "benchmarks", "contender_cost"))
     ap.add_argument("--data-cache", help="data directory (RECSYS_HDET_DATA)")
-    ap.add_argument("--write", action="store_true", help="record into benchmarks/results.json")
+    ap.add_argument("--setting", choices=sorted(SETTINGS), default=None,
+                    help="a setting of studies/settings.py: its overrides, the starts factors of its own best cell "
+                         "(its study's lr_recovery.json anchor); --write records into its contender_cost.json under "
+                         "docs/results/rule_travels/NAME/, which its study's report reads")
+    ap.add_argument("--write", action="store_true", help="record into benchmarks/results.json (or the setting's file)")
     args = ap.parse_args(argv)
-    result = measure(args.work, args.start, args.seed, args.repeats, args.data_cache)
+    setting = SETTINGS[args.setting] if args.setting else None
+    work = os.path.join(args.work, setting.name) if setting else args.work
+    result = measure(work, args.start, args.seed, args.repeats, args.data_cache, setting)
     if args.write:
-        path = os.path.join(REPO, "benchmarks", "results.json")
-        data = json.load(open(path))
+        path = setting.path(COST_FILE) if setting else os.path.join(REPO, "benchmarks", "results.json")
+        data = json.load(open(path)) if os.path.isfile(path) else {}
         data["contender_cost"] = result
     else:
         path, data = os.path.join(REPO, "outputs", "benchmarks", "contender_cost.json"), result

@@ -94,7 +94,7 @@ from studies.record import mean_ne
 from studies.reporting import machine_line, write_reports
 from studies.results import RESULTS, ResultsError, StudyFiles, load, run_name
 from studies.runs import AblationConfig, add_study_arguments, print_verification, run_one, verify
-from studies.settings import RESULTS_ROOT, SETTINGS
+from studies.settings import COST_FILE, RESULTS_ROOT, SETTINGS
 from studies.starts import ANCHOR_FILE, PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
 
 
@@ -371,6 +371,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             os.makedirs(files.out, exist_ok=True)
         result = study(files, args.seeds, args.overrides, args.starts, args.report_only, args.variants, anchor,
                        args.max_rounds, not args.no_grid, added, starts_at_best=setting is not None,
+                       benchmark=setting.path(COST_FILE) if setting else BENCHMARK_FILE,
                        grid_seeds=args.grid_seeds)
     except (StudyMismatch, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -100,8 +100,8 @@ def render_markdown(result: Dict[str, Any]) -> str:
               "completed seeds (dense: the dense groups' geometric mean); in plateau: completed seeds whose LR area "
               "lies in the plateau's range; rollbacks per seed; cost x plain: the contender's mean optimizer steps "
               "(sweeps included) over plain + rollback's on the seeds where both completed / its wall seconds over "
-              "plain + rollback's measured side by side (benchmarks/results.json `contender_cost`; - where not "
-              "measured); cost s: mean wall seconds of a completed run (sweeps included; runs from different "
+              "plain + rollback's measured side by side (benchmarks/contender_cost.py: benchmarks/results.json, or a "
+              "setting's contender_cost.json; - where not measured); cost s: mean wall seconds of a completed run (sweeps included; runs from different "
               "sessions and loads).",
               *(f"{LABELS[v]}: `{' '.join(result['forms'][v])}`." for v in FORM_VARIANTS if result["forms"].get(v)),
               "Prodigy: d0 1e-6, the dense LR multiplier 1 under the plain schedule (the start's dense LR does not "

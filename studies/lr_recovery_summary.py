@@ -120,7 +120,7 @@ def contender_cost(path: str = BENCHMARK_FILE) -> Optional[Dict[str, Any]]:
         return None
     where = ", ".join(f"{k} {cc[k]}" for k in ("start", "seed", "date") if cc.get(k) is not None)
     repeats = f", median over {len(cc['repeats'])} repeats" if isinstance(cc.get("repeats"), list) else ""
-    return {"ratio": ratio, "source": f"benchmarks/results.json contender_cost ({where}{repeats})"}
+    return {"ratio": ratio, "source": f"{os.path.relpath(path, REPO)} contender_cost ({where}{repeats})"}
 
 
 def cost_entry(runs: List[Dict[str, Any]], plain_runs: List[Dict[str, Any]], variant: str,

@@ -21,6 +21,8 @@ from typing import Dict, Tuple
 from studies.provenance import REPO
 
 RESULTS_ROOT = os.path.join("docs", "results", "rule_travels")
+# A setting's side-by-side cost (python -m benchmarks.contender_cost --setting NAME --write), which its study reads.
+COST_FILE = "contender_cost.json"
 
 
 @dataclass(frozen=True)

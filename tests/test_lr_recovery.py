@@ -555,3 +555,27 @@ def test_each_setting_composes_under_the_schema_and_differs_from_the_benchmark_w
     assert (got["model_shape"].model.embedding_dim, got["model_shape"].model.attention_heads) == (32, 4)
     assert got["model_shape"].data == bench.data
     assert got["batch_4x"].data.batch_size == 4 * bench.data.batch_size and got["batch_4x"].model == bench.model
+
+
+def test_the_cost_benchmark_of_a_setting_trains_its_overrides_from_its_own_best_cell_and_its_study_reads_it(tmp_path):
+    """``benchmarks.contender_cost --setting NAME``: every contender trains the setting's overrides at the start's
+    factors of the setting's own best cell (its study's anchor), and the setting's study reads its file, not the
+    benchmark's."""
+    import json
+
+    from benchmarks.contender_cost import _common
+    from studies.lr_recovery_summary import contender_cost
+    from studies.settings import SETTINGS
+    from studies.starts import start_lrs
+
+    setting = SETTINGS["data_regime"]
+    anchor = json.load(open(setting.path("lr_recovery.json")))["anchor"]
+    e, d = start_lrs("all_low", (anchor["embedding"], anchor["dense"]))
+    common = _common("all_low", 0, setting)
+    assert "data=bench_regime" in common and f"optim.lr.embedding={e:.6g}" in common
+    assert f"optim.lr.transformer={d:.6g}" in common
+    assert "data=bench_regime" not in _common("all_low", 0)
+    cost = tmp_path / "contender_cost.json"
+    cost.write_text(json.dumps({"contender_cost": {"ratio": {"plain_rollback": 1.0, "hdet_range_test": 1.07},
+                                                   "setting": "data_regime", "start": "all_low", "seed": 0}}))
+    assert contender_cost(str(cost))["ratio"]["hdet_range_test"] == 1.07
