@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (98; see docs/contributing.md for the last full run's time)
+    .venv/bin/python tests/mutants.py            # every mutant (100; see docs/contributing.md for the last full run's time)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
