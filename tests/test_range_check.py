@@ -120,3 +120,56 @@ def test_off_the_map_flags_are_reasons_and_keep_their_own_line():
                       ["never_exploded", "never_descended"]) is None
     none = check([math.nan] * STEPS)
     assert none["reasons"] == ["no_finite_loss"] and not none["trusted"] and none["floor_decades"] is None
+
+
+def test_the_study_tables_flagged_and_passed_commits_against_the_plateau(tmp_path):
+    """``python -m studies.range_check`` on a planted checkout: three benchmark range-test runs (a clean commit on the
+    plateau, a clean one off it, one whose dense curve lies on its upper slope, off it) and a plain run; no setting
+    has a plateau yet. The check is recomputed from the recorded curves; on the plateau means within x10^0.25 of one
+    cell on both axes; the targets cannot be judged on so few commits."""
+    import json
+
+    from studies import range_check
+
+    def record(dense_shape, committed_emb, committed_dense, name):
+        axes = {"embedding": planted(valley), "dense": planted(dense_shape)}
+        rt = {"steps": STEPS, "low": LOW, "high": HIGH,
+              "committed": {"embedding": committed_emb, **{g: committed_dense for g in LR_AXES["dense"]}},
+              "axes": {a: {"loss": c, "smoothing": BETA, "divisor": DIVISORS[a], "replicas": {"0": {"loss": c}}}
+                       for a, c in axes.items()}}
+        return {"name": name, "status": "completed", "hdet": {"form": "range_test", "range_test": rt}}
+
+    steep = lambda m: 0.3 + 0.4 / (1 + (m / 30) ** 4) + (50.0 if m > 100 else 0.0)  # noqa: E731
+    lines = [record(valley, 70.0, 0.003, "best/hdet_range_test/seed0"),  # x1.17 of a cell: on
+             record(valley, 60.0, 0.003 * 10 ** 0.3, "all_low/hdet_range_test/seed0"),  # dense x2.0 of every cell: off
+             record(steep, 600.0, 0.003, "all_high/hdet_range_test/seed0"),  # flagged, off
+             {"name": "grid/e2_d2/seed0", "status": "completed"}]
+    folder = tmp_path / "docs" / "results" / "lr_recovery"
+    (folder / "lr_recovery_f3").mkdir(parents=True)
+    (folder / "lr_recovery_f3" / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (folder / "lr_recovery.json").write_text(json.dumps({"plateau": [{"embedding": 60.0, "dense": 0.003},
+                                                                     {"embedding": 18.97, "dense": 0.003}]}))
+    out = tmp_path / "out"
+    assert range_check.main(["--root", str(tmp_path), "--out", str(out)]) == 0
+    result = json.loads((out / "range_check.json").read_text())
+    runs = {r["run"]: r for r in result["sources"]["benchmark"]["runs"]}
+    assert list(runs) == ["all_high/hdet_range_test/seed0", "all_low/hdet_range_test/seed0",
+                          "best/hdet_range_test/seed0"]
+    assert runs["best/hdet_range_test/seed0"]["on_plateau"] and not runs["best/hdet_range_test/seed0"]["flagged"]
+    assert runs["all_low/hdet_range_test/seed0"]["plateau_distance_decades"] == pytest.approx(0.3)
+    assert not runs["all_low/hdet_range_test/seed0"]["on_plateau"]
+    high = runs["all_high/hdet_range_test/seed0"]
+    assert high["flagged"] and high["axes"]["dense"]["reasons"] == ["commit_on_slope"]
+    assert high["axes"]["embedding"]["trusted"] and high["axes"]["embedding"]["recorded_agrees"] is None
+    pooled = result["pooled"]
+    assert (pooled["flagged_off"], pooled["flagged_on"], pooled["passed_off"], pooled["passed_on"]) == (1, 0, 1, 1)
+    assert pooled["off_flag_rate"] == 0.5 and pooled["runs_with_reason"] == {"commit_on_slope": {"off": 1, "on": 0}}
+    assert result["targets"] == {"off_plateau_flagged_at_least_75pct": "not judged yet",
+                                 "on_plateau_flagged_at_most_10pct": "not judged yet"}
+    assert not result["final"] and len(result["incomplete"]) == 3  # no setting has its runs
+    assert result["sources"]["data_regime"]["note"].startswith("no plateau")
+    assert "range-check-rule" not in result["rule"] and "On the plateau" in result["rule"]
+    text = (out / "range_check.md").read_text()
+    assert "| **pooled** | 3 | 1 | 0 | 1 | 1 | 1 of 2 (50%) | 0 of 1 (0%) |" in text and "**Interim**" in text
+    judged = range_check.judge({"off": 4, "on": 10, "off_flag_rate": 0.75, "on_flag_rate": 0.2})
+    assert judged == {"off_plateau_flagged_at_least_75pct": "met", "on_plateau_flagged_at_most_10pct": "missed"}
