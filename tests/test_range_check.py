@@ -106,6 +106,10 @@ def test_the_commit_records_the_check_prints_one_line_per_flagged_axis_and_commi
     assert line.startswith("WARNING: HDET range test: the embedding axis's answer may not fit this model")
     assert WHY["replicas_disagree"] in line and "lr_find" in line
     assert check_line("dense", dense, axes["dense"]["off_map"]) is None
+    from recsys_hdet.evaluation.report_figures import range_curves_figure  # the report's figure names it too
+
+    titles = [ax.get_title() for ax in range_curves_figure(axes).axes]
+    assert titles == ["embedding - CHECK: replicas_disagree", "dense"], titles
     # R = 2: each axis has one replica, so nothing to compare; a clean pair of curves is trusted on both axes
     two = commit(ReplicaSweepPlan(LR_AXES, STEPS, LOW, HIGH, DIVISORS), curves[:2], [0, 1])
     assert all(two[a]["check"]["trusted"] and two[a]["check"]["replica_spread"] is None for a in LR_AXES), two
