@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (100; see docs/contributing.md for the last full run's time)
+    .venv/bin/python tests/mutants.py            # every mutant (102; see docs/contributing.md for the last full run's time)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
@@ -366,6 +366,15 @@ MUTANTS = (
            "recsys_hdet/hdet/config.py", '        today = {"enabled": True, "range_test": dict(h["range_test"])}',
            "        today = dict(h)",
            ["tests/test_hdet_range_test.py::test_a_config_recorded_before_the_forms_had_their_own_keys_is_read_with_one_notice"]),
+    Mutant("RT23", "the commit's check never sees the replicas that swept an axis (R >= 4: their disagreement unflagged)",
+           "recsys_hdet/hdet/range_test/sweep.py",
+           "[[float(x) for x in c] for c in per_replica.values()] if len(per_replica) > 1 else ())", "())",
+           ["tests/test_range_check.py::test_the_commit_records_the_check_prints_one_line_per_flagged_axis_and_commits_what_the_rule_read"]),
+    Mutant("RT24", "the check reads the fall at the smoothed minimum instead of at the committed rate",
+           "recsys_hdet/hdet/range_test/check.py",
+           "        at = 0 if answer <= low else min(best, round(math.log(answer / low) / math.log(high / low) * (n - 1)))",
+           "        at = best",
+           ["tests/test_range_check.py::test_a_commit_on_the_curve_s_upper_slope_is_flagged"]),
     Mutant("SP1", "a run recorded while hdet=enabled loaded the controller keeps that spelling (a resumed study refuses "
            "every finished controller run)", "studies/results.py",
            '    return ["hdet=controller" if o == "hdet=enabled" else o for o in overrides]', "    return list(overrides)",

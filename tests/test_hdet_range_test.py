@@ -319,6 +319,9 @@ def test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_
         a = record["axes"][axis]
         assert len(a["multipliers"]) == len(a["loss"]) == len(a["smoothed"]) == 12 and a["minimum_at"] is not None
         assert list(a["replicas"]) == [str(a["ranks"][0])]
+        # the check of the curve (tests/test_range_check.py), recorded in both files
+        assert isinstance(a["check"]["trusted"], bool)
+        assert summary["hdet"]["range_test"]["axes"][axis]["check"] == a["check"]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(hdet_dir / "tensorboard" / "range_test"))

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import torch
 
+from recsys_hdet.hdet.range_test.check import check_curve
 from recsys_hdet.hdet.range_test.rule import (check_sweep, descent, early_noise, off_the_map, range_edge, read_curve,
                                                smoothed_curve, smoothing, suggest_multiplier, sweep_multiplier)
 
@@ -85,7 +86,8 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
     step): the curve of an axis is the mean over the ranks of the replicas that swept it. Returns per axis
     its ``multiplier`` (1.0 with ``no_suggestion`` when the curve has no finite loss; 1.0 with ``kept_configured``
     when the curve never descended and ``plan.off_map`` is "keep"), ``off_map`` (why the answer lies off the map,
-    empty when it does not), the rule's
+    empty when it does not), ``check`` (whether the answer is to be trusted on this model and why not:
+    :func:`~recsys_hdet.hdet.range_test.check.check_curve`), the rule's
     ``suggested`` multiplier, the smoothed loss's ``descent``, ``range_edge``, the
     multiplier at which the rule cut the curve (``cut_at``, None if it never did), the loss's ``smoothing``
     (the moving average's per-step factor), the ``divisor`` it was read with, the ranks pooled and
@@ -112,12 +114,16 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
         # about a rate; an answer at the range's top (or from a curve that never exploded after falling) is a lower
         # bound, still better than the configured rate it was read from (measured: docs/hdet.md, off the map).
         kept = bool(KEEPS.intersection(flags)) and plan.off_map == "keep"
+        # whether the answer is to be trusted on this model (check.py; never changes the commit)
+        verdict = check_curve(curve, plan.low, plan.high, plan.steps, beta, divisor,
+                              [[float(x) for x in c] for c in per_replica.values()] if len(per_replica) > 1 else ())
         out[axis] = {
             "multiplier": 1.0 if multiplier is None or kept else multiplier,
             "suggested": multiplier,  # the rule's answer, before the off-the-map policy
             "no_suggestion": multiplier is None,
             "off_map": flags,
             "kept_configured": kept,
+            "check": verdict,
             "descent": fell,
             "early_noise": noise,
             "range_edge": None if multiplier is None else range_edge(multiplier, plan.low, plan.high, plan.steps,
