@@ -260,7 +260,7 @@ def range_curves_figure(axes: Dict[str, Any], title: str = ""):
     read (bold) against the rate multiplier (log scale), the smoothed minimum, the cut and the committed
     multiplier marked; an axis off the map says why in its title. ``axes``: a range test's per-axis record
     (``multipliers``, ``loss``, ``smoothed``, ``minimum_at``, ``cut_at``, ``multiplier``, ``divisor``, ``replicas``,
-    ``off_map``, ``check``). Shared by the report and ``python -m recsys_hdet.lr_find``'s PNG."""
+    ``off_map``). Shared by the report and ``python -m recsys_hdet.lr_find``'s PNG."""
     fig, panels = plt.subplots(1, len(axes), figsize=(5.2 * len(axes), 3.6), squeeze=False)
     for ax, (name, a) in zip(panels[0], axes.items()):
         x = a["multipliers"]
@@ -284,10 +284,8 @@ def range_curves_figure(axes: Dict[str, Any], title: str = ""):
         ax.set_xlabel("learning-rate multiplier of the configured max LR")
         ax.set_ylabel("training loss")
         flags = a.get("off_map") or []
-        doubts = [r for r in (a.get("check") or {}).get("reasons", []) if r not in flags]  # the check's own reasons
-        ax.set_title(f"{name}" + (f" - OFF THE MAP: {', '.join(flags)}" if flags else "")
-                     + (f" - CHECK: {', '.join(doubts)}" if doubts else ""),
-                     color="#d62728" if flags or doubts else "k", fontsize=9)
+        ax.set_title(f"{name}" + (f" - OFF THE MAP: {', '.join(flags)}" if flags else ""),
+                     color="#d62728" if flags else "k", fontsize=9)
         ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
@@ -300,13 +298,10 @@ def fig_range_test(run: RunArtifacts) -> Optional[str]:
     if record is None:
         return None
     flagged = [a for a, x in record["axes"].items() if x.get("off_map")]
-    doubted = [a for a, x in record["axes"].items() if not (x.get("check") or {}).get("trusted", True)]
     caption = (f"The range test on the replicas: {record['steps']} steps from x{record['low']:g} to x{record['high']:g} "
                "of the configured max LRs, one axis per replica, the other held at the range's bottom; committed max "
                "LRs " + ", ".join(f"{g} {v:.4g}" for g, v in record["committed"].items())
                + (f". Off the map: {', '.join(flagged)} (see its title; docs/hdet.md, reading the curves)" if flagged
-                  else "")
-               + (f". Not to be trusted on this model by the check of its curves: {', '.join(doubted)} (see its "
-                  "title; docs/hdet.md, the check)" if doubted else "")
-               + (f". Reused from {record['reused_from']} (no second sweep)" if record.get("reused_from") else ""))
+                  else "") + (f". Reused from {record['reused_from']} (no second sweep)" if record.get("reused_from")
+                              else ""))
     return _figure(range_curves_figure(record["axes"]), caption)

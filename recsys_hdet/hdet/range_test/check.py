@@ -1,6 +1,7 @@
 """Whether a range test's answer is to be trusted on this model, from the curves the sweep already has: the check the
-commit prints (one line per flagged axis) and records (``check`` in each axis's record of ``range_test.json`` and
-``summary.json``'s ``hdet.range_test``). It never changes what is committed.
+commit records (``check`` in each axis's record of ``range_test.json`` and ``summary.json``'s ``hdet.range_test``).
+It never changes what is committed, and nothing prints it: judged against the settings' plateaus it missed its
+pre-registered targets (it flagged most commits on the plateau), so a warning from it would be noise.
 
 Pre-registered, with its thresholds and why, before any recorded commit was compared with a plateau
 (docs/results/hdet_history.md, ``range-check-rule``); how often it flags a commit that lay off its setting's plateau:
@@ -32,14 +33,6 @@ SLOPE_FRACTION = 0.5  # the fall's midpoint: a commit where less of the fall had
 REPLICA_FACTOR = 10 ** 0.5  # replicas' minima further apart than the x3.2 band disagree
 REASONS = ("minimum_near_end", "shallow_valley", "commit_on_slope", "no_clear_explosion", "replicas_disagree")
 
-WHY = {"minimum_near_end": "its smoothed minimum lies within one smoothing window of the sweep's end (or its answer "
-                           "below the range)",
-       "shallow_valley": "the valley's floor is wider than a decade against the loss's noise (its minimum is not "
-                         "placed to within x3.2)",
-       "commit_on_slope": "less than half of the loss's fall had happened at the committed rate (the valley is "
-                          "narrower than the divisor assumes)",
-       "no_clear_explosion": "the loss rose slowly past its minimum instead of exploding (the edge is blurred)",
-       "replicas_disagree": "the replicas that swept it put their minima more than x3.2 apart"}
 
 
 def window_decades(low: float, high: float, sweep_steps: int, beta: float) -> float:
@@ -128,14 +121,3 @@ def check_curve(losses: Sequence[Optional[float]], low: float, high: float, swee
     if out["replica_spread"] == math.inf:
         out["replica_spread"] = None  # JSON has no infinity: the reason says it
     return {"trusted": not reasons, "reasons": reasons, **out}
-
-
-def check_line(axis: str, check: Dict[str, Any], off_map: Sequence[str]) -> Optional[str]:
-    """The one line the commit prints for an axis the check flags beyond its off-the-map flags (those have their own
-    line); None when there is none."""
-    own = [r for r in check["reasons"] if r not in off_map and r in WHY]
-    if not own:
-        return None
-    return (f"WARNING: HDET range test: the {axis} axis's answer may not fit this model: "
-            + "; ".join(WHY[r] for r in own) + ". It was committed as the rule read it; read its curve in "
-            "range_test.json (docs/hdet.md, the check), or run python -m recsys_hdet.lr_find")
