@@ -226,3 +226,22 @@ def test_lr_find_sweeps_without_the_groups_decay_and_suggests_their_peaks():
         assert own_decays(sweep.optim.schedule) == {} and sweep.optim.schedule.name == "range_test"
         validate_config(sweep)
 
+
+def test_the_plain_control_s_summary_names_each_group_s_schedule_as_trained():
+    from recsys_hdet.components.lr_scheduler import build_schedules
+    from recsys_hdet.lr_control import ScheduledLR
+
+    class Optimizer:
+        groups = {g: [{"lr": 0.0, "betas": (0.9, 0.999)}] for g in GROUPS}
+
+        def apply_hparams(self):
+            pass
+
+    optim = _optim("optim.schedule.groups.embedding.decay_start=0.5")
+    control = ScheduledLR(Optimizer(), build_schedules(optim, GROUPS, 50, {"embedding": 3.0}), True, 50, 1,
+                          record={"lr": {"controlled_max_lr": {"embedding": 3.0}}})
+    lr = control.summary(1.0)["lr"]
+    assert lr["controlled_max_lr"] == {"embedding": 3.0}  # the form's record kept beside it
+    assert lr["schedule"]["embedding"]["decay_start"] == 0.5 and not lr["schedule"]["embedding"]["shared"]
+    assert lr["schedule"]["embedding"]["max_lr"] == 3.0
+    assert all(lr["schedule"][g]["shared"] and lr["schedule"][g]["decay_start"] == 0.3 for g in GROUPS[1:])
