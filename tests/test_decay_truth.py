@@ -189,3 +189,16 @@ def test_the_study_trains_its_runs_on_tiny_data_resumes_and_reports(tmp_path, da
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
     only = run_command([*cmd, "--report-only"], env=env, timeout=300)
     assert only.returncode == 0 and json.loads((out / "decay_truth.json").read_text())["rates"] == report["rates"]
+
+
+def test_a_results_line_s_schedules_are_each_group_s_as_trained_and_the_lr_area_is_against_the_shared_one():
+    from recsys_hdet.components.lr_scheduler import DelayedDecay, OneCycle
+    from studies.lr_area import lr_area, schedules
+
+    line = {"schedule": {"groups": {"embedding": {"decay_start": 0.7}}}, "total_steps": 100,
+            "max_lr": {g: 1.0 for g in GROUPS}}
+    built = schedules(line)
+    assert isinstance(built["embedding"], DelayedDecay) and type(built["no_decay"]) is OneCycle
+    metrics = [{"step": s, "lr": {g: built[g](s)[0] for g in GROUPS}} for s in range(1, 100, 10)]
+    area = lr_area(metrics, line["schedule"], {g: 1.0 for g in GROUPS}, 100)
+    assert area["embedding"] > 1.0 and area["no_decay"] == pytest.approx(1.0)  # held at its peak: more area
