@@ -25,9 +25,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet import config_schema
+from recsys_hdet.components.lr_scheduler import own_decays
 from recsys_hdet.config_values import ConfigError, require as _require
 from recsys_hdet.hdet.config import FORM_SCHEMAS
 from recsys_hdet.hdet.controller.config import PROBE_SIGNALS
+from recsys_hdet.constants import PARAM_GROUPS
 from recsys_hdet.hdet.form import hdet_form
 
 __all__ = ["CONF_DIR", "ConfigError", "compose_error", "probe_rows", "run_hydra_command", "validate_config"]
@@ -86,14 +88,22 @@ def compose_error(exc: BaseException, schema: type = config_schema.TrainConfig) 
     return line
 
 
+# optim.schedule.groups as a config recorded before the groups' own decays existed reads it: every group on the shared
+# one-cycle, which is what such a run trained.
+NO_OWN_DECAY = {g: {"decay_start": None, "anneal_strategy": None} for g in PARAM_GROUPS}
+
+
 def recorded_config(config: Any, overrides: Sequence[str] = ()) -> Tuple[Dict[str, Any], Optional[str]]:
     """A run's recorded config (a DictConfig or a mapping: ``RunDir.CONFIG``, a checkpoint's) as a plain dict in
     today's shape, for comparing it with a config composed now, and the one line that names how it was read when
     it was recorded before each HDET form had its own schema (:func:`recsys_hdet.hdet.config.recorded_hdet`; None
-    otherwise). ``overrides``: the run's own (``RunDir.OVERRIDES``), where known."""
+    otherwise). A config recorded before ``optim.schedule.groups`` existed reads it as :data:`NO_OWN_DECAY`. ``overrides``: the run's own (``RunDir.OVERRIDES``), where known."""
     from recsys_hdet.hdet.config import recorded_hdet
 
     plain = OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else dict(config)
+    schedule = (plain.get("optim") or {}).get("schedule")
+    if isinstance(schedule, dict) and "groups" not in schedule:  # recorded before the groups' own decays existed
+        plain = {**plain, "optim": {**plain["optim"], "schedule": {**schedule, "groups": NO_OWN_DECAY}}}
     if "hdet" not in plain:
         return plain, None
     hdet, notice = recorded_hdet(plain["hdet"], overrides)
@@ -133,6 +143,13 @@ def validate_config(cfg: DictConfig) -> config_schema.TrainConfig:
     _require(not h.enabled or cfg.optim.dense.type != "schedulefree_adamw", "optim.dense.type",
              str(cfg.optim.dense.type), "Schedule-Free AdamW trains at a constant LR with no schedule for HDET to "
              "move: not with HDET (hdet.enabled=true)")
+    if form == "controller":
+        first = next(iter(own_decays(cfg.optim.schedule)), None)
+        _require(first is None, f"optim.schedule.groups.{first}", first and {
+                     k: v if k == "decay_start" else str(v) for k, v in cfg.optim.schedule.groups[first].items() if v is not None},
+                 "hdet=controller moves each group's base on the shared one-cycle and does not read a group's own "
+                 "decay; per-group decay runs plain or with hdet=enabled (which commits the peaks): leave "
+                 "optim.schedule.groups unset with the controller")
     if form == "range_test":
         check_range_test(cfg)
     elif form == "controller" and h.signal in PROBE_SIGNALS:

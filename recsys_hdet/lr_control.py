@@ -28,7 +28,7 @@ import torch
 
 from recsys_hdet.components.checkpoint import check_step_checkpoint
 from recsys_hdet.components.job_handles import JobHandles
-from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_schedules
+from recsys_hdet.components.lr_scheduler import GroupLRScheduler, build_schedules, describe_schedules
 from recsys_hdet.hdet.form import hdet_form
 
 
@@ -141,7 +141,11 @@ class ScheduledLR:
         self.optimizer.apply_hparams()
 
     def summary(self, train_seconds: float) -> Dict[str, Any]:
-        return dict(self.record)
+        """The record of how the max LRs were chosen, and under ``lr.schedule`` each group's schedule as the pass
+        trained it (its shape, where its anneal starts: :func:`~recsys_hdet.components.lr_scheduler.describe_schedules`)."""
+        out = dict(self.record)
+        out["lr"] = {**out.get("lr", {}), "schedule": describe_schedules(self.scheduler.schedules)}
+        return out
 
     def state_dict(self) -> Dict[str, Any]:
         return self.scheduler.state_dict()

@@ -55,7 +55,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys_hdet.hdet.range_test.rule import CLASSIC_SMOOTHING, curve_record, range_edge
 from recsys_hdet.constants import LR_AXES
-from recsys_hdet.config import (CONF_DIR, ConfigError, remove_hydra_leftovers, run_dir_argument,
+from recsys_hdet.config import (CONF_DIR, NO_OWN_DECAY, ConfigError, remove_hydra_leftovers, run_dir_argument,
                                 run_hydra_command)
 from data_tools.exit_status import ExitStatus
 
@@ -82,6 +82,9 @@ def sweep_config(cfg: DictConfig, axis: str) -> DictConfig:
         if other != axis:
             for g in groups:
                 sweep.optim.lr[g] = float(cfg.optim.lr[g]) * float(rt.low)
+    # A group's own decay (optim.schedule.groups) shapes the pass after the peak the sweep finds, not the sweep.
+    if "groups" in sweep.optim.schedule:
+        OmegaConf.update(sweep, "optim.schedule.groups", NO_OWN_DECAY, merge=False)
     for key, value in {"optim.schedule.name": "range_test", "optim.schedule.range_test.groups": list(LR_AXES[axis]),
                        "trainer.stop_at_step": int(rt.steps), "trainer.log_every": 1,
                        "trainer.metrics_every": int(rt.steps),

@@ -1,5 +1,6 @@
 """The ``optim`` config group's schema (conf/optim/): each parameter group's peak learning rate, the dense and the
-embedding optimizers, the schedule (one-cycle, or the plain LR range test). Registered through
+embedding optimizers, the schedule (one-cycle, each group's own decay where ``optim.schedule.groups`` gives one, or
+the plain LR range test). Registered through
 :class:`recsys_hdet.config_schema.TrainConfig`; its checks run in each class's ``__post_init__``.
 """
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from recsys_hdet.config_values import (CUDA_ONLY_EMBEDDING_OPTIMIZERS, AnnealStrategy, DenseOptimizer, EmbeddingOptimizer, Schedule, at_least, fraction, is_number, positive, require)
+from recsys_hdet.components.lr_scheduler import own_decays
+from recsys_hdet.constants import DENSE_GROUPS, PARAM_GROUPS
 
 
 @dataclass
@@ -95,6 +98,36 @@ class EmbeddingOptimizerConfig:
 
 
 @dataclass
+class GroupDecay:
+    """One parameter group's own decay (``optim.schedule.groups.<group>``); a null field is the shared one-cycle's.
+    The rise stays the shared one-cycle's (``pct_start``, ``anneal_strategy``, ``div_factor``); the group then holds
+    its peak until ``decay_start`` and anneals to the shared floor (max / div_factor / final_div_factor) by the
+    pass's end. A warm-stable-decay (WSD) tail is a late ``decay_start`` (e.g. 0.8 with ``linear``)."""
+    # the fraction of the pass where the group's anneal starts, in [pct_start, 1); null: pct_start (the one-cycle)
+    decay_start: Optional[float] = None
+    # cos | linear: the anneal's shape from decay_start to the end; null: optim.schedule.anneal_strategy
+    anneal_strategy: Optional[AnnealStrategy] = None
+
+    def setting(self) -> dict:
+        """What is set, as plain values (an error message's)."""
+        return {k: v if k == "decay_start" else str(v)
+                for k, v in (("decay_start", self.decay_start), ("anneal_strategy", self.anneal_strategy)) if v is not None}
+
+
+@dataclass
+class GroupSchedules:
+    """``optim.schedule.groups``: a group's own decay (:class:`GroupDecay`); the groups left unset (null fields) train on
+    the shared one-cycle, bit for bit. Plain runs and ``hdet=enabled`` (whose committed max LRs are the peaks)."""
+    embedding: GroupDecay = field(default_factory=GroupDecay)
+    transformer: GroupDecay = field(default_factory=GroupDecay)
+    non_embedding: GroupDecay = field(default_factory=GroupDecay)
+    no_decay: GroupDecay = field(default_factory=GroupDecay)
+
+    def __getitem__(self, group: str) -> GroupDecay:
+        return getattr(self, group)
+
+
+@dataclass
 class ScheduleConfig:
     # one_cycle: torch.optim.lr_scheduler.OneCycleLR, per group; range_test: the LR range test (plain runs; end it
     # with trainer.stop_at_step; see range_test)
@@ -108,11 +141,27 @@ class ScheduleConfig:
     base_momentum: float = 0.85
     max_momentum: float = 0.95
     range_test: RangeTestConfig = field(default_factory=RangeTestConfig)
+    # a group's own decay (decay_start, anneal_strategy), e.g. {embedding: {decay_start: 0.7}}; unset: the one-cycle
+    groups: GroupSchedules = field(default_factory=GroupSchedules)
 
     def __post_init__(self) -> None:
         fraction("optim.schedule.pct_start", self.pct_start, low_open=True)
         positive("optim.schedule.div_factor", self.div_factor)
         positive("optim.schedule.final_div_factor", self.final_div_factor)
+        for g in PARAM_GROUPS:
+            start = self.groups[g].decay_start
+            if start is not None:
+                require(is_number(start) and self.pct_start <= start < 1, f"optim.schedule.groups.{g}.decay_start",
+                        start, f"must be a fraction of the pass in [optim.schedule.pct_start={self.pct_start}, 1): the "
+                        "rise is shared, the anneal starts at its peak or later")
+        own = own_decays(self)
+        if own:
+            first = next(iter(own))
+            key, value = f"optim.schedule.groups.{first}", self.groups[first].setting()
+            require(self.name == Schedule.one_cycle, key, value, f"a group's own decay shapes the one-cycle; "
+                    f"optim.schedule.name={self.name} would not read it: leave optim.schedule.groups unset")
+            require(not self.three_phase, key, value, "a group's own decay replaces the two-phase one-cycle's anneal; "
+                    "not with optim.schedule.three_phase=true")
 
 
 @dataclass
@@ -121,3 +170,11 @@ class OptimConfig:
     dense: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
     embedding: EmbeddingOptimizerConfig = field(default_factory=EmbeddingOptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+    def __post_init__(self) -> None:
+        if self.dense.type == DenseOptimizer.schedulefree_adamw:
+            dense = [g for g in own_decays(self.schedule) if g in DENSE_GROUPS]
+            first = dense[0] if dense else ""
+            require(not dense, f"optim.schedule.groups.{first}", self.schedule.groups[first].setting() if dense else None,
+                    "Schedule-Free AdamW trains the dense groups at a constant LR with no decay to shape: a dense "
+                    "group's own decay is not read (the embedding group's is)")

@@ -28,21 +28,23 @@ def preset_lrs(preset: str) -> Dict[str, float]:
     return dict(_PRESET_LRS[preset])
 
 
-def one_cycle(schedule: Mapping[str, Any], max_lr: float, total_steps: int):
+def one_cycle(schedule: Mapping[str, Any], max_lr: float, total_steps: int, group: Optional[str] = None):
     """The OneCycle schedule ``schedule`` (a run's ``optim.schedule``, as a results line records it: the keys it
-    lacks read as the schema's defaults) at ``max_lr`` over ``total_steps``."""
+    lacks read as the schema's defaults) at ``max_lr`` over ``total_steps``; with ``group``, that group's (its own
+    decay where ``optim.schedule.groups`` gives one), else the shared one-cycle."""
     from omegaconf import OmegaConf
 
     from recsys_hdet.components.lr_scheduler import build_one_cycle
     from recsys_hdet.optim_schema import ScheduleConfig
 
-    return build_one_cycle(OmegaConf.merge(OmegaConf.structured(ScheduleConfig), schedule), max_lr, total_steps)
+    return build_one_cycle(OmegaConf.merge(OmegaConf.structured(ScheduleConfig), schedule), max_lr, total_steps, group)
 
 
 def lr_area(metrics: Iterable[Mapping[str, Any]], schedule: Mapping[str, Any], preset_lr: Mapping[str, float],
             total_steps: int) -> Dict[str, float]:
-    """Per group: exp(mean over the logged steps of log(logged LR / the preset's schedule at that step)).
-    The trainer logs the LR the step ran with (the schedule at min(step, total - 1))."""
+    """Per group: exp(mean over the logged steps of log(logged LR / the preset's schedule at that step)), the preset's
+    schedule being the shared one-cycle (a group's own decay counts in its area). The trainer logs the LR the step
+    ran with (the schedule at min(step, total - 1))."""
     plain = {g: one_cycle(schedule, preset_lr[g], total_steps) for g in preset_lr}
     logs: Dict[str, List[float]] = {g: [] for g in preset_lr}
     for m in metrics:
@@ -56,14 +58,14 @@ def lr_area(metrics: Iterable[Mapping[str, Any]], schedule: Mapping[str, Any], p
 
 
 def schedules(record: Mapping[str, Any], total_steps: Optional[int] = None) -> Dict[str, Any]:
-    """Each group's OneCycle as the run of a results line built it (its max LR over its pass)."""
+    """Each group's schedule as the run of a results line built it (its max LR over its pass)."""
     steps = total_steps or record.get("total_steps") or record["steps"]
-    return {g: one_cycle(record["schedule"], record["max_lr"][g], steps) for g in record["max_lr"]}
+    return {g: one_cycle(record["schedule"], record["max_lr"][g], steps, g) for g in record["max_lr"]}
 
 
 def run_schedules(path: str, steps: int) -> Dict[str, Any]:
-    """A run directory's OneCycle per group (its resolved config) over ``steps`` steps."""
+    """A run directory's schedule per group (its resolved config) over ``steps`` steps."""
     from recsys_hdet.components.lr_scheduler import build_one_cycle
 
     cfg = RunDir(path).config()
-    return {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), steps) for g in GROUPS}
+    return {g: build_one_cycle(cfg.optim.schedule, float(cfg.optim.lr[g]), steps, g) for g in GROUPS}

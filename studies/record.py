@@ -18,7 +18,7 @@ exactly)::
     train_loss      {avg, <task>: ...}
     oracle          {task: {ne, logloss}} where the data has an oracle
     layout          {nproc, sharding_group_size}
-    schedule        the run's optim.schedule (OneCycle's arguments)
+    schedule        the run's optim.schedule (OneCycle's arguments; each group's own decay under ``groups``)
     max_lr          {group: the max LR the run was configured with}
     preset_lr       {group: the preset's own max LR} (the plain schedule the LR areas refer to)
     lr_area         {group: geometric mean over every logged step of the pass (RunDir.METRICS) of

@@ -1,5 +1,5 @@
 """A study's report files: its ``<stem>.json`` and ``<stem>.md`` written atomically, a table's number format,
-and the line naming the machine a report was produced on.
+the line naming the machine a report was produced on, and a pre-registered rule's text.
 """
 
 from __future__ import annotations
@@ -27,3 +27,14 @@ def machine_line() -> str:
     import platform
 
     return f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
+
+
+def preregistered(path: str, marker: str) -> str:
+    """A pre-registered rule: the text of ``path`` (docs/results/hdet_history.md) between its ``<!-- marker -->`` and
+    ``<!-- /marker -->`` lines, as a study's report quotes it (ValueError when the markers are missing)."""
+    with open(path) as f:
+        text = f.read()
+    start, end = text.find(f"<!-- {marker} -->"), text.find(f"<!-- /{marker} -->")
+    if start < 0 or end < start:
+        raise ValueError(f"{path}: no pre-registered rule between <!-- {marker} --> markers")
+    return text[start + len(f"<!-- {marker} -->"):end].strip()

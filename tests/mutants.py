@@ -1,6 +1,6 @@
 """The wiring mutants each test is meant to catch, and a script that checks that it does.
 
-    .venv/bin/python tests/mutants.py            # every mutant (102; see docs/contributing.md for the last full run's time)
+    .venv/bin/python tests/mutants.py            # every mutant (105; see docs/contributing.md for the last full run's time)
     .venv/bin/python tests/mutants.py A C        # some of them
 
 For each mutant: the repository is copied to a scratch directory, one product line is replaced
@@ -440,6 +440,20 @@ MUTANTS = (
            "ne_all = {t: entropy_ne(float(mean[i]), float(positives[i]), rows)",
            "ne_all = {t: math.nan + 0 * entropy_ne(float(mean[i]), float(positives[i]), rows)",
            ["tests/test_rollback.py::test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes"]),
+    Mutant("GD1", "a group's own decay (optim.schedule.groups) silently ignored: every group on the shared one-cycle",
+           "recsys_hdet/components/lr_scheduler.py",
+           "out[g] = build_one_cycle(schedule, max_lr, total_steps, g)",
+           "out[g] = build_one_cycle(schedule, max_lr, total_steps)",
+           ["tests/test_lr_scheduler.py::test_a_group_s_own_decay_rises_with_the_others_holds_its_peak_then_anneals_to_the_same_floor"]),
+    Mutant("GD2", "a group's own decay starts at the rise's end whatever decay_start says (no hold at the peak)",
+           "recsys_hdet/components/lr_scheduler.py",
+           "held = max(up, float(self.decay_start * t) - 1)",
+           "held = up",
+           ["tests/test_lr_scheduler.py::test_a_group_s_own_decay_rises_with_the_others_holds_its_peak_then_anneals_to_the_same_floor"]),
+    Mutant("GD3", "hdet=controller runs with a group's own decay set, never reading it", "recsys_hdet/config.py",
+           "_require(first is None, f\"optim.schedule.groups.{first}\"",
+           "_require(True, f\"optim.schedule.groups.{first}\"",
+           ["tests/test_lr_scheduler.py::test_what_cannot_work_is_refused_naming_the_key"]),
     Mutant("C2", "the interval's positive counts are never restarted (the collapse check's rate is the pass's)",
            "recsys_hdet/components/train_metrics.py",
            "out, self._positives = self._positives.cpu(), torch.zeros_like(self._positives)",

@@ -393,3 +393,34 @@ def test_a_run_saves_its_data_root_absolute(hdet_run, tiny_dataset):
 
     root = OmegaConf.load(hdet_run / ".hydra" / "config.yaml").data.root
     assert os.path.isabs(root) and "${" not in root and os.path.samefile(root, tiny_dataset)
+
+
+def test_the_learning_rate_figure_labels_each_group_with_its_schedule_as_trained(monkeypatch):
+    """A plain run's LR figure: each group's line names its schedule (RunDir.SUMMARY's lr.schedule), a group on its
+    own decay is marked where its anneal starts, and the comparison's panels name a run's own decay."""
+    from types import SimpleNamespace
+
+    from recsys_hdet.evaluation import report_figures
+
+    figures = []
+    monkeypatch.setattr(report_figures, "_figure", lambda fig, caption: figures.append((fig, caption)) or "fig")
+    shared = {"schedule": "one_cycle", "shared": True, "pct_start": 0.3, "decay_start": 0.3, "shape": "cos"}
+    own = {**shared, "shared": False, "decay_start": 0.7, "shape": "linear"}
+    schedule = {"embedding": own, "transformer": shared}
+    metrics = [{"step": s, "lr": {"embedding": 0.01 * s, "transformer": 0.001}} for s in (10, 50, 100)]
+    run = SimpleNamespace(hdet=[], metrics=metrics, label="run",
+                          summary={"total_steps": 100, "lr": {"schedule": schedule}})
+    assert report_figures.fig_hparams(run) == "fig"
+    fig, caption = figures[-1]
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["embedding: own decay: held to 0.7, then linear", "transformer: one-cycle, cos from 0.3"]
+    assert [line.get_xdata()[0] for line in fig.axes[0].lines if line.get_linestyle() == ":"] == [70.0]
+    assert "own decay: embedding" in caption
+    before = SimpleNamespace(hdet=[], metrics=metrics, label="old", summary={})  # a run from before lr.schedule
+    assert report_figures.fig_hparams(before) == "fig"
+    assert [t.get_text() for t in figures[-1][0].axes[0].get_legend().get_texts()] == ["embedding", "transformer"]
+    assert report_figures.fig_base_lrs([run, before]) == "fig"
+    panels = {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in figures[-1][0].axes
+              if ax.get_visible()}
+    assert panels == {"lr/embedding": ["run (own decay: held to 0.7, then linear)", "old"],
+                      "lr/transformer": ["run", "old"]}

@@ -154,3 +154,20 @@ def test_an_hdet_run_writes_metrics_and_syncs_as_scalars_and_false_writes_none(t
                      "trainer.checkpoint=false", "trainer.tensorboard=false", data_cache=data_cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert os.path.isfile(off / "metrics.jsonl") and not os.path.exists(off / "tensorboard")
+
+
+def test_the_hparams_row_shows_each_group_s_decay_as_trained():
+    """optim.schedule.groups.<group>.decay_start / .anneal_strategy: the values the pass trained with (the shared
+    one-cycle's where the group has none of its own), not the config's nulls, so that rows of runs compare."""
+    from recsys_hdet.components.lr_scheduler import build_schedules, describe_schedules
+    from recsys_hdet.components.tensorboard import trained_hparams
+    from recsys_hdet.config import compose
+
+    cfg = compose("config", ["+experiment=baseline_low", "optim.schedule.groups.embedding.decay_start=0.7",
+                             "optim.schedule.groups.no_decay.anneal_strategy=linear"])
+    summary = {"lr": {"max_lr": {g: float(cfg.optim.lr[g]) for g in GROUPS},
+                      "schedule": describe_schedules(build_schedules(cfg.optim, GROUPS, 100))}}
+    row = trained_hparams(cfg, summary)
+    assert {g: (row[f"optim.schedule.groups.{g}.decay_start"], row[f"optim.schedule.groups.{g}.anneal_strategy"])
+            for g in GROUPS} == {"embedding": (0.7, "cos"), "transformer": (0.3, "cos"),
+                                 "non_embedding": (0.3, "cos"), "no_decay": (0.3, "linear")}

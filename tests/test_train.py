@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import assert_tensorboard_matches_records, read_json, read_jsonl, run_command, run_train
+from conftest import PLAIN_2X1, assert_tensorboard_matches_records, read_json, read_jsonl, run_command, run_train
 
 TASKS = ("contribution", "like", "long_dwell")
 FAST = ["data=tiny", "trainer.log_every=10"]
@@ -115,6 +115,41 @@ def test_lr_follows_one_cycle_per_group(two_proc_run):
         at = min(r["step"], total - 1)
         for group, max_lr in max_lrs.items():
             assert r["lr"][group] == pytest.approx(OneCycle(max_lr, total)(at)[0], rel=1e-12)
+
+
+@pytest.mark.slow  # one more tiny run (about a minute on 2 busy cores); `make test-all` runs it
+def test_a_group_s_own_decay_is_trained_and_shown_as_trained(tmp_path, data_cache, tiny_dataset):
+    """optim.schedule.groups end to end: the logged LRs follow each group's schedule (the embedding group held at its
+    peak to 0.7 of the pass, the transformer group linear from the rise's end, the others the shared one-cycle), and
+    summary.json's lr.schedule and the TensorBoard HParams row name each group's decay as trained."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    from recsys_hdet.components.lr_scheduler import DelayedDecay, OneCycle
+
+    run_dir = tmp_path / "own_decay"
+    proc = run_train(run_dir, *PLAIN_2X1, "optim.schedule.groups.embedding.decay_start=0.7",
+                     "optim.schedule.groups.transformer.anneal_strategy=linear", "trainer.checkpoint=false",
+                     data_cache=data_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = read_json(run_dir / "summary.json")
+    total = s["total_steps"]
+    schedules = {"embedding": DelayedDecay(0.05, total, decay_start=0.7, decay_strategy="cos"),
+                 "transformer": DelayedDecay(0.002, total, decay_start=0.3, decay_strategy="linear"),
+                 "non_embedding": OneCycle(0.002, total), "no_decay": OneCycle(0.002, total)}
+    for r in read_jsonl(run_dir / "metrics.jsonl"):
+        for group, schedule in schedules.items():
+            assert r["lr"][group] == schedule(min(r["step"], total - 1))[0], (group, r["step"])
+    assert {g: (d["shared"], d["decay_start"], d["shape"]) for g, d in s["lr"]["schedule"].items()} == {
+        "embedding": (False, 0.7, "cos"), "transformer": (False, 0.3, "linear"),
+        "non_embedding": (True, 0.3, "cos"), "no_decay": (True, 0.3, "cos")}
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    row = plugin_data_pb2.HParamsPluginData.FromString(
+        acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info.hparams
+    assert row["optim.schedule.groups.embedding.decay_start"].number_value == 0.7
+    assert row["optim.schedule.groups.no_decay.decay_start"].number_value == 0.3
+    assert row["optim.schedule.groups.transformer.anneal_strategy"].string_value == "linear"
 
 
 @pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores); `make test-all` runs it

@@ -159,12 +159,19 @@ def run_hparams(cfg: DictConfig) -> Dict[str, Any]:
 
 def trained_hparams(cfg: DictConfig, summary: Mapping[str, Any]) -> Dict[str, Any]:
     """:func:`run_hparams` with each group's max LR as trained (``optim.lr.*``: RunDir.SUMMARY's ``lr.max_lr``, a
-    form's committed rate where one committed) and the configured one beside it (``optim.configured_lr.*``)."""
+    form's committed rate where one committed) and the configured one beside it (``optim.configured_lr.*``), and each
+    group's decay as trained (``optim.schedule.groups.<group>.decay_start`` and ``.anneal_strategy``: RunDir.SUMMARY's
+    ``lr.schedule``, the shared one-cycle's values where the group has none of its own, so that runs compare)."""
     out = run_hparams(cfg)
     lr = summary.get("lr") or {}
     for group, value in (lr.get("max_lr") or {}).items():
         out[f"optim.configured_lr.{group}"] = out.get(f"optim.lr.{group}")
         out[f"optim.lr.{group}"] = float(value)
+    for group, schedule in (lr.get("schedule") or {}).items():
+        if schedule.get("decay_start") is not None:
+            out[f"optim.schedule.groups.{group}.decay_start"] = float(schedule["decay_start"])
+        if schedule.get("shape") is not None:
+            out[f"optim.schedule.groups.{group}.anneal_strategy"] = str(schedule["shape"])
     return out
 
 

@@ -141,16 +141,45 @@ def fig_hparams(run: RunArtifacts) -> Optional[str]:
     if run.metrics and run.metrics[0].get("lr"):
         fig, ax = plt.subplots(figsize=(8, 3.4))
         groups = list(run.metrics[0]["lr"].keys())
+        described = run_schedules(run)
+        total = run.summary.get("total_steps") or run.metrics[-1]["step"]
         for i, g in enumerate(groups):
-            ax.plot([m["step"] for m in run.metrics], [m["lr"][g] for m in run.metrics], lw=1.4, label=g,
-                    color=TASK_COLORS[i % 5])
+            color = TASK_COLORS[i % 5]
+            label = f"{g}: {schedule_label(described[g])}" if g in described else g
+            ax.plot([m["step"] for m in run.metrics], [m["lr"][g] for m in run.metrics], lw=1.4, label=label,
+                    color=color)
+            start = (described.get(g) or {}).get("decay_start")
+            if start is not None and not described[g].get("shared", True):  # where its own anneal starts
+                ax.axvline(start * total, color=color, lw=1, ls=":")
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("learning rate")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        return _figure(fig, "Learning rate per parameter group (HDET off: one value per group, no replicas)")
+        own = [g for g in groups if not (described.get(g) or {}).get("shared", True)]
+        caption = "Learning rate per parameter group (HDET off: one value per group, no replicas)"
+        if own:
+            caption += f"; own decay: {', '.join(own)} (dotted: where each one's anneal starts), the others shared"
+        elif described:
+            caption += "; every group on the shared one-cycle"
+        return _figure(fig, caption)
     return None
+
+
+def run_schedules(run: RunArtifacts) -> Dict[str, Dict[str, Any]]:
+    """Each group's schedule as the run trained it (RunDir.SUMMARY's ``lr.schedule``; empty for a run from before)."""
+    return dict((run.summary.get("lr") or {}).get("schedule") or {})
+
+
+def schedule_label(schedule: Dict[str, Any]) -> str:
+    """A group's schedule in a legend: "one-cycle, cos from 0.3" or "own decay: held to 0.7, then linear"."""
+    if schedule.get("schedule") != "one_cycle":
+        return str(schedule.get("schedule"))
+    if schedule.get("decay_start") is None:
+        return "one-cycle, three phases"
+    if schedule.get("shared", True):
+        return f"one-cycle, {schedule.get('shape')} from {schedule['decay_start']:g}"
+    return f"own decay: held to {schedule['decay_start']:g}, then {schedule.get('shape')}"
 
 
 def fig_base_lrs(runs: Sequence[RunArtifacts]) -> Optional[str]:
@@ -170,13 +199,16 @@ def fig_base_lrs(runs: Sequence[RunArtifacts]) -> Optional[str]:
             else:
                 xs = [m["step"] for m in r.metrics if g in m.get("lr", {})]
                 ys = [m["lr"][g] for m in r.metrics if g in m.get("lr", {})]
-            ax.plot(xs, ys, lw=1.3, label=r.label)
+            own = run_schedules(r).get(g) or {}
+            ax.plot(xs, ys, lw=1.3, label=r.label if own.get("shared", True) else f"{r.label} ({schedule_label(own)})")
         ax.set_title(f"lr/{g}", fontsize=10)
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    return _figure(fig, "Base learning rate per parameter group, runs overlaid (HDET runs: the base at each sync)")
+    for ax in axes[:len(groups)]:  # every panel: a run on a group's own decay is named in its panel's legend
+        ax.legend(fontsize=7)
+    return _figure(fig, "Base learning rate per parameter group, runs overlaid (HDET runs: the base at each sync; "
+                        "a run whose group has its own decay is labelled with it in that group's panel)")
 
 
 def reliability_points(curve: Dict[str, List[Any]]) -> Dict[str, Any]:
