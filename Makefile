@@ -42,13 +42,20 @@ test: $(STAMP)
 # The crash-recovery end-to-end runs (kill -9 and resume, rollback, the retraining job's kills) and the
 # README's own path (convert, train, evaluate, export, predict, adopt, retrain; about 80 s alone) and the range
 # test's hand-over (after the commit, the plain run bit for bit, its branches, its report; about 2 minutes) and its
-# three-replica pooling: slow-marked, and run by CI beside `make test` (13 tests, about 18 minutes on 2 cores).
+# three-replica pooling; and, for the default run's 10-minute budget, the product guards that train a run of their
+# own (the registry's checks, MLflow's store, adopt's settings, a study's --verify, the planted rollbacks, adopt
+# freeze_lr's day): slow-marked, and run by CI beside `make test`.
 test-recovery: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/test_resume.py \
 		tests/test_retrain.py::test_three_days_a_bad_day_a_rerun_a_concurrent_job_and_kills \
 		tests/test_readme_path.py \
 		tests/test_hdet_range_test.py::test_after_the_commit_the_run_is_the_plain_run_at_the_committed_lrs_bit_for_bit \
-		tests/test_hdet_range_test.py::test_three_replicas_sweep_the_embedding_twice_and_pool_it
+		tests/test_hdet_range_test.py::test_three_replicas_sweep_the_embedding_twice_and_pool_it \
+		tests/test_registry_checks.py tests/test_tracking.py tests/test_adopt_freeze_lr.py \
+		tests/test_cli_args.py::test_adopt_holds_the_runs_settings_against_the_days_preset \
+		tests/test_fair_comparison.py::test_verify_reproduces_a_tiny_recorded_run_and_reports_a_planted_one_ulp_change \
+		tests/test_rollback.py::test_a_planted_divergence_is_rolled_back_and_the_run_completes \
+		tests/test_rollback.py::test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes
 
 # Includes the slow end-to-end runs.
 test-all: $(STAMP)

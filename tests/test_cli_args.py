@@ -168,6 +168,7 @@ def test_adopt_takes_the_overrides_from_the_runs_recorded_config(tmp_path):
     assert adopted_overrides(allowed, other, given=False) == ["trainer.nproc=2", "data=demo"]
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 def test_adopt_holds_the_runs_settings_against_the_days_preset(hdet_run, tmp_path, data_cache, tiny_dataset):
     """The tiny HDET run (the default preset, HDET's controller) adopted into a job whose days train the
     ``retrain_daily`` preset: refused (exit 2, the differing keys named, nothing created; before: adopted without a

@@ -108,6 +108,7 @@ def test_differences_are_bit_for_bit_and_leave_timings_out():
     assert differences({**a, "rows": {"reserve_rows": 4096}}, a) == ["rows: only in the recorded line"]
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 def test_verify_reproduces_a_tiny_recorded_run_and_reports_a_planted_one_ulp_change(tmp_path, tiny_dataset, data_cache,
                                                                                       monkeypatch, capsys):
     monkeypatch.setenv("RECSYS_HDET_DATA", data_cache)

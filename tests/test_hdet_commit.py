@@ -132,6 +132,7 @@ EXPLORE = {"alpha": 0.25, "score": "effect", "explore_rounds": 2, "explore_steps
            "explore_narrow": 0.5}
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_explore_then_commit_moves_a_10x_low_lr_up_and_then_holds_it(tmp_path):
     run = _run(tmp_path, "explore", EXPLORE)
     rounds = run["explored"]
@@ -246,6 +247,7 @@ def _reset_worker(out_path):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_the_pooled_fit_starts_over_once_at_fit_reset_at_and_a_resumed_engine_remembers(tmp_path):
     path = str(tmp_path / "dof.pt")
     spawn(_reset_worker, 4, path)

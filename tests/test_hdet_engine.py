@@ -50,6 +50,7 @@ def _alpha_zero_worker():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_alpha_zero_learning_rates_equal_one_cycle_lr_step_for_step():
     spawn(_alpha_zero_worker, 2)
 
@@ -85,6 +86,7 @@ def _permutation_worker():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_permutations_identical_on_all_ranks_whatever_the_global_rng_does():
     spawn(_permutation_worker, 4)
 
@@ -167,6 +169,7 @@ def _guard_worker():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_a_non_finite_replica_is_excluded_and_training_goes_on():
     spawn(_guard_worker, 4)
 
@@ -197,6 +200,7 @@ def _resume_worker():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_state_dict_round_trip_resumes_the_same_trajectory():
     spawn(_resume_worker, 2)
 
@@ -308,6 +312,7 @@ def _log_space_warmup_worker():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_log_space_controller_from_step_zero_follows_the_one_cycle_warm_up_without_signal():
     spawn(_log_space_warmup_worker, 2)
 
@@ -430,6 +435,7 @@ def test_effect_controller_recovers_a_10x_error_moving_at_most_the_trust_region_
         assert max(abs(m[n]) for m in run["moves"]) > 0.9 * trust  # far off, it takes whole steps
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_effect_controller_rests_where_a_consistent_difference_is_negligible_and_regression_does_not(tmp_path):
     effect = _effect_run(tmp_path, {**EFFECT, "score": "effect"}, "negligible")
     regression = _effect_run(tmp_path, {**EFFECT, "score": "regression", "travel_decades": 3.0}, "negligible")

@@ -281,6 +281,7 @@ def _assert_same_training(tmp_path, a, b):
     assert [r["losses"] for r in ra] != [r["losses"] for r in rb]  # the signals differ: each measured its own
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_anneal_then_probe_leaves_every_replica_as_it_was_in_a_two_by_two_run(tmp_path, data_cache, hdet_run):
     """4 ranks, 2 sharding groups x 2: the cooldown trains every replica (fused embedding updates in
     backward, the dense optimizer's state, dropout's generator) and restores it; the run then trains

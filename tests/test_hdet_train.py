@@ -22,6 +22,7 @@ def _checkpoint_tensors(path, out):
     return {k: (v.to_dense() if hasattr(v, "to_dense") and v.layout != torch.strided else v) for k, v in state.items()}
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_alpha_zero_reproduces_the_plain_run_exactly(tmp_path, data_cache, tiny_dataset):
     # 2 x 2: two sharding groups (embedding replicas) of two ranks, so the embedding replicas'
     # averaging cadence is part of the invariant, not only the dense replicas'.
@@ -104,6 +105,7 @@ def _fault_run(run_dir, faults, data_cache, *overrides):
         del os.environ["RECSYS_HDET_FAULTS"]
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_a_non_finite_replica_in_a_real_run_is_excluded_restored_and_training_goes_on(tmp_path, data_cache, tiny_dataset):
     """Mutants: the trainer's converge closure averaging nothing, or averaging NaN state in; DDP's
     gradient all-reduce letting one rank's NaN poison every rank; "diverged" on any non-finite rank."""

@@ -35,6 +35,10 @@ def _job(base, *args):
                    *args])
 
 
+# The registry these tests damage is trained once (~1 minute alone) and each test runs the job on it: the default
+# run's budget (under 10 minutes on 2 cores) moves them to `make test-recovery`, which CI runs.
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_dataset):
     """A registry the job trained for real: v0001 a cold start on the first tiny day (``create=true``), v0002

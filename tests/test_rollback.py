@@ -19,6 +19,7 @@ def _run(run_dir, faults, data_cache, *overrides):
         del os.environ["RECSYS_HDET_FAULTS"]
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 def test_a_planted_divergence_is_rolled_back_and_the_run_completes(tmp_path, data_cache, plain_run):
     ref_dir, ref = plain_run
     # Steps 12-14 train with every LR x1000: the check at step 15 fails, the state of step 10 comes back.
@@ -54,6 +55,7 @@ def test_a_planted_divergence_is_rolled_back_and_the_run_completes(tmp_path, dat
 COLLAPSE = "zero_dense@step=36"
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 @pytest.mark.parametrize("metrics_every", [None, 25])
 def test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes(tmp_path, data_cache, tiny_dataset,
                                                                                   metrics_every):

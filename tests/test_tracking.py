@@ -41,6 +41,7 @@ def tracked_run(tmp_path_factory, tiny_dataset, data_cache):
     return run_dir, uri
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 def test_a_run_is_read_back_from_mlflow_with_params_metrics_and_artifacts(tracked_run):
     from mlflow.tracking import MlflowClient
 
@@ -81,6 +82,7 @@ def test_a_run_is_read_back_from_mlflow_with_params_metrics_and_artifacts(tracke
                                        run.info.run_id, "artifacts", "summary.json"))
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 def test_a_retraining_days_gate_decision_is_logged_on_its_run(tracked_run):
     from mlflow.tracking import MlflowClient
 
