@@ -55,7 +55,10 @@ test-recovery: $(STAMP)
 		tests/test_cli_args.py::test_adopt_holds_the_runs_settings_against_the_days_preset \
 		tests/test_fair_comparison.py::test_verify_reproduces_a_tiny_recorded_run_and_reports_a_planted_one_ulp_change \
 		tests/test_rollback.py::test_a_planted_divergence_is_rolled_back_and_the_run_completes \
-		tests/test_rollback.py::test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes
+		tests/test_rollback.py::test_a_planted_collapse_to_the_base_rate_is_rolled_back_and_the_run_completes \
+		tests/test_serving_raw.py::test_gpu_check_runs_the_saved_raw_request_with_torch_alone_and_fails_on_a_difference \
+		tests/test_lr_find.py::test_a_sweep_whose_model_turned_non_finite_logs_nan_and_suggests_from_its_finite_steps \
+		tests/test_lr_recovery.py::test_the_committed_study_report_from_its_results_file
 
 # Includes the slow end-to-end runs.
 test-all: $(STAMP)

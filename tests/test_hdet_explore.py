@@ -125,6 +125,7 @@ def _applied_worker():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_explored_values_are_applied_where_they_take_effect():
     spawn(_applied_worker, 2)
 

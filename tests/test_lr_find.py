@@ -192,6 +192,7 @@ def test_lr_find_prints_a_line_per_sweep_and_the_suggested_max_lrs_with_its_cost
     assert "DIVERGED at step 6" in (run_dir / "sweep_dense" / "train.log").read_text()
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 def test_a_sweep_whose_model_turned_non_finite_logs_nan_and_suggests_from_its_finite_steps(tmp_path, tiny_dataset,
                                                                                              data_cache):
     """The model's state turned non-finite after 3 steps of each sweep (a fault injected): the interval with no finite

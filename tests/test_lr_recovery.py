@@ -198,6 +198,7 @@ def test_the_lr_finder_suggests_the_smoothed_minimum_over_ten():
     assert sweep_suggestion({"range_test": {"steps": 100, "low": 0.01, "high": 100.0, "step": [], "loss": []}}) is None
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 def test_the_committed_study_report_from_its_results_file(tmp_path):
     """docs/results/lr_recovery/lr_recovery_f3/results.jsonl rebuilds the committed report's figures (no training), and every
     recorded run names the clean commit it trained from."""

@@ -4,6 +4,7 @@ TorchRec's fused optimizer updates inside backward with the rate last pushed int
 a write into its param_groups alone lands one step late. Measured from the update itself: with
 fused SGD and loss = sum(pooled * c), a row looked up once moves by exactly -lr * c.
 """
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -106,6 +107,7 @@ def _hdet_worker():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # HDET's retired controller, the default run's budget: `make test-all` runs it
 def test_fused_embedding_update_uses_each_replicas_hdet_lr_at_that_step():
     spawn(_hdet_worker, 2)
 

@@ -147,6 +147,7 @@ print("step 7:", check_raw_program(model_dir, "cpu", seconds=0.2))
 """
 
 
+@pytest.mark.slow  # the default run's budget (under 10 minutes on 2 cores): run by `make test-recovery` in CI
 def test_gpu_check_runs_the_saved_raw_request_with_torch_alone_and_fails_on_a_difference(trained_and_exported,
                                                                                           tmp_path):
     """benchmarks/gpu_check.py step 7 with the device "cpu" (the GPU machine gives "cuda"): the request
