@@ -91,7 +91,7 @@ from studies.lr_recovery_targets import RANGE_TEST, range_test_targets, targets
 from studies.provenance import REPO
 from studies.range_tests import finder_sweeps, sweep_suggestion
 from studies.record import mean_ne
-from studies.reporting import machine_line, write_reports
+from studies.reporting import machine_line, preregistered, write_reports
 from studies.results import RESULTS, ResultsError, StudyFiles, load, run_name
 from studies.runs import AblationConfig, add_study_arguments, print_verification, run_one, verify
 from studies.settings import COST_FILE, RESULTS_ROOT, SETTINGS
@@ -293,13 +293,12 @@ def chosen_rule(path: str = os.path.join(REPO, "docs", "results", "hdet_history.
                 marker: str = "chosen-rule") -> str:
     """A pre-registered rule: docs/results/hdet_history.md's text between its ``marker`` markers (``chosen-rule``:
     the controller variants', written before their first recovery run; ``range-test-rule``: the range test on the
-    replicas'; ``travel-rule``: the rule judged off the benchmark; ``retrain-rule``: the daily job's)."""
-    with open(path) as f:
-        text = f.read()
-    start, end = text.find(f"<!-- {marker} -->"), text.find(f"<!-- /{marker} -->")
-    if start < 0 or end < start:
-        raise StudyMismatch(f"{path}: no pre-registered rule between <!-- {marker} --> markers")
-    return text[start + len(f"<!-- {marker} -->"):end].strip()
+    replicas'; ``travel-rule``: the rule judged off the benchmark; ``retrain-rule``: the daily job's), read by
+    :func:`studies.reporting.preregistered`; StudyMismatch when the markers are missing."""
+    try:
+        return preregistered(path, marker)
+    except ValueError as e:
+        raise StudyMismatch(str(e)) from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from recsys_hdet.constants import DENSE_GROUPS
 from recsys_hdet.hdet.range_test import check as range_check
 from studies.provenance import REPO, code_state
-from studies.reporting import machine_line, write_reports
+from studies.reporting import machine_line, preregistered, write_reports
 from studies.results import load
 from studies.settings import RESULTS_ROOT, SETTINGS
 
@@ -48,12 +48,11 @@ def sources(root: str) -> List[Dict[str, str]]:
 
 
 def rule_text(path: str = os.path.join(REPO, "docs", "results", "hdet_history.md")) -> str:
-    with open(path) as f:
-        text = f.read()
-    start, end = text.find(f"<!-- {MARKER} -->"), text.find(f"<!-- /{MARKER} -->")
-    if start < 0 or end < start:
-        raise SystemExit(f"{path}: no pre-registered rule between <!-- {MARKER} --> markers")
-    return text[start + len(f"<!-- {MARKER} -->"):end].strip()
+    """The check's pre-registered rule (:func:`studies.reporting.preregistered`); SystemExit when it is missing."""
+    try:
+        return preregistered(path, MARKER)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def committed_rates(record: Mapping[str, Any]) -> Dict[str, float]:
