@@ -132,11 +132,11 @@ def _model_overrides(overrides: Sequence[Any]) -> List[str]:
     return [str(o) for o in overrides if not _job_key(_override_key(o), EXECUTION_KEYS)]
 
 
-def _config_diff(was: DictConfig, now: DictConfig, carry_lr: bool) -> Dict[str, str]:
+def _config_diff(was: Dict[str, Any], now: DictConfig, carry_lr: bool) -> Dict[str, str]:
     """``{key: "key: old -> new"}`` for every key of two resolved training configs that differs, leaving out the
     keys the job sets itself (:data:`JOB_KEYS`; the max LRs too when ``carry_lr`` carries them)."""
     skip = JOB_KEYS + (("optim.lr",) if carry_lr else ())
-    old = _flat(OmegaConf.to_container(was, resolve=True) if isinstance(was, DictConfig) else was)
+    old = _flat(was)
     new = _flat(OmegaConf.to_container(now, resolve=True))
     return {key: f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
             for key in sorted(set(old) | set(new))
@@ -151,7 +151,7 @@ def config_differences(was: DictConfig, now: DictConfig, carry_lr: bool, was_ove
     (:func:`recsys_hdet.config.recorded_config`, with its run's overrides ``was_overrides``); a config recorded
     before the HDET forms had their own schemas is noted, naming ``where`` it was recorded."""
     found = SettingsComparison()
-    was, notice = recorded_config(OmegaConf.create(OmegaConf.to_container(was, resolve=True)), was_overrides)
+    was, notice = recorded_config(OmegaConf.to_container(was, resolve=True), was_overrides)
     if notice:
         found.noted.append(f"{where or 'the recorded config'}: {notice}")
     for key, line in _config_diff(was, now, carry_lr).items():

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from recsys_hdet import config_schema
 from recsys_hdet.components.lr_scheduler import own_decays
 from recsys_hdet.config_values import ConfigError, require as _require
-from recsys_hdet.hdet.config import FORM_SCHEMAS
+from recsys_hdet.hdet.config import FORM_SCHEMAS, recorded_hdet
 from recsys_hdet.hdet.controller.config import PROBE_SIGNALS
 from recsys_hdet.constants import PARAM_GROUPS
 from recsys_hdet.hdet.form import hdet_form
@@ -77,12 +77,14 @@ def compose_error(exc: BaseException, schema: type = config_schema.TrainConfig) 
     if owner:
         return f"{line}; {key} is a key of hdet={owner}, not of this form"
     # a typo of another form's key (hdet.alpah under the default hdet=disabled): the closest key of every form
-    here = getattr(exc.__cause__, "object_type", None)
     parent, _, name = key.rpartition(".")
+    if parent != "hdet":
+        return line
+    here = getattr(exc.__cause__, "object_type", None)
     known = {f.name for f in dataclasses.fields(here)} if dataclasses.is_dataclass(here) else set()
     for option, form in FORM_SCHEMAS.items():
         close = [c for c in difflib.get_close_matches(name, [f.name for f in dataclasses.fields(form)], n=1)
-                 if c not in known and parent == "hdet"]
+                 if c not in known]
         if close:
             return f"{line}; did you mean hdet.{close[0]}, a key of hdet={option}?"
     return line
@@ -98,8 +100,6 @@ def recorded_config(config: Any, overrides: Sequence[str] = ()) -> Tuple[Dict[st
     today's shape, for comparing it with a config composed now, and the one line that names how it was read when
     it was recorded before each HDET form had its own schema (:func:`recsys_hdet.hdet.config.recorded_hdet`; None
     otherwise). A config recorded before ``optim.schedule.groups`` existed reads it as :data:`NO_OWN_DECAY`. ``overrides``: the run's own (``RunDir.OVERRIDES``), where known."""
-    from recsys_hdet.hdet.config import recorded_hdet
-
     plain = OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else dict(config)
     schedule = (plain.get("optim") or {}).get("schedule")
     if isinstance(schedule, dict) and "groups" not in schedule:  # recorded before the groups' own decays existed
