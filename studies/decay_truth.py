@@ -310,7 +310,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["command"] = "python -m studies.decay_truth " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
     if setting:
-        result["setting"] = {"name": setting.name, "overrides": list(setting.overrides), "what": setting.what}
+        result["setting"] = setting.record()
     write_reports(files.out, "decay_truth", result, render(result))
     print(f"wrote decay_truth.md/.json into {files.out}" + (f" (partial: {result['partial']})" if result.get("partial")
                                                               else ""), flush=True)

@@ -378,7 +378,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["command"] = "python -m studies.lr_recovery " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = machine_line()
     if setting:
-        result["setting"] = {"name": setting.name, "overrides": list(setting.overrides), "what": setting.what}
+        result["setting"] = setting.record()
     docs = os.path.abspath(args.docs)
     write_reports(docs, "lr_recovery", result, render_markdown(result))
     if result["best_cell"] is not None:

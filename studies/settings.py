@@ -39,6 +39,10 @@ class Setting:
     def path(self, *parts: str) -> str:
         return os.path.join(REPO, self.out, *parts)
 
+    def record(self) -> Dict[str, object]:
+        """The setting as a study's report records it."""
+        return {"name": self.name, "overrides": list(self.overrides), "what": self.what}
+
 
 SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("data_regime", ("data=bench_regime",),
