@@ -96,6 +96,7 @@ from studies.results import RESULTS, ResultsError, StudyFiles, load, run_name
 from studies.runs import AblationConfig, add_study_arguments, print_verification, run_one, verify
 from studies.settings import COST_FILE, RESULTS_ROOT, SETTINGS
 from studies.starts import ANCHOR_FILE, PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
+from studies.lr_recovery_travel import travel_targets
 
 
 def _run(study: StudyFiles, name: str, seed: int, overrides: Sequence[str], extra: Sequence[str],
@@ -166,13 +167,14 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
           report_only: bool = False, variants: Sequence[str] = tuple(VARIANTS), anchor: Optional[Tuple[float, float]] = None,
           max_rounds: int = 6, grid: bool = True, added_starts: Optional[Dict[str, Tuple[float, float]]] = None,
           benchmark: str = BENCHMARK_FILE, starts_at_best: bool = False,
-          grid_seeds: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+          grid_seeds: Optional[Sequence[int]] = None,
+          contenders: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The study: ``starts`` (default: :data:`STARTS` and the starts recorded in the results file,
     :func:`recorded_starts`), and ``added_starts`` (name -> factors: the ``--start`` starts, always included).
     ``anchor`` is where the neighbourhood rule starts on the lattice and what the starts are factors of; with
     ``starts_at_best`` (a setting of :mod:`studies.settings`) the starts are factors of the best cell the rule
     ends at instead, and none is trained or reported until the neighbourhood is complete. ``grid_seeds``: the seeds
-    of the neighbourhood's cells (default ``seeds``)."""
+    of the neighbourhood's cells (default ``seeds``); ``contenders``: a setting's (:func:`planned`)."""
     grid_seeds = list(seeds if grid_seeds is None else grid_seeds)
     anchor = anchor or recovery_anchor()
     anchor_key = cell_of(*anchor)
@@ -216,7 +218,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
         e, d = start_lrs(start, anchor, factors[start])
         per_variant: Dict[str, List[Dict[str, Any]]] = {}
         for variant in VARIANTS:
-            plan = planned(variant, start)
+            plan = planned(variant, start, contenders)
             train = variant in variants and plan
             runs = []
             for seed in seeds:
@@ -371,7 +373,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = study(files, args.seeds, args.overrides, args.starts, args.report_only, args.variants, anchor,
                        args.max_rounds, not args.no_grid, added, starts_at_best=setting is not None,
                        benchmark=setting.path(COST_FILE) if setting else BENCHMARK_FILE,
-                       grid_seeds=args.grid_seeds)
+                       grid_seeds=args.grid_seeds, contenders=setting.contenders if setting else None)
     except (StudyMismatch, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -379,6 +381,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["machine"] = machine_line()
     if setting:
         result["setting"] = setting.record()
+        if result["best_cell"] is not None:
+            result["travel_targets"] = travel_targets(result)
     docs = os.path.abspath(args.docs)
     write_reports(docs, "lr_recovery", result, render_markdown(result))
     if result["best_cell"] is not None:

@@ -10,7 +10,7 @@ from typing import List, Sequence, Tuple
 
 from recsys_hdet.constants import LR_AXES
 from studies.hdet_forms import HDET_ANNEAL_EFFECT
-from studies.range_tests import FINDER_WINDOW_DECADES, HDET_RANGE_TEST, NARROW_SWEEP, SWEEP
+from studies.range_tests import FINDER_WINDOW_DECADES, HDET_RANGE_TEST, HDET_RANGE_TEST_REVISED, NARROW_SWEEP, SWEEP
 from studies.starts import lr_overrides
 
 # The two LRs the study reports per start: the embedding group's, and the dense groups' geometric mean.
@@ -50,7 +50,8 @@ def schedulefree(embedding: float, dense: float) -> List[str]:
 
 # variant -> the overrides added to the start's LRs, or a function of the start's LRs giving every override;
 # the finders' overrides come from their sweeps (:data:`FINDERS`, :meth:`Runner.lr_finder`).
-VARIANTS = {"plain_rollback": (), "hdet_range_test": HDET_RANGE_TEST, "prodigy": prodigy, "schedulefree": schedulefree,
+VARIANTS = {"plain_rollback": (), "hdet_range_test": HDET_RANGE_TEST,
+            "hdet_range_test_revised": HDET_RANGE_TEST_REVISED, "prodigy": prodigy, "schedulefree": schedulefree,
             "lr_finder": None, "hdet": HDET_ANNEAL_EFFECT, "hdet_explore": HDET_EXPLORE,
             "hdet_effect_fixed": HDET_EFFECT_FIXED, "hdet_aimd": HDET_AIMD, "hdet_rprop": HDET_RPROP,
             "lr_finder_narrow": None}
@@ -63,7 +64,9 @@ FINDERS = {"lr_finder": ("lr_finder_wide", SWEEP, FINDER_WINDOW_DECADES),
 RETIRED_VARIANTS = ("lr_finder_narrow",)
 HDET_VARIANTS = ("hdet", "hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
 # The HDET forms whose launch overrides the report prints (``forms``), read from a finished run.
-FORM_VARIANTS = (*HDET_VARIANTS, "hdet_range_test")
+# The range test's rules: as shipped, and revised (fitted on the benchmark and data_regime: range-rule-revised).
+RANGE_TEST_VARIANTS = ("hdet_range_test", "hdet_range_test_revised")
+FORM_VARIANTS = (*HDET_VARIANTS, *RANGE_TEST_VARIANTS)
 CONTROLLER_VARIANTS = ("hdet_explore", "hdet_effect_fixed", "hdet_aimd", "hdet_rprop")
 # Schedule-Free's dense LR is constant after its warm-up where the preset's schedule decays to ~0: its
 # dense LR area against that schedule says nothing of the LR it settles on; not reported.
@@ -74,6 +77,7 @@ LABELS = {"plain_rollback": "plain + rollback", "hdet": "HDET default (anneal-th
           "lr_finder": "LR finder (two 100-step sweeps, x0.001-x10000) + plain",
           "lr_finder_narrow": "LR finder, narrow (retired: x0.01-x100) + plain",
           "hdet_range_test": "HDET range test on the replicas (100-step sweep, x0.001-x10000)",
+          "hdet_range_test_revised": "HDET range test, revised rule (bottom centre / 65, / 42)",
           "hdet_explore": "HDET explore-then-commit (2 rounds of 125 steps)",
           "hdet_effect_fixed": "HDET effect controller, per-sync fit reset at 30%",
           "hdet_aimd": "HDET AIMD (x1.1 up, x0.5 on harm), per-sync fit", "hdet_rprop": "HDET Rprop step, per-sync fit"}

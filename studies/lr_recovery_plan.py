@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from data_tools.fileio import read_json
 from recsys_hdet.constants import DENSE_GROUPS
 from studies.contract import StudyMismatch
-from studies.lr_recovery_contenders import CONTROLLER_VARIANTS, RETIRED_VARIANTS
+from studies.lr_recovery_contenders import CONTROLLER_VARIANTS, RANGE_TEST_VARIANTS, RETIRED_VARIANTS
 from studies.provenance import REPO
 from studies.starts import STARTS
 
@@ -42,16 +42,18 @@ def range_test_verdict(path: str = KILL_TEST_FILE) -> str:
     return str(((read_json(path) or {}).get("range_commit") or {}).get("verdict", "pending"))
 
 
-def planned(variant: str, start: str) -> bool:
+def planned(variant: str, start: str, contenders: Optional[Sequence[str]] = None) -> bool:
     """Whether ``variant`` is trained at ``start``. The controller forms (``hdet`` and the controller issue's
     variants) are dominated: planned only where they were before (``hdet`` at :data:`EARLIER_STARTS`, the
     variants at :data:`CONTROLLER_STARTS`), never at a newer start; the retired finder nowhere; the range test
     on the replicas only once its kill test passed (:func:`range_test_verdict`); every other contender at every
-    start, a ``--start`` start included."""
-    if variant in RETIRED_VARIANTS:
+    start, a ``--start`` start included. ``contenders`` (a setting's: :attr:`studies.settings.Setting.contenders`)
+    plans those alone; the range test's revised rule is planned only where a setting names it (it was fitted on the
+    benchmark: hdet_history.md, range-rule-revised)."""
+    if variant in RETIRED_VARIANTS or (contenders is not None and variant not in contenders):
         return False
-    if variant == "hdet_range_test":
-        return range_test_verdict() == "passed"
+    if variant in RANGE_TEST_VARIANTS:
+        return range_test_verdict() == "passed" and (variant == "hdet_range_test" or contenders is not None)
     if variant in CONTROLLER_VARIANTS:
         return start in CONTROLLER_STARTS
     if variant == "hdet":
@@ -65,7 +67,7 @@ def planned(variant: str, start: str) -> bool:
 START_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SHARED_PREFIXES = ("grid", "prodigy")  # run names shared across starts (run_name_of): not a start's name
 # The contenders whose runs train at the start's own LRs: a start's factors are read back from their lines.
-AT_START_LRS = ("plain_rollback", "schedulefree", "hdet_range_test")
+AT_START_LRS = ("plain_rollback", "schedulefree", *RANGE_TEST_VARIANTS)
 
 
 def parse_start(text: str) -> Tuple[str, Tuple[float, float]]:

@@ -11,6 +11,7 @@ from studies.contract import COLLAPSED_NE
 from studies.lr_recovery_contenders import FORM_VARIANTS, LABELS, REPORTED
 from studies.lr_recovery_grid import GRID_CENTRE, POINTS, grid_index, grid_lr
 from studies.lr_recovery_targets import RANGE_TEST, TARGET_STARTS
+from studies.lr_recovery_travel import render as render_travel_targets
 from studies.reporting import fmt as _f
 from studies.trajectory import geomean, record_trajectory
 
@@ -136,6 +137,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
                          f" of {c['completed']} | {', '.join(map(str, c['rollbacks'])) or '-'} | {cost} |")
     lines += _targets_table(result)
     lines += _range_test_targets_table(result)
+    lines += render_travel_targets(result.get("travel_targets") or {})
     lines += _orderings_table(result)
     w = result["wall_time"]
     if w.get("hdet_over_plain"):

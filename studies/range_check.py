@@ -17,21 +17,19 @@ the settings' runs arrive. Results: ``docs/results/rule_travels/range_check/rang
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from recsys_hdet.constants import DENSE_GROUPS
 from recsys_hdet.hdet.range_test import check as range_check
 from studies.provenance import REPO, code_state
 from studies.reporting import machine_line, preregistered, write_reports
 from studies.results import load
+from studies.range_tests import HALF_STEP_DECADES, committed_rates, plateau_distance
 from studies.settings import RESULTS_ROOT, SETTINGS
 
 OUT = os.path.join(REPO, RESULTS_ROOT, "range_check")
 BENCHMARK = ("benchmark", os.path.join("docs", "results", "lr_recovery", "lr_recovery_f3", "results.jsonl"),
              os.path.join("docs", "results", "lr_recovery", "lr_recovery.json"))
-HALF_STEP_DECADES = 0.25  # half the recovery lattice's step (half a decade): the area a cell stands for
 PLANNED = 15  # each setting's range-test runs (the travel-rule's step 2: 5 starts x seeds 0, 1, 2)
 OFF_TARGET, ON_TARGET = 0.75, 0.10  # flag >= 3 of 4 commits off the plateau, <= 1 in 10 on it
 OFF_MIN, ON_MIN = 4, 10  # fewer commits on a side than this: that side cannot be judged yet
@@ -55,24 +53,13 @@ def rule_text(path: str = os.path.join(REPO, "docs", "results", "hdet_history.md
         raise SystemExit(str(e)) from None
 
 
-def committed_rates(record: Mapping[str, Any]) -> Dict[str, float]:
-    c = record["committed"]
-    return {"embedding": c["embedding"],
-            "dense": math.exp(sum(math.log(c[g]) for g in DENSE_GROUPS) / len(DENSE_GROUPS))}
-
-
-def plateau_distance(rates: Mapping[str, float], plateau: Sequence[Mapping[str, Any]]) -> float:
-    """In decades: the smallest, over the plateau's cells, of the larger of the two axes' distances from the cell."""
-    return min(max(abs(math.log10(rates[a] / cell[a])) for a in ("embedding", "dense")) for cell in plateau)
-
-
 def check_run(record: Mapping[str, Any]) -> Dict[str, Any]:
     """Each axis's check recomputed from the record's curves (and the recorded one, where the run recorded one)."""
     out = {}
     for axis, a in record["axes"].items():
         replicas = [r["loss"] for r in (a.get("replicas") or {}).values()]
         got = range_check.check_curve(a["loss"], record["low"], record["high"], record["steps"], a["smoothing"],
-                                      a["divisor"], replicas if len(replicas) > 1 else ())
+                                      a["divisor"], replicas if len(replicas) > 1 else (), a.get("read", "minimum"))
         out[axis] = {"trusted": got["trusted"], "reasons": got["reasons"],
                      "measures": {k: v for k, v in got.items() if k not in ("trusted", "reasons")},
                      "recorded_agrees": None if "check" not in a else a["check"]["reasons"] == got["reasons"]}

@@ -1,7 +1,7 @@
 """The LR range tests as the studies run them, spelled out once so that a study does not move when the product's
 defaults do: the sweep (100 steps from x0.001 to x10000 of the start: lr_find's default,
 recsys_hdet.optim_schema.RangeTestConfig, which tests/test_lr_recovery.py checks it against), the range test on
-the replicas as an HDET form (:data:`HDET_RANGE_TEST`), the LR finder's two sweeps as a run's overrides
+the replicas as an HDET form (:data:`HDET_RANGE_TEST`; its revised rule, :data:`HDET_RANGE_TEST_REVISED`), the LR finder's two sweeps as a run's overrides
 (:func:`finder_sweeps`) and the suggestion a sweep's results line gives (:func:`sweep_suggestion`).
 
 Used by the recovery study (its ``hdet_range_test`` and ``lr_finder`` contenders), the range test's kill test
@@ -10,7 +10,8 @@ Used by the recovery study (its ``hdet_range_test`` and ``lr_finder`` contenders
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from recsys_hdet.hdet.range_test.rule import CLASSIC_SMOOTHING, smoothing, suggest_multiplier
 from recsys_hdet.constants import DENSE_GROUPS
@@ -34,6 +35,14 @@ REPLICA_DIVISORS: Dict[str, float] = {"embedding": 10.0, "dense": 20.0}
 HDET_RANGE_TEST = ("hdet=enabled", f"hdet.range_test.steps={SWEEP[0]}", f"hdet.range_test.low={SWEEP[1]:g}",
                    f"hdet.range_test.high={SWEEP[2]:g}",
                    *(f"hdet.range_test.divisors.{axis}={d:g}" for axis, d in REPLICA_DIVISORS.items()))
+# The revised rule (issue 59 item 4: studies.range_rule_fit, fitted on the benchmark and data_regime; judged only on
+# the settings not yet run, hdet_history.md range-rule-revised): the same sweep, each curve read at the centre of
+# its bottom (the geometric mean of its smoothed minimum and its explosion) over the divisors fitted for that read.
+# Spelled out (the product's FITTED_DIVISORS, which tests/test_range_rule_fit.py checks them against).
+REVISED_READ = "bottom_centre"
+REVISED_DIVISORS: Dict[str, float] = {"embedding": 65.0, "dense": 42.0}
+HDET_RANGE_TEST_REVISED = (*HDET_RANGE_TEST[:4], f"hdet.range_test.read={REVISED_READ}",
+                           *(f"hdet.range_test.divisors.{axis}={d:g}" for axis, d in REVISED_DIVISORS.items()))
 
 
 def finder_sweeps(embedding: float, dense: float, sweep: Tuple[int, float, float] = SWEEP) -> Dict[str, List[str]]:
@@ -64,3 +73,21 @@ def sweep_suggestion(record: Mapping[str, Any], window_decades: Optional[float] 
     steps, low, high = int(rt["steps"]), float(rt["low"]), float(rt["high"])
     beta = CLASSIC_SMOOTHING if window_decades is None else smoothing(low, high, steps, window_decades)
     return suggest_multiplier(rt["step"], rt["loss"], low, high, steps, beta)
+
+
+# A commit against a setting's plateau (the curve check's study and the travel-rule's targets): on the plateau when a
+# plateau cell lies within half the recovery lattice's step (half a decade: the area a cell stands for) on both axes.
+HALF_STEP_DECADES = 0.25
+
+
+def committed_rates(record: Mapping[str, Any]) -> Dict[str, float]:
+    """A range test's committed max LRs (its record's ``committed``) on the study's two axes: the embedding's, and
+    the dense groups' geometric mean."""
+    c = record["committed"]
+    return {"embedding": c["embedding"],
+            "dense": math.exp(sum(math.log(c[g]) for g in DENSE_GROUPS) / len(DENSE_GROUPS))}
+
+
+def plateau_distance(rates: Mapping[str, float], plateau: Sequence[Mapping[str, Any]]) -> float:
+    """In decades: the smallest, over the plateau's cells, of the larger of the two axes' distances from the cell."""
+    return min(max(abs(math.log10(rates[a] / cell[a])) for a in ("embedding", "dense")) for cell in plateau)

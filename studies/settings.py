@@ -30,6 +30,9 @@ class Setting:
     name: str
     overrides: Tuple[str, ...]  # Hydra overrides over the study's preset, before the study's own
     what: str                   # one line for the reports
+    # the contenders its study plans (studies.lr_recovery_plan.planned): the travel-rule's step 2, and the revised
+    # rule on the settings not yet run when it was fitted (hdet_history.md, range-rule-revised)
+    contenders: Tuple[str, ...] = ("plain_rollback", "hdet_range_test", "hdet_range_test_revised", "lr_finder")
 
     @property
     def out(self) -> str:
@@ -41,13 +44,15 @@ class Setting:
 
     def record(self) -> Dict[str, object]:
         """The setting as a study's report records it."""
-        return {"name": self.name, "overrides": list(self.overrides), "what": self.what}
+        return {"name": self.name, "overrides": list(self.overrides), "what": self.what,
+                "contenders": list(self.contenders)}
 
 
 SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("data_regime", ("data=bench_regime",),
             "another data regime (conf/data/bench_regime.yaml): generator seed 31, user_zipf 0.8, item_zipf 1.4, "
-            "drift 0.15, signal_scale 0.6, positive rates 2% / 6% / 45%; 6 training days"),
+            "drift 0.15, signal_scale 0.6, positive rates 2% / 6% / 45%; 6 training days",
+            ("plain_rollback", "hdet_range_test", "lr_finder")),  # judged before the revised rule, which it fitted
     Setting("model_shape", ("model=ranker_wide",),
             "another model shape (conf/model/ranker_wide.yaml): embedding_dim 32, 4 attention heads, towers [32]; "
             "the benchmark data"),

@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from recsys_hdet.hdet.range_test.rule import (descent, early_noise, off_the_map, read_curve, smoothed_curve,
-                                               sweep_multiplier)
+from recsys_hdet.hdet.range_test.rule import (descent, early_noise, off_the_map, read_curve, read_point,
+                                               smoothed_curve, sweep_multiplier)
 
 # The answer's tolerance: the studies judge a commit by whether it lies within x3.2 (half a decade either way) of the
 # best cell; a floor wider than this many decades leaves the minimum, and so the answer, less well placed than that.
@@ -69,9 +69,9 @@ def floor_decades(smoothed: Sequence[float], best: int, cut: Optional[int], band
 
 
 def check_curve(losses: Sequence[Optional[float]], low: float, high: float, sweep_steps: int, beta: float,
-                divisor: float, replicas: Sequence[Sequence[Optional[float]]] = ()) -> Dict[str, Any]:
+                divisor: float, replicas: Sequence[Sequence[Optional[float]]] = (), read: str = "minimum") -> Dict[str, Any]:
     """The check of one axis's curve (``losses[k]``: the loss of sweep step k of a sweep from ``low`` to ``high`` in
-    ``sweep_steps`` steps, read with the smoothing ``beta`` and ``divisor``; ``replicas``: each replica's own curve when
+    ``sweep_steps`` steps, read with the smoothing ``beta``, the point ``read`` and ``divisor``; ``replicas``: each replica's own curve when
     two or more swept the axis). Returns ``trusted`` (no reason applies), ``reasons`` (the off-the-map flags, then
     :data:`REASONS` in order; ``no_finite_loss`` alone for a curve without one) and the measures behind them:
     ``window_decades``, ``minimum_decades_from_ends`` (bottom, top), ``floor_decades``, ``fall_at_commit`` (the fraction
@@ -86,7 +86,7 @@ def check_curve(losses: Sequence[Optional[float]], low: float, high: float, swee
     if best is None:
         return {"trusted": False, "reasons": ["no_finite_loss"], **out}
     minimum = multipliers[best]
-    answer = minimum / divisor
+    answer = read_point(minimum, multipliers[len(losses) - 1 if cut is None else cut], read) / divisor
     fell, noise = descent(losses, beta), early_noise(losses, cut)
     sigma = noise_level(losses, cut, noise)
     reasons: List[str] = list(off_the_map(answer, cut, fell, noise, low, high, n, divisor))

@@ -11,6 +11,13 @@ from recsys_hdet.config_values import is_number, require
 from recsys_hdet.constants import LR_AXES
 from recsys_hdet.hdet.form import HDETForm
 
+# The point of each axis's curve the divisor divides (recsys_hdet.hdet.range_test.rule.READS) -> the divisors fitted
+# for it. minimum: fastai's point, the divisors read off the benchmark's curves (the third form); bottom_centre: the
+# geometric mean of the minimum and the explosion, fitted on the benchmark's and data_regime's recorded curves
+# (python -m studies.range_rule_fit: docs/results/rule_travels/rule_fit/; hdet_history.md, range-rule-revised).
+FITTED_DIVISORS = {"minimum": {"embedding": 10.0, "dense": 20.0},
+                   "bottom_centre": {"embedding": 65.0, "dense": 42.0}}
+
 
 @dataclass
 class ReplicaRangeTestConfig:
@@ -25,8 +32,11 @@ class ReplicaRangeTestConfig:
     steps: int = 100   # the sweep's length in steps (each run by every replica at once)
     low: float = 0.001     # the sweep's first rate, x each axis's configured max LR (the other axis's held rate)
     high: float = 10000.0  # the sweep's last rate, x each axis's configured max LR
-    # per axis: how far below its smoothed minimum the committed max LR lies (measured on the benchmark's model)
-    divisors: Dict[str, float] = field(default_factory=lambda: {"embedding": 10.0, "dense": 20.0})
+    # which point of each curve the divisors divide: minimum (the smoothed minimum, fastai's) or bottom_centre (the
+    # geometric mean of the minimum and the explosion, fitted later; under judgement: docs/hdet.md)
+    read: str = "minimum"
+    # per axis: how far below the point read the committed max LR lies (fitted per read: FITTED_DIVISORS)
+    divisors: Dict[str, float] = field(default_factory=lambda: dict(FITTED_DIVISORS["minimum"]))
     # An axis whose answer lies off the map (within a sweep step of the range's end, a curve that never explodes
     # or never descends) is flagged (the commit's line, range_test.json, summary.json, the report). keep: an axis
     # whose curve never descended or rose from its first steps (its minimum says nothing: a trained model, rates
@@ -47,6 +57,14 @@ class ReplicaRangeTestConfig:
             require(is_number(divisor) and divisor >= 1, f"hdet.range_test.divisors.{axis}", divisor,
                     "must be a number >= 1 (the suggestion lies below the stability edge)")
         require(self.off_map in ("keep", "commit"), "hdet.range_test.off_map", self.off_map, "must be keep or commit")
+        require(self.read in FITTED_DIVISORS, "hdet.range_test.read", self.read,
+                f"must be one of {', '.join(FITTED_DIVISORS)}")
+        # The minimum's divisors put another point's answer far above the best rate (x6.5 on the embedding): a
+        # read other than the default takes its own divisors, spelled out.
+        fitted = FITTED_DIVISORS[self.read]
+        require(self.read == "minimum" or dict(self.divisors) != FITTED_DIVISORS["minimum"], "hdet.range_test.divisors",
+                dict(self.divisors), f"are the minimum's; hdet.range_test.read={self.read} divides another point: set "
+                + " ".join(f"hdet.range_test.divisors.{a}={d:g}" for a, d in fitted.items()) + " (fitted for it)")
 
 
 @dataclass

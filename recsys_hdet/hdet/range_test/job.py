@@ -60,10 +60,12 @@ def sweep_inputs(cfg: Any) -> Dict[str, Any]:
     rt = cfg.hdet.range_test
     return {"steps": int(rt.steps), "low": float(rt.low), "high": float(rt.high),
             "divisors": {axis: float(d) for axis, d in rt.divisors.items()}, "off_map": str(rt.off_map),
-            "start": {g: float(cfg.optim.lr[g]) for g in LR_AXES_GROUPS}}
+            "read": str(rt.read), "start": {g: float(cfg.optim.lr[g]) for g in LR_AXES_GROUPS}}
 
 
 LR_AXES_GROUPS = [g for groups in LR_AXES.values() for g in groups]
+# what a commit recorded before these keys existed was made with
+BEFORE_KEYS = {"off_map": "keep", "read": "minimum"}
 
 
 def commitment_differs(cfg: Any, commitment: Mapping[str, Any]) -> Dict[str, Any]:
@@ -72,7 +74,7 @@ def commitment_differs(cfg: Any, commitment: Mapping[str, Any]) -> Dict[str, Any
     if commitment.get("form") != FORM:
         return {"form": (commitment.get("form"), FORM)}
     record, now = commitment.get(FORM) or {}, sweep_inputs(cfg)
-    recorded = {k: record.get(k, "keep" if k == "off_map" else None) for k in now}
+    recorded = {k: record.get(k, BEFORE_KEYS.get(k)) for k in now}
     return {k: (recorded[k], now[k]) for k in now if recorded[k] != now[k]}
 
 
@@ -97,7 +99,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Dict[str, Any]:
     the record that rank 0 also writes to ``range_test.json`` in the run directory."""
     rt, layout, optimizer, stream = cfg.hdet.range_test, handles.layout, handles.optimizer, handles.stream
     plan = ReplicaSweepPlan(LR_AXES, int(rt.steps), float(rt.low), float(rt.high),
-                            {axis: float(d) for axis, d in rt.divisors.items()}, str(rt.off_map))
+                            {axis: float(d) for axis, d in rt.divisors.items()}, str(rt.off_map), str(rt.read))
     max_lrs = {g: float(cfg.optim.lr[g]) for g in optimizer.groups}
     replica_of_rank = ReplicaAxis.per_block(layout.world_size, layout.sharding_group_size).replica_of_rank
     weights = handles.task_weights.double()
@@ -134,7 +136,7 @@ def replica_range_test(cfg: Any, handles: JobHandles) -> Dict[str, Any]:
         optimizer.apply_hparams()
     axes = commit(plan, curves, replica_of_rank)
     committed = {g: float(f"{max_lrs[g] * axes[axis]['multiplier']:.6g}") for axis, gs in LR_AXES.items() for g in gs}
-    record = {"steps": plan.steps, "low": plan.low, "high": plan.high, "divisors": dict(plan.divisors),
+    record = {"steps": plan.steps, "low": plan.low, "high": plan.high, "read": plan.read, "divisors": dict(plan.divisors),
               "off_map": plan.off_map, "start": max_lrs, "committed": committed,
               "axes": axes, "replica_axis": {str(r): plan.axis_of(r) for r in range(layout.replicas)},
               "dense_gradients_reduced_over": reduced_over,

@@ -25,6 +25,12 @@ CLASSIC_SMOOTHING = 0.98
 # [low, high] / this (range_edge reads those ends). The range test on the replicas divides per axis (its
 # hdet.range_test.divisors: how far below its stability edge an axis trains best, which depends on the model).
 SUGGESTION_DIVISOR = 10.0
+# Which point of the curve the divisor divides: "minimum", fastai's (the smoothed minimum); "bottom_centre", the
+# geometric mean of the smoothed minimum and the cut (where the smoothed loss exceeds 4x its minimum: the explosion),
+# the centre of the curve's bottom in decades. The second was fitted on the benchmark's and data_regime's recorded
+# curves after the first missed on data_regime (docs/results/rule_travels/rule_fit/; hdet_history.md,
+# range-rule-revised): the minimum's distance below the best rate moved by half a decade between them.
+READS = ("minimum", "bottom_centre")
 
 
 def smoothing(low: float, high: float, sweep_steps: int, decades: float) -> float:
@@ -117,17 +123,28 @@ def off_the_map(multiplier: Optional[float], cut: Optional[int], fell: Optional[
 
 def suggest_multiplier(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float,
                        sweep_steps: int, beta: float = CLASSIC_SMOOTHING,
-                       divisor: float = SUGGESTION_DIVISOR) -> Optional[float]:
+                       divisor: float = SUGGESTION_DIVISOR, read: str = "minimum") -> Optional[float]:
     """fastai's classic suggestion from a range test's logged losses (``steps[k]``: the number of steps
     trained when ``losses[k]`` was logged), read by :func:`read_curve` with the smoothing ``beta`` (default:
-    fastai's): the multiplier of the max LR at the smoothed minimum, divided by ``divisor`` (default: fastai's
-    :data:`SUGGESTION_DIVISOR`). None without a finite logged loss."""
-    best, _ = read_curve(losses[:len(steps)], beta)
+    fastai's): the multiplier of the max LR at the point ``read`` names (:data:`READS`; default: fastai's smoothed
+    minimum), divided by ``divisor`` (default: fastai's :data:`SUGGESTION_DIVISOR`). A curve never cut is read as
+    cut at its last logged step (its answer is flagged ``never_exploded``: :func:`off_the_map`). None without a
+    finite logged loss."""
+    best, cut = read_curve(losses[:len(steps)], beta)
     if best is None:
         return None
-    best_at = steps[best]
     # a record at step k follows k trained steps; the last of them (0-based k - 1) ran at the multiplier of k - 1
-    return sweep_multiplier(best_at - 1, low, high, sweep_steps) / divisor
+    minimum = sweep_multiplier(steps[best] - 1, low, high, sweep_steps)
+    edge = sweep_multiplier(steps[len(steps) - 1 if cut is None else cut] - 1, low, high, sweep_steps)
+    return read_point(minimum, edge, read) / divisor
+
+
+def read_point(minimum: float, edge: float, read: str) -> float:
+    """The multiplier that ``read`` (:data:`READS`) names on a curve whose smoothed minimum lies at ``minimum`` and
+    whose cut (or, never cut, its end) at ``edge``: the one the divisor divides."""
+    if read not in READS:
+        raise ValueError(f"read={read!r}: choose one of {', '.join(READS)}")
+    return minimum if read == "minimum" else math.sqrt(minimum * edge)
 
 
 def range_edge(multiplier: float, low: float, high: float, sweep_steps: int, within_steps: int = 1,
@@ -145,17 +162,17 @@ def range_edge(multiplier: float, low: float, high: float, sweep_steps: int, wit
 
 
 def curve_record(steps: Sequence[int], losses: Sequence[Optional[float]], low: float, high: float, sweep_steps: int,
-                 beta: float = CLASSIC_SMOOTHING, divisor: float = SUGGESTION_DIVISOR) -> dict:
+                 beta: float = CLASSIC_SMOOTHING, divisor: float = SUGGESTION_DIVISOR, read: str = "minimum") -> dict:
     """A range test's curve as a person reads it (``lr_find.json``'s per sweep; the range test on the replicas
     records the same fields per axis): the multiplier each logged loss was trained at (``steps[k]``: the steps
     trained when ``losses[k]`` was logged), the raw and smoothed loss, the smoothed minimum's multiplier, where the
-    rule cut the curve, the divisor, the suggestion and why it lies off the map."""
+    rule cut the curve, the point it read (``read``), the divisor, the suggestion and why it lies off the map."""
     best, cut = read_curve(losses, beta)
-    multiplier = suggest_multiplier(steps, losses, low, high, sweep_steps, beta, divisor)
+    multiplier = suggest_multiplier(steps, losses, low, high, sweep_steps, beta, divisor, read)
     fell = descent(losses, beta)
     at = [sweep_multiplier(k - 1, low, high, sweep_steps) for k in steps]
     return {"multipliers": at, "loss": [x if x is not None and math.isfinite(x) else None for x in losses],
             "smoothed": [x if math.isfinite(x) else None for x in smoothed_curve(losses, beta)],
             "minimum_at": None if best is None else at[best], "cut_at": None if cut is None else at[cut],
-            "divisor": divisor, "multiplier": multiplier, "descent": fell,
+            "read": read, "divisor": divisor, "multiplier": multiplier, "descent": fell,
             "off_map": off_the_map(multiplier, cut, fell, early_noise(losses, cut), low, high, sweep_steps, divisor)}

@@ -15,7 +15,8 @@ other. Here the replicas that a data-parallel run has anyway run it in parallel,
   all-gather at the end gives every rank every curve.
 - **Commit.** Every rank reads the same curves with the same rule (fastai's classic, the loss smoothed over a
   window of :data:`SMOOTHING_DECADES` of the multiplier where fastai smooths over 50 steps, the smoothed
-  minimum divided by the axis's divisor where fastai divides by 10:
+  minimum - or, with ``read`` bottom_centre, the centre of the curve's bottom between the minimum and the
+  explosion - divided by the axis's divisor where fastai divides by 10:
   :func:`~recsys_hdet.hdet.range_test.rule.suggest_multiplier`), so all commit the same multipliers
   without another collective. An axis whose curve has no finite loss keeps multiplier 1 (its configured
   rates), said in the record. The divisor is per axis because the axes' edges are read apart: an axis swept
@@ -37,8 +38,9 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 
 from recsys_hdet.hdet.range_test.check import check_curve
-from recsys_hdet.hdet.range_test.rule import (check_sweep, descent, early_noise, off_the_map, range_edge, read_curve,
-                                               smoothed_curve, smoothing, suggest_multiplier, sweep_multiplier)
+from recsys_hdet.hdet.range_test.rule import (READS, check_sweep, descent, early_noise, off_the_map, range_edge,
+                                               read_curve, smoothed_curve, smoothing, suggest_multiplier,
+                                               sweep_multiplier)
 
 
 # The loss's smoothing window, in decades of the multiplier (the form's second rule; the first read with fastai's
@@ -51,7 +53,7 @@ KEEPS = frozenset({"never_descended", "range_edge_low"})  # the flags under whic
 @dataclass(frozen=True)
 class ReplicaSweepPlan:
     """Which replica sweeps which axis, over which range, in how many steps, and how each axis's curve is read
-    (its ``divisors``: the smoothed minimum's multiplier over this is the suggestion)."""
+    (its ``divisors``: the multiplier at the point ``read`` names over this is the suggestion)."""
 
     axes: Mapping[str, Sequence[str]]  # axis name -> its LR groups
     steps: int
@@ -61,9 +63,12 @@ class ReplicaSweepPlan:
     # An axis whose answer lies off the map (components.range_rule.off_the_map) is flagged; "keep" trains an axis
     # whose curve never descended at its configured rates (multiplier 1), "commit" commits the rule's answer anyway.
     off_map: str = "keep"
+    read: str = "minimum"  # the point of each curve the divisor divides (rule.READS)
 
     def __post_init__(self) -> None:
         check_sweep("hdet.range_test", self.steps, self.low, self.high)
+        if self.read not in READS:
+            raise ValueError(f"hdet.range_test.read={self.read!r}: choose one of {', '.join(READS)}")
         if set(self.divisors) != set(self.axes) or not all(d >= 1 for d in self.divisors.values()):
             raise ValueError(f"hdet.range_test.divisors={dict(self.divisors)}: needs one divisor >= 1 per axis "
                              f"({', '.join(self.axes)})")
@@ -106,7 +111,7 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
         curve = pooled_curve(list(per_replica.values()))
         beta = smoothing(plan.low, plan.high, plan.steps, SMOOTHING_DECADES)
         divisor = float(plan.divisors[axis])
-        multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta, divisor)
+        multiplier = suggest_multiplier(per_step, curve, plan.low, plan.high, plan.steps, beta, divisor, plan.read)
         best, cut = read_curve(curve, beta)
         fell, noise = descent(curve, beta), early_noise(curve, cut)
         flags = off_the_map(multiplier, cut, fell, noise, plan.low, plan.high, plan.steps, divisor)
@@ -116,7 +121,8 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
         kept = bool(KEEPS.intersection(flags)) and plan.off_map == "keep"
         # whether the answer is to be trusted on this model (check.py; never changes the commit)
         verdict = check_curve(curve, plan.low, plan.high, plan.steps, beta, divisor,
-                              [[float(x) for x in c] for c in per_replica.values()] if len(per_replica) > 1 else ())
+                              [[float(x) for x in c] for c in per_replica.values()] if len(per_replica) > 1 else (),
+                              plan.read)
         out[axis] = {
             "multiplier": 1.0 if multiplier is None or kept else multiplier,
             "suggested": multiplier,  # the rule's answer, before the off-the-map policy
@@ -130,6 +136,7 @@ def commit(plan: ReplicaSweepPlan, curves: torch.Tensor, replica_of_rank: Sequen
                                                                      divisor=divisor),
             "cut_at": None if cut is None else sweep_multiplier(cut, plan.low, plan.high, plan.steps),
             "smoothing": beta,
+            "read": plan.read,
             "divisor": divisor,
             "ranks": ranks,
             "multipliers": multipliers,  # the swept axis's multiplier at each step (the other axis: plan.low)
