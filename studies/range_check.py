@@ -30,10 +30,15 @@ from studies.settings import RESULTS_ROOT, SETTINGS
 OUT = os.path.join(REPO, RESULTS_ROOT, "range_check")
 BENCHMARK = ("benchmark", os.path.join("docs", "results", "lr_recovery", "lr_recovery_f3", "results.jsonl"),
              os.path.join("docs", "results", "lr_recovery", "lr_recovery.json"))
-PLANNED = 15  # each setting's range-test runs (the travel-rule's step 2: 5 starts x seeds 0, 1, 2)
+PLANNED = 15  # each setting's range-test runs per rule (the travel-rule's step 2: 5 starts x seeds 0, 1, 2)
 OFF_TARGET, ON_TARGET = 0.75, 0.10  # flag >= 3 of 4 commits off the plateau, <= 1 in 10 on it
 OFF_MIN, ON_MIN = 4, 10  # fewer commits on a side than this: that side cannot be judged yet
 MARKER = "range-check-rule"
+# The revised check (hdet_history.md, range-check-revised): the same check without these reasons, judged only on the
+# settings run after it was written, with the same targets.
+REVISED_MARKER = "range-check-revised"
+REVISED_DROPPED = ("no_clear_explosion",)
+REVISED_JUDGED_ON = ("model_shape", "batch_4x")
 
 
 def sources(root: str) -> List[Dict[str, str]]:
@@ -45,10 +50,10 @@ def sources(root: str) -> List[Dict[str, str]]:
             for s in out]
 
 
-def rule_text(path: str = os.path.join(REPO, "docs", "results", "hdet_history.md")) -> str:
+def rule_text(path: str = os.path.join(REPO, "docs", "results", "hdet_history.md"), marker: str = MARKER) -> str:
     """The check's pre-registered rule (:func:`studies.reporting.preregistered`); SystemExit when it is missing."""
     try:
-        return preregistered(path, MARKER)
+        return preregistered(path, marker)
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
@@ -78,12 +83,16 @@ def runs_of(source: Mapping[str, str], plateau: Sequence[Mapping[str, Any]]) -> 
         rows.append({"run": name, "status": line.get("status"), "commit": line.get("commit"),
                      "clean": line.get("clean"), "committed": rates, "plateau_distance_decades": distance,
                      "on_plateau": distance <= HALF_STEP_DECADES + 1e-9,
-                     "flagged": not all(a["trusted"] for a in axes.values()), "axes": axes})
+                     "flagged": not all(a["trusted"] for a in axes.values()),
+                     "flagged_revised": any(set(a["reasons"]) - set(REVISED_DROPPED) for a in axes.values()),
+                     "axes": axes})
     return rows
 
 
-def table(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    cell = lambda flagged, on: sum(r["flagged"] == flagged and r["on_plateau"] == on for r in rows)  # noqa: E731
+def table(rows: Sequence[Mapping[str, Any]], flag: str = "flagged") -> Dict[str, Any]:
+    """The 2x2 table of ``rows`` by ``flag`` (the check's "flagged", or the revised check's "flagged_revised") and
+    on / off the plateau, its rates, and the runs with each reason."""
+    cell = lambda flagged, on: sum(r[flag] == flagged and r["on_plateau"] == on for r in rows)  # noqa: E731
     t = {"flagged_off": cell(True, False), "flagged_on": cell(True, True),
          "passed_off": cell(False, False), "passed_on": cell(False, True)}
     off, on = t["flagged_off"] + t["passed_off"], t["flagged_on"] + t["passed_on"]
@@ -120,11 +129,15 @@ def study(root: str) -> Dict[str, Any]:
                  "runs": rows, "table": table(rows)}
         if not plateau:
             entry["note"] = "no plateau recorded yet: not judged"
-        if s["name"] != "benchmark" and len(rows) < PLANNED:
-            missing.append(f"{s['name']} ({len(rows)} of {PLANNED} range-test runs)")
+        planned = PLANNED * sum(c.startswith("hdet_range_test") for c in SETTINGS[s["name"]].contenders) \
+            if s["name"] in SETTINGS else 0
+        if s["name"] != "benchmark" and len(rows) < planned:
+            missing.append(f"{s['name']} ({len(rows)} of {planned} range-test runs)")
         per_source[s["name"]] = entry
         pooled += rows
     t = table(pooled)
+    held_out = [row for name in REVISED_JUDGED_ON for row in per_source[name]["runs"]]
+    revised = table(held_out, "flagged_revised")
     return {"command": "python -m studies.range_check", "machine": machine_line(), **code_state(),
             "source_root": root, "source_commit": code_state(root) if os.path.abspath(root) != REPO else None,
             "rule": rule_text(), "plateau_rule": f"a plateau cell within x10^{HALF_STEP_DECADES} of both committed "
@@ -133,6 +146,8 @@ def study(root: str) -> Dict[str, Any]:
                            "slope_fraction": range_check.SLOPE_FRACTION, "replica_factor": range_check.REPLICA_FACTOR,
                            "near_end_and_explosion": "the smoothing window (decades)"},
             "sources": per_source, "pooled": t, "targets": judge(t),
+            "revised": {"dropped": list(REVISED_DROPPED), "judged_on": list(REVISED_JUDGED_ON), "table": revised,
+                        "targets": judge(revised), "rule": rule_text(marker=REVISED_MARKER)},
             "final": not missing, "incomplete": missing}
 
 
@@ -169,7 +184,16 @@ def render(r: Mapping[str, Any]) -> str:
               f"({p['flagged_on']} of {p['on']}; judged with {ON_MIN} or more).",
               "", "Runs with each reason (either axis), off / on the plateau, pooled: "
               + (", ".join(f"`{k}` {v['off']} / {v['on']}" for k, v in sorted(p["runs_with_reason"].items())) or "none")
-              + ".", "", "## Every run", "",
+              + ".", ""]
+    rv = r["revised"]
+    rt = rv["table"]
+    lines += ["## The revised check (pre-registered 2026-11-29, judged only on " + ", ".join(rv["judged_on"]) + ")", "",
+              f"The check without `{'`, `'.join(rv['dropped'])}` ([the rule](../../hdet_history.md), "
+              f"`{REVISED_MARKER}`), over the range-test runs of those settings only (both rules'): "
+              f"{rt['off'] + rt['on']} runs; off the plateau flagged {rt['flagged_off']} of {rt['off']} "
+              f"({pct(rt['off_flag_rate'])}): **{rv['targets']['off_plateau_flagged_at_least_75pct']}**; on it flagged "
+              f"{rt['flagged_on']} of {rt['on']} ({pct(rt['on_flag_rate'])}): "
+              f"**{rv['targets']['on_plateau_flagged_at_most_10pct']}**.", "", "## Every run", "",
               "| source | run | committed embedding / dense | from the plateau (decades) | on | embedding | dense |",
               "|---|---|---|---|---|---|---|"]
     for name, s in r["sources"].items():

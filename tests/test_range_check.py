@@ -167,3 +167,19 @@ def test_the_study_tables_flagged_and_passed_commits_against_the_plateau(tmp_pat
     assert "| **pooled** | 3 | 1 | 0 | 1 | 1 | 1 of 2 (50%) | 0 of 1 (0%) |" in text and "**Interim**" in text
     judged = range_check.judge({"off": 4, "on": 10, "off_flag_rate": 0.75, "on_flag_rate": 0.2})
     assert judged == {"off_plateau_flagged_at_least_75pct": "met", "on_plateau_flagged_at_most_10pct": "missed"}
+
+
+def test_the_revised_check_drops_only_the_no_clear_explosion_reason_and_is_judged_on_the_later_settings():
+    """On the committed runs of the benchmark and data_regime (known: every flag there is no_clear_explosion on the
+    embedding axis, 33 of 42 runs), the revised check flags none; its table reads model_shape and batch_4x alone."""
+    import os
+
+    from studies.range_check import REVISED_JUDGED_ON, study
+
+    r = study(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    fitted = [row for name in ("benchmark", "data_regime") for row in r["sources"][name]["runs"]]
+    assert len(fitted) == 42 and sum(row["flagged"] for row in fitted) == 33
+    assert not any(row["flagged_revised"] for row in fitted)
+    held_out = sum(len(r["sources"][name]["runs"]) for name in REVISED_JUDGED_ON)
+    assert r["revised"]["table"]["off"] + r["revised"]["table"]["on"] == held_out
+    assert "no_clear_explosion" in r["revised"]["rule"]
