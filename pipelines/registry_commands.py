@@ -61,7 +61,7 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
                           "versions": [{"version": line["version"], "status": line["status"],
                                         "parent": line["parent"], "current": line["current"],
                                         "train_days": line["train_days"], **{k: line["manifest"].get(k) for k in (
-                                            "day", "lr_start", "lr_preset", "hdet_bases")},
+                                            "day", "lr_start", "lr_preset", "hdet_bases", "lr_frozen")},
                                         "candidate_ne": {t: r.get("candidate_ne") for t, r in
                                                          line["manifest"].get("gate", {}).get("tasks", {}).items()},
                                         "reasons": line["manifest"].get("gate", {}).get("reasons", []),
@@ -80,9 +80,12 @@ def status(cfg: DictConfig, as_json: bool = False) -> int:
                        f"{g}={x:.3g}" + (f" (x{x / preset[g]:.2f} preset)" if g in preset else "")
                        for g, x in start.items()) if isinstance(start, dict) else "")
         days = line["train_days"] or []
+        frozen = m.get("lr_frozen") or {}
+        frozen = (" | LRs frozen from " + str(frozen.get("from_run")) + ": "
+                  + " ".join(f"{g}={x:.3g}" for g, x in (frozen.get("rates") or {}).items())) if frozen else ""
         print(f"{'*' if line['current'] else ' '} {line['version']} {line['status'] or '?':9s} parent={line['parent']} "
               f"days={days[0] if days else '-'}..{days[-1] if days else '-'} NE {ne or '-'}"
-              + started + (f" | ended with {bases}" if bases else "")
+              + started + frozen + (f" | ended with {bases}" if bases else "")
               + (f" | files {UNCHECKED}" if line["files"] == UNCHECKED else ""))
         for r in m.get("gate", {}).get("reasons", []):
             print(f"      rejected: {r}")

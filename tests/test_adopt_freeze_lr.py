@@ -179,6 +179,12 @@ def test_an_adopted_range_test_runs_rates_are_frozen_and_the_next_day_trains_pla
                                 "removed": RANGE_TEST, "added": frozen[3:], "config": FROZEN_CONFIG}
     assert reg.verify("v0001") is None and FROZEN_CONFIG in manifest["files"]
     assert f"'{frozen[-1]}'" in adopt.stdout  # the overrides the days pass, printed whole
+    status = run_command([sys.executable, "-m", "pipelines.retrain", "status", "json=true", f"registry={registry}"],
+                         env=env, timeout=120)
+    assert json.loads(status.stdout)["versions"][0]["lr_frozen"] == manifest[FROZEN], status.stdout + status.stderr
+    status = run_command([sys.executable, "-m", "pipelines.retrain", "status", f"registry={registry}"], env=env,
+                         timeout=120)
+    assert f"LRs frozen from {run}: " in status.stdout, status.stdout
 
     days = sorted(read_json(tmp_path / "data" / "meta.json")["days"])
     job = [f"registry={registry}", f"data.root={tmp_path / 'data'}", *WIDE_GATE]
