@@ -7,6 +7,8 @@ recovery study, with its preset, layout, contract and seed:
 
 - ``plain_rollback``: the plain run at the start's rates (the reference);
 - ``hdet_range_test``: the range test on the replicas (a 100-step sweep before the pass, in the same job);
+- ``hdet_range_test_revised``: its revised rule (the same sweep, another point of the curve read), on a setting
+  whose study runs it (``Setting.contenders``);
 - ``lr_finder``: ``python -m recsys_hdet.lr_find`` (two sweeps of 100 steps, one after the other on one launch
   of the workers), then the plain run at its suggestion.
 
@@ -31,13 +33,20 @@ from typing import Any, Dict, List, Optional, Sequence
 from recsys_hdet.run_dir import RunDir
 from studies.contract import CONTRACT
 from studies.provenance import REPO
-from studies.range_tests import HDET_RANGE_TEST
+from studies.range_tests import HDET_RANGE_TEST, HDET_RANGE_TEST_REVISED
 from studies.reporting import machine_line
 from studies.runs import train_run
 from studies.settings import COST_FILE, SETTINGS, Setting
 from studies.starts import PRESET, lr_overrides, recovery_anchor, start_lrs
 
-CONTENDERS = ("plain_rollback", "hdet_range_test", "lr_finder")
+CONTENDERS = ("plain_rollback", "hdet_range_test", "hdet_range_test_revised", "lr_finder")
+RANGE_TESTS = {"hdet_range_test": HDET_RANGE_TEST, "hdet_range_test_revised": HDET_RANGE_TEST_REVISED}
+
+
+def contenders_of(setting: Optional[Setting]) -> tuple:
+    """The contenders measured: the setting's (its study's), or on the benchmark all but the revised rule."""
+    return tuple(c for c in CONTENDERS if c in setting.contenders) if setting else \
+        tuple(c for c in CONTENDERS if c != "hdet_range_test_revised")
 
 
 def _common(start: str, seed: int, setting: Optional[Setting] = None) -> List[str]:
@@ -64,8 +73,8 @@ def contender(name: str, work: str, start: str, seed: int, env: Dict[str, str],
     common = _common(start, seed, setting)
     if name == "plain_rollback":
         return _train(work, name, common, env)
-    if name == "hdet_range_test":
-        return _train(work, name, [*common, *HDET_RANGE_TEST], env)
+    if name in RANGE_TESTS:
+        return _train(work, name, [*common, *RANGE_TESTS[name]], env)
     find_dir = os.path.join(work, "lr_finder_sweeps")
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "recsys_hdet.lr_find", *[o for o in common if o != "trainer.tensorboard=false"],
@@ -84,18 +93,19 @@ def measure(work: str, start: str, seed: int, repeats: int, data_cache: str | No
             setting: Optional[Setting] = None) -> Dict[str, Any]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **({"RECSYS_HDET_DATA": data_cache} if data_cache else {})}
     rows: List[Dict[str, Any]] = []
+    names = contenders_of(setting)
     for k in range(repeats):
-        order = CONTENDERS[k % len(CONTENDERS):] + CONTENDERS[:k % len(CONTENDERS)]
+        order = names[k % len(names):] + names[:k % len(names)]
         repeat: Dict[str, Any] = {}
         for name in order:
             repeat[name] = contender(name, os.path.join(work, f"repeat{k}"), start, seed, env, setting)
             print(f"repeat {k}: {name} {repeat[name]['seconds']:.0f} s, {repeat[name]['steps']} steps", flush=True)
         rows.append(repeat)
-    ratio = {c: statistics.median(r[c]["seconds"] / r["plain_rollback"]["seconds"] for r in rows) for c in CONTENDERS}
-    steps = {c: statistics.median(r[c]["steps"] / r["plain_rollback"]["steps"] for r in rows) for c in CONTENDERS}
+    ratio = {c: statistics.median(r[c]["seconds"] / r["plain_rollback"]["seconds"] for r in rows) for c in names}
+    steps = {c: statistics.median(r[c]["steps"] / r["plain_rollback"]["steps"] for r in rows) for c in names}
     return {"setting": setting.name if setting else None, "start": start, "seed": seed, "repeats": rows, "ratio": ratio, "steps_ratio": steps,
             "order": "rotated per repeat", "commit": rows[0]["plain_rollback"]["commit"],
-            "clean": all(r[c]["clean"] for r in rows for c in CONTENDERS), "machine": machine_line(),
+            "clean": all(r[c]["clean"] for r in rows for c in names), "machine": machine_line(),
             "date": time.strftime("%Y-%m-%d")}
 
 

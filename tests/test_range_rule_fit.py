@@ -96,6 +96,12 @@ def test_the_revised_rule_is_planned_only_where_a_setting_names_it():
         assert planned("hdet_range_test_revised", "all_low", contenders)
         assert planned("hdet_range_test", "all_low", contenders) and planned("lr_finder", "all_low", contenders)
         assert not planned("prodigy", "all_low", contenders) and not planned("hdet", "all_low", contenders)
+    from benchmarks.contender_cost import contenders_of
+
+    assert contenders_of(None) == ("plain_rollback", "hdet_range_test", "lr_finder")  # measured side by side
+    assert contenders_of(SETTINGS["data_regime"]) == ("plain_rollback", "hdet_range_test", "lr_finder")
+    assert contenders_of(SETTINGS["model_shape"]) == ("plain_rollback", "hdet_range_test", "hdet_range_test_revised",
+                                                      "lr_finder")
 
 
 def test_the_travel_targets_reproduce_the_data_regime_judgement():
