@@ -163,6 +163,11 @@ class Runner:
         return self.run(name, seed, lr_overrides(*lrs), train), info
 
 
+def _present(results: Dict[str, Any], variant: str) -> bool:
+    """Whether ``variant`` has a planned or a recorded run at some start (a setting plans its own contenders)."""
+    return any(r["planned"] or r["outcome"] for s in results.values() for r in s["runs"][variant])
+
+
 def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: Optional[Sequence[str]] = None,
           report_only: bool = False, variants: Sequence[str] = tuple(VARIANTS), anchor: Optional[Tuple[float, float]] = None,
           max_rounds: int = 6, grid: bool = True, added_starts: Optional[Dict[str, Tuple[float, float]]] = None,
@@ -269,7 +274,8 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
                                "(docs/results/lr_truth/lr_truth.json, range_commit; both forms killed), so it is not "
                                "run in full (docs/results/hdet_history.md, range-test-rule 1)"})},
         "wall_time": wall_time(results), "contender_cost": wall,
-        "targets": {**targets(results, ("hdet", *CONTROLLER_VARIANTS)), RANGE_TEST: range_test_targets(results, wall)},
+        "targets": {**targets(results, [v for v in ("hdet", *CONTROLLER_VARIANTS) if _present(results, v)]),
+                    RANGE_TEST: range_test_targets(results, wall)},
         "chosen_rule": chosen_rule(),
         "range_test_rule": chosen_rule(marker="range-test-rule"),
     }
