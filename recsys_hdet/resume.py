@@ -88,6 +88,7 @@ BRANCH_FIXED_KEYS = ("data.", "model.", "tasks.", "loss.", "seed", "optim.dense.
 # Keys added to the config schema after checkpoints were written without them, with the value that
 # reproduces what those checkpoints trained (a resume or a branch reads an absent key as this).
 ADDED_KEYS = {"optim.dense.d0": 1e-6, "model.compile_dense": False,
+              "hdet.range_test.off_map": "keep", "hdet.range_test.read": "minimum",
               **{f"optim.schedule.groups.{g}.{k}": None for g in PARAM_GROUPS for k in ("decay_start", "anneal_strategy")}}
 
 

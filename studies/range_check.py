@@ -80,7 +80,8 @@ def runs_of(source: Mapping[str, str], plateau: Sequence[Mapping[str, Any]]) -> 
         rates = committed_rates(record)
         distance = plateau_distance(rates, plateau)
         axes = check_run(record)
-        rows.append({"run": name, "status": line.get("status"), "commit": line.get("commit"),
+        rows.append({"run": name, "rule": "revised" if "/hdet_range_test_revised/" in name else "shipped",
+                     "status": line.get("status"), "commit": line.get("commit"),
                      "clean": line.get("clean"), "committed": rates, "plateau_distance_decades": distance,
                      "on_plateau": distance <= HALF_STEP_DECADES + 1e-9,
                      "flagged": not all(a["trusted"] for a in axes.values()),
@@ -124,9 +125,10 @@ def study(root: str) -> Dict[str, Any]:
             with open(s["plateau"]) as f:
                 plateau = json.load(f).get("plateau")
         rows = runs_of(s, plateau) if plateau else []
+        shipped = [row for row in rows if row["rule"] == "shipped"]  # the pre-registered table: today's rule's runs
         entry = {"results": os.path.relpath(s["results"], root), "plateau_file": os.path.relpath(s["plateau"], root),
                  "plateau": [{"embedding": c["embedding"], "dense": c["dense"]} for c in plateau or []],
-                 "runs": rows, "table": table(rows)}
+                 "runs": rows, "table": table(shipped)}
         if not plateau:
             entry["note"] = "no plateau recorded yet: not judged"
         planned = PLANNED * sum(c.startswith("hdet_range_test") for c in SETTINGS[s["name"]].contenders) \
@@ -134,7 +136,7 @@ def study(root: str) -> Dict[str, Any]:
         if s["name"] != "benchmark" and len(rows) < planned:
             missing.append(f"{s['name']} ({len(rows)} of {planned} range-test runs)")
         per_source[s["name"]] = entry
-        pooled += rows
+        pooled += shipped
     t = table(pooled)
     held_out = [row for name in REVISED_JUDGED_ON for row in per_source[name]["runs"]]
     revised = table(held_out, "flagged_revised")
@@ -169,11 +171,14 @@ def render(r: Mapping[str, Any]) -> str:
     if r["incomplete"]:
         lines += [f"**Interim**: the judgement is the table over every run of the travel-rule's step 2; still to come: "
                   f"{'; '.join(r['incomplete'])}.", ""]
-    lines += [head, "|---|---|---|---|---|---|---|---|"]
+    lines += ["The table is today's rule's runs (`hdet_range_test`), as pre-registered; the revised rule's runs "
+              "(`hdet_range_test_revised`, on the settings run after it) enter the revised check's table below and "
+              "the list of every run.", "", head, "|---|---|---|---|---|---|---|---|"]
     pooled = {"table": r["pooled"], "runs": [None] * (r["pooled"]["off"] + r["pooled"]["on"])}
     for name, s in [*r["sources"].items(), ("**pooled**", pooled)]:
         t = s["table"]
-        runs = f"{len(s['runs'])}" + (f" ({s['note']})" if s.get("note") else "")
+        t0 = s["table"]
+        runs = f"{t0['off'] + t0['on']}" + (f" ({s['note']})" if s.get("note") else "")
         lines.append(f"| {name} | {runs} | {t['flagged_off']} | {t['flagged_on']} | {t['passed_off']} | "
                      f"{t['passed_on']} | {t['flagged_off']} of {t['off']} ({pct(t['off_flag_rate'])}) | "
                      f"{t['flagged_on']} of {t['on']} ({pct(t['on_flag_rate'])}) |")

@@ -108,6 +108,8 @@ def curves(root: str) -> Dict[str, Dict[str, List[Dict[str, float]]]]:
                     parts = r["name"].split("/")
                     start = parts[1] if parts[0] == "range_commit" else parts[0]
                     point = {}
+                    if any(read_curve(a["loss"], beta)[0] is None for a in rt["axes"].values()):
+                        continue  # no finite loss on an axis: no point to read
                     for ax, a in rt["axes"].items():
                         b, cut = read_curve(a["loss"], beta)
                         s = smoothed_curve(a["loss"], beta)

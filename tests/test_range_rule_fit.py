@@ -29,16 +29,18 @@ def test_bottom_centre_commits_the_geometric_mean_of_minimum_and_explosion_over_
     plan = ReplicaSweepPlan(LR_AXES, steps, low, high, FITTED_DIVISORS["bottom_centre"], off_map="commit",
                             read="bottom_centre")
     axes = commit(plan, torch.tensor([curve, curve], dtype=torch.float64), [0, 1])
+    # by hand: the smoothed loss keeps falling through the flat stretch (its lag) to step 44, the last before the
+    # explosion, and exceeds 4x its minimum at step 46; the multiplier of step k is 0.001 x 10^(7 k / 59)
+    minimum, cut = (0.001 * 10 ** (7 * k / 59) for k in (44, 46))
     for axis, a in axes.items():
         assert a["read"] == "bottom_centre" and a["divisor"] == FITTED_DIVISORS["bottom_centre"][axis]
-        assert a["cut_at"] is not None and a["minimum_at"] < a["cut_at"]
-        expected = math.sqrt(a["minimum_at"] * a["cut_at"]) / a["divisor"]
-        assert a["multiplier"] == pytest.approx(expected, rel=1e-12)
+        assert a["minimum_at"] == pytest.approx(minimum) and a["cut_at"] == pytest.approx(cut)
+        assert a["multiplier"] == pytest.approx(math.sqrt(minimum * cut) / a["divisor"], rel=1e-9)
         # the minimum's read of the same curve: the minimum over its own divisor, a lower point
-        minimum = commit(ReplicaSweepPlan(LR_AXES, steps, low, high, {"embedding": 1.0, "dense": 1.0},
-                                          off_map="commit"), torch.tensor([curve, curve], dtype=torch.float64),
-                         [0, 1])[axis]
-        assert minimum["multiplier"] == pytest.approx(a["minimum_at"]) and minimum["read"] == "minimum"
+        fastai = commit(ReplicaSweepPlan(LR_AXES, steps, low, high, {"embedding": 1.0, "dense": 1.0},
+                                         off_map="commit"), torch.tensor([curve, curve], dtype=torch.float64),
+                        [0, 1])[axis]
+        assert fastai["multiplier"] == pytest.approx(minimum) and fastai["read"] == "minimum"
     # never cut: the sweep's end stands in for the explosion (and the answer is flagged never_exploded)
     flat = [1.0 - 0.5 * min(k, 30) / 30 for k in range(steps)]
     beta = 0.9
@@ -58,6 +60,9 @@ def test_the_bottom_centre_read_takes_its_own_divisors_spelled_out():
     message = config_error(*LAYOUT, "hdet=enabled", "hdet.range_test.read=bottom_centre")
     assert "hdet.range_test.divisors" in message and "hdet.range_test.divisors.embedding=65" in message \
         and "hdet.range_test.divisors.dense=42" in message, message
+    half = config_error(*LAYOUT, "hdet=enabled", "hdet.range_test.read=bottom_centre",
+                        "hdet.range_test.divisors.embedding=65")  # the dense divisor still the minimum's
+    assert "dense still at the minimum's" in half and "hdet.range_test.divisors.dense=42" in half, half
     message = config_error(*LAYOUT, "hdet=enabled", "hdet.range_test.read=valley")
     assert "hdet.range_test.read" in message and "minimum, bottom_centre" in message, message
     from studies.range_tests import HDET_RANGE_TEST_REVISED, REVISED_DIVISORS, REVISED_READ
@@ -82,6 +87,20 @@ def test_the_fit_reproduces_the_revised_rule_from_the_committed_curves():
     assert {ax: a["divisor"] for ax, a in chosen["axes"].items()} == FITTED_DIVISORS["bottom_centre"]
     assert not result["candidates"]["minimum"]["passes"]
     assert result["candidates"]["minimum"]["axes"]["embedding"]["transfer"] > 0.4  # the shipped rule's miss
+
+
+def test_a_checkpoint_from_before_the_read_key_resumes_as_the_minimum_read():
+    """A range-test run's checkpoint config from before hdet.range_test.read (and off_map) existed means read=minimum,
+    off_map=keep: resuming it with today's default config changes nothing; with bottom_centre it changes what it
+    means."""
+    from recsys_hdet.resume import config_changes
+
+    rt = {"steps": 100, "low": 0.001, "high": 10000.0, "divisors": {"embedding": 10.0, "dense": 20.0}}
+    old = {"hdet": {"enabled": True, "range_test": rt}}
+    now = {"hdet": {"enabled": True, "range_test": {**rt, "off_map": "keep", "read": "minimum"}}}
+    assert config_changes(old, now) == ([], [])
+    later = {"hdet": {"enabled": True, "range_test": {**rt, "off_map": "keep", "read": "bottom_centre"}}}
+    assert config_changes(old, later)[0] == ["hdet.range_test.read"]
 
 
 def test_the_revised_rule_is_planned_only_where_a_setting_names_it():

@@ -291,8 +291,8 @@ def range_curves_figure(axes: Dict[str, Any], title: str = ""):
     """One panel per swept axis: each replica's loss (thin), the pooled loss (grey) and the smoothed loss the rule
     read (bold) against the rate multiplier (log scale), the smoothed minimum, the cut and the committed
     multiplier marked; an axis off the map says why in its title. ``axes``: a range test's per-axis record
-    (``multipliers``, ``loss``, ``smoothed``, ``minimum_at``, ``cut_at``, ``multiplier``, ``divisor``, ``replicas``,
-    ``off_map``). Shared by the report and ``python -m recsys_hdet.lr_find``'s PNG."""
+    (``multipliers``, ``loss``, ``smoothed``, ``minimum_at``, ``cut_at``, ``multiplier``, ``read``, ``divisor``,
+    ``replicas``, ``off_map``); the committed line's label names the point read and the divisor. Shared by the report and ``python -m recsys_hdet.lr_find``'s PNG."""
     fig, panels = plt.subplots(1, len(axes), figsize=(5.2 * len(axes), 3.6), squeeze=False)
     for ax, (name, a) in zip(panels[0], axes.items()):
         x = a["multipliers"]
@@ -311,7 +311,8 @@ def range_curves_figure(axes: Dict[str, Any], title: str = ""):
         if a.get("cut_at"):
             ax.axvline(a["cut_at"], color="#d62728", ls=":", label=f"cut x{a['cut_at']:.3g}")
         ax.axvline(a["multiplier"], color="#1f77b4", lw=1.5,
-                   label=f"committed x{a['multiplier']:.3g} (/ {a.get('divisor', 10):g})")
+                   label=f"committed x{a['multiplier']:.3g} ({a.get('read', 'minimum').replace('_', ' ')} "
+                         f"/ {a.get('divisor', 10):g})")
         ax.set_xscale("log")
         ax.set_xlabel("learning-rate multiplier of the configured max LR")
         ax.set_ylabel("training loss")

@@ -24,11 +24,12 @@ class ReplicaRangeTestConfig:
     """The range test on the replicas (:mod:`recsys_hdet.hdet.range_test.sweep`; docs/hdet.md). Before the pass each replica sweeps one axis (the embedding; the dense groups together) from max
     LR x ``low`` to x ``high`` over ``steps`` steps, the other axis held at x ``low``; the run commits each axis's
     suggestion and trains plain from the step-0 state at the committed max LRs (cost: these steps, in parallel).
-    The suggestion is fastai's rule (the smoothed loss's minimum) divided per axis by ``divisors``: how far below
-    its stability edge the axis trains best. That distance belongs to the model and its optimizers, not to the
-    start; the defaults were measured on the benchmark's model against its grid's best cell
-    (docs/results/hdet_history.md, the third form), where the dense groups' edge, read with the embedding held
-    low, lies about 20x above their best rate and the embedding's about 10x (fastai's 10)."""
+    The suggestion is the point of the curve ``read`` names - by default fastai's (the smoothed loss's minimum) -
+    divided per axis by ``divisors``: how far below its stability edge the axis trains best. That distance belongs
+    to the model and its optimizers, not to the start; the defaults were measured on the benchmark's model against
+    its grid's best cell (docs/results/hdet_history.md, the third form), where the dense groups' edge, read with the
+    embedding held low, lies about 20x above their best rate and the embedding's about 10x (fastai's 10);
+    ``read=bottom_centre`` takes its own (:data:`FITTED_DIVISORS`)."""
     steps: int = 100   # the sweep's length in steps (each run by every replica at once)
     low: float = 0.001     # the sweep's first rate, x each axis's configured max LR (the other axis's held rate)
     high: float = 10000.0  # the sweep's last rate, x each axis's configured max LR
@@ -60,10 +61,11 @@ class ReplicaRangeTestConfig:
         require(self.read in FITTED_DIVISORS, "hdet.range_test.read", self.read,
                 f"must be one of {', '.join(FITTED_DIVISORS)}")
         # The minimum's divisors put another point's answer far above the best rate (x6.5 on the embedding): a
-        # read other than the default takes its own divisors, spelled out.
-        fitted = FITTED_DIVISORS[self.read]
-        require(self.read == "minimum" or dict(self.divisors) != FITTED_DIVISORS["minimum"], "hdet.range_test.divisors",
-                dict(self.divisors), f"are the minimum's; hdet.range_test.read={self.read} divides another point: set "
+        # read other than the default takes its own divisors, spelled out for every axis.
+        fitted, kept = FITTED_DIVISORS[self.read], [a for a, d in self.divisors.items()
+                                                    if d == FITTED_DIVISORS["minimum"].get(a)]
+        require(self.read == "minimum" or not kept, "hdet.range_test.divisors", dict(self.divisors),
+                f"{', '.join(kept)} still at the minimum's; hdet.range_test.read={self.read} divides another point: set "
                 + " ".join(f"hdet.range_test.divisors.{a}={d:g}" for a, d in fitted.items()) + " (fitted for it)")
 
 
