@@ -144,12 +144,21 @@ def test_the_report_pairs_each_variant_with_the_shared_schedule_and_names_the_ga
     assert one["part2"]["met"] is None  # one rate source: not judged
 
 
-def test_the_best_cell_is_the_benchmark_s_anchor_or_a_setting_s_own_once_known():
+def test_the_best_cell_is_the_benchmark_s_anchor_or_a_setting_s_own_once_known(tmp_path, monkeypatch):
     assert decay_truth.anchor_of(None) == ANCHOR
     emb, dense = decay_truth.anchor_of("data_regime")
     assert (round(emb, 2), dense) == (18.97, 0.003)
+    emb, dense = decay_truth.anchor_of("batch_4x")
+    assert (round(emb, 2), round(dense, 5)) == (18.97, 0.00949)
+    # a setting whose neighbourhood is not complete: its report's anchor is still the benchmark's cell
+    from studies.settings import SETTINGS
+
+    (tmp_path / "lr_recovery.json").write_text(json.dumps(
+        {"anchor": {"embedding": 60.0, "dense": 0.003, "from": "the benchmark's best cell, where the neighbourhood "
+                    "rule started"}}))
+    monkeypatch.setattr(type(SETTINGS["model_shape"]), "path", lambda self, *parts: str(tmp_path.joinpath(*parts)))
     with pytest.raises(StudyMismatch, match="not known yet"):
-        decay_truth.anchor_of("batch_4x")
+        decay_truth.anchor_of("model_shape")
 
 
 def test_the_plan_lists_the_runs_left_and_overrides_that_move_the_shared_schedule_are_refused(tmp_path, capsys):
