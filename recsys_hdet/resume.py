@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from data_tools.fileio import abs_path
 from recsys_hdet.config_values import ConfigError, flatten
 from recsys_hdet.constants import PARAM_GROUPS
+from recsys_hdet.hdet.range_test.config import ADDED_KEYS as RANGE_TEST_ADDED_KEYS
 from recsys_hdet.run_dir import RunDir
 
 FINISHED = "finished"
@@ -88,7 +89,7 @@ BRANCH_FIXED_KEYS = ("data.", "model.", "tasks.", "loss.", "seed", "optim.dense.
 # Keys added to the config schema after checkpoints were written without them, with the value that
 # reproduces what those checkpoints trained (a resume or a branch reads an absent key as this).
 ADDED_KEYS = {"optim.dense.d0": 1e-6, "model.compile_dense": False,
-              "hdet.range_test.off_map": "keep", "hdet.range_test.read": "minimum",
+              **{f"hdet.range_test.{k}": v for k, v in RANGE_TEST_ADDED_KEYS.items()},
               **{f"optim.schedule.groups.{g}.{k}": None for g in PARAM_GROUPS for k in ("decay_start", "anneal_strategy")}}
 
 

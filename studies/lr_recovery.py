@@ -88,6 +88,7 @@ from studies.lr_recovery_report import RETIRED, plot, render_markdown
 from studies.lr_recovery_summary import (BENCHMARK_FILE, contender_cost, hdet_overrides, orderings, run_entry,
                                          summarize_start, variant_summary, wall_time)
 from studies.lr_recovery_targets import RANGE_TEST, range_test_targets, targets
+from studies.lr_recovery_travel import travel_targets
 from studies.provenance import REPO
 from studies.range_tests import finder_sweeps, sweep_suggestion
 from studies.record import mean_ne
@@ -96,7 +97,6 @@ from studies.results import RESULTS, ResultsError, StudyFiles, load, run_name
 from studies.runs import AblationConfig, add_study_arguments, print_verification, run_one, verify
 from studies.settings import COST_FILE, RESULTS_ROOT, SETTINGS
 from studies.starts import ANCHOR_FILE, PRESET, STARTS, lr_overrides, recovery_anchor, start_lrs
-from studies.lr_recovery_travel import travel_targets
 
 
 def _run(study: StudyFiles, name: str, seed: int, overrides: Sequence[str], extra: Sequence[str],
@@ -161,11 +161,6 @@ class Runner:
         lrs = (embedding * info["multiplier"]["embedding"], dense * info["multiplier"]["dense"])
         info["lr"] = {"embedding": float(f"{lrs[0]:.6g}"), "dense": float(f"{lrs[1]:.6g}")}
         return self.run(name, seed, lr_overrides(*lrs), train), info
-
-
-def _present(results: Dict[str, Any], variant: str) -> bool:
-    """Whether ``variant`` has a planned or a recorded run at some start (a setting plans its own contenders)."""
-    return any(r["planned"] or r["outcome"] for s in results.values() for r in s["runs"][variant])
 
 
 def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: Optional[Sequence[str]] = None,
@@ -274,8 +269,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
                                "(docs/results/lr_truth/lr_truth.json, range_commit; both forms killed), so it is not "
                                "run in full (docs/results/hdet_history.md, range-test-rule 1)"})},
         "wall_time": wall_time(results), "contender_cost": wall,
-        "targets": {**targets(results, [v for v in ("hdet", *CONTROLLER_VARIANTS) if _present(results, v)]),
-                    RANGE_TEST: range_test_targets(results, wall)},
+        "targets": {**targets(results, ("hdet", *CONTROLLER_VARIANTS)), RANGE_TEST: range_test_targets(results, wall)},
         "chosen_rule": chosen_rule(),
         "range_test_rule": chosen_rule(marker="range-test-rule"),
     }

@@ -36,10 +36,13 @@ def targets(results: Dict[str, Any], variants: Sequence[str]) -> Dict[str, Any]:
     - better than each of :data:`ANCHORS` at each target start: mean over the seeds both completed of
       contender - anchor < 0.
     The wall-time target is a benchmark's (side by side in one run), not this study's: its runs' seconds
-    come from different sessions and loads."""
+    come from different sessions and loads. A variant with neither a planned nor a recorded run at any start (a
+    setting plans its own contenders) has none."""
     ne_by_seed, every_seed_in = _ne_by_seed, _every_seed_in
     out: Dict[str, Any] = {}
     for v in variants:
+        if not any(r.get("planned") or r.get("outcome") for s in results.values() for r in s["runs"][v]):
+            continue
         t: Dict[str, Any] = {"starts": {}, "anchors": {}}
         for start in (s for s in TARGET_STARTS if s in results):
             e = results[start]["variants"][v]

@@ -66,19 +66,16 @@ def travel_targets(result: Mapping[str, Any], seeds: int = 3) -> Dict[str, Any]:
         if not any(r.get("planned") for s in results.values() for r in s["runs"].get(v, [])):
             continue
         issue46 = range_test_targets(results, result.get("contender_cost"), v=v)
-        b = results.get("best", {}).get("variants", {}).get(v)
-        d = b["paired_diff"] if b else None
-        complete_best = bool(b) and b["seeds"] == len(results["best"]["runs"][v]) and \
-            results["best"]["variants"]["plain_rollback"]["seeds"] == len(results["best"]["runs"]["plain_rollback"])
+        d = issue46["best"]["diff"]  # its "met" is None until every seed of both is in
         per_start = commits(result, v)
         c_starts = {start: {"within": sum(r["within"] for r in rows), "runs": len(rows),
                             "on_plateau": sum(bool(r["on_plateau"]) for r in rows),
                             "met": None if len(rows) < seeds else 3 * sum(r["within"] for r in rows) >= 2 * len(rows)}
                     for start, rows in per_start.items()}
-        ratio = ((result.get("contender_cost") or {}).get("ratio") or {}).get(v)
+        ratio = issue46["cost"]["wall_ratio"]
         out[v] = {"label": LABELS[v],
                   "a": {"starts": issue46["misset"]["starts"], "met": issue46["misset"]["met"]},
-                  "b": {"diff": d, "met": None if not complete_best or not d else d["mean"] <= BEST_LIMIT},
+                  "b": {"diff": d, "met": None if issue46["best"]["met"] is None or not d else d["mean"] <= BEST_LIMIT},
                   "c": {"starts": c_starts, "commits": per_start,
                         "met": _met([c["met"] for c in c_starts.values()]) if c_starts else None},
                   "d": {"wall_ratio": ratio, "limit": COST_LIMIT,

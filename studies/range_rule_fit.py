@@ -27,7 +27,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from recsys_hdet.hdet.range_test.rule import read_curve, smoothed_curve, smoothing, sweep_multiplier
+from recsys_hdet.hdet.range_test.rule import read_curve, read_point, smoothed_curve, smoothing, sweep_multiplier
 from recsys_hdet.hdet.range_test.sweep import SMOOTHING_DECADES
 from studies.provenance import REPO, code_state
 from studies.reporting import machine_line, write_reports
@@ -77,9 +77,9 @@ def _edge(m: Sequence[float], cut: Optional[int]) -> float:
 
 # candidate -> its point on a curve (multipliers, smoothed loss, index of the smoothed minimum, index of the cut)
 CANDIDATES: Dict[str, Callable[[Sequence[float], Sequence[float], int, Optional[int]], float]] = {
-    "minimum": lambda m, s, b, c: m[b],
+    "minimum": lambda m, s, b, c: read_point(m[b], _edge(m, c), "minimum"),
     "explosion": lambda m, s, b, c: _edge(m, c),
-    "bottom_centre": lambda m, s, b, c: math.sqrt(m[b] * _edge(m, c)),
+    "bottom_centre": lambda m, s, b, c: read_point(m[b], _edge(m, c), "bottom_centre"),
     "fall_90": _fall(0.9), "fall_50": _fall(0.5), "steepest": _steepest, "valley": _valley}
 
 

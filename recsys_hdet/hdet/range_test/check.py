@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from recsys_hdet.hdet.range_test.rule import (descent, early_noise, off_the_map, read_curve, read_point,
-                                               smoothed_curve, sweep_multiplier)
+from recsys_hdet.hdet.range_test.rule import (descent, early_noise, off_the_map, read_curve, smoothed_curve,
+                                               suggest_multiplier, sweep_multiplier)
 
 # The answer's tolerance: the studies judge a commit by whether it lies within x3.2 (half a decade either way) of the
 # best cell; a floor wider than this many decades leaves the minimum, and so the answer, less well placed than that.
@@ -86,7 +86,7 @@ def check_curve(losses: Sequence[Optional[float]], low: float, high: float, swee
     if best is None:
         return {"trusted": False, "reasons": ["no_finite_loss"], **out}
     minimum = multipliers[best]
-    answer = read_point(minimum, multipliers[len(losses) - 1 if cut is None else cut], read) / divisor
+    answer = suggest_multiplier(range(1, len(losses) + 1), losses, low, high, n, beta, divisor, read)
     fell, noise = descent(losses, beta), early_noise(losses, cut)
     sigma = noise_level(losses, cut, noise)
     reasons: List[str] = list(off_the_map(answer, cut, fell, noise, low, high, n, divisor))

@@ -10,6 +10,7 @@ from typing import Dict
 from recsys_hdet.config_values import is_number, require
 from recsys_hdet.constants import LR_AXES
 from recsys_hdet.hdet.form import HDETForm
+from recsys_hdet.hdet.range_test.rule import READS
 
 # The point of each axis's curve the divisor divides (recsys_hdet.hdet.range_test.rule.READS) -> the divisors fitted
 # for it. minimum: fastai's point, the divisors read off the benchmark's curves (the third form); bottom_centre: the
@@ -17,6 +18,10 @@ from recsys_hdet.hdet.form import HDETForm
 # (python -m studies.range_rule_fit: docs/results/rule_travels/rule_fit/; hdet_history.md, range-rule-revised).
 FITTED_DIVISORS = {"minimum": {"embedding": 10.0, "dense": 20.0},
                    "bottom_centre": {"embedding": 65.0, "dense": 42.0}}
+assert set(FITTED_DIVISORS) == set(READS), "every read has its fitted divisors"
+# Keys added to the range test's config after commits and checkpoints were recorded without them -> the value those
+# were made with (a resume, a branch and a reused commit read an absent key as this).
+ADDED_KEYS = {"off_map": "keep", "read": "minimum"}
 
 
 @dataclass
@@ -58,8 +63,7 @@ class ReplicaRangeTestConfig:
             require(is_number(divisor) and divisor >= 1, f"hdet.range_test.divisors.{axis}", divisor,
                     "must be a number >= 1 (the suggestion lies below the stability edge)")
         require(self.off_map in ("keep", "commit"), "hdet.range_test.off_map", self.off_map, "must be keep or commit")
-        require(self.read in FITTED_DIVISORS, "hdet.range_test.read", self.read,
-                f"must be one of {', '.join(FITTED_DIVISORS)}")
+        require(self.read in READS, "hdet.range_test.read", self.read, f"must be one of {', '.join(READS)}")
         # The minimum's divisors put another point's answer far above the best rate (x6.5 on the embedding): a
         # read other than the default takes its own divisors, spelled out for every axis.
         fitted, kept = FITTED_DIVISORS[self.read], [a for a, d in self.divisors.items()

@@ -48,6 +48,7 @@ from recsys_hdet.components.train_state import ModelState, RNGState, Snapshot
 from recsys_hdet.constants import LR_AXES
 from data_tools.fileio import write_text_atomic
 from recsys_hdet.hdet.hparams import ReplicaAxis
+from recsys_hdet.hdet.range_test.config import ADDED_KEYS
 from recsys_hdet.hdet.range_test.sweep import ReplicaSweepPlan, commit, sweep
 from recsys_hdet.run_dir import RunDir
 
@@ -64,8 +65,6 @@ def sweep_inputs(cfg: Any) -> Dict[str, Any]:
 
 
 LR_AXES_GROUPS = [g for groups in LR_AXES.values() for g in groups]
-# what a commit recorded before these keys existed was made with
-BEFORE_KEYS = {"off_map": "keep", "read": "minimum"}
 
 
 def commitment_differs(cfg: Any, commitment: Mapping[str, Any]) -> Dict[str, Any]:
@@ -74,7 +73,7 @@ def commitment_differs(cfg: Any, commitment: Mapping[str, Any]) -> Dict[str, Any
     if commitment.get("form") != FORM:
         return {"form": (commitment.get("form"), FORM)}
     record, now = commitment.get(FORM) or {}, sweep_inputs(cfg)
-    recorded = {k: record.get(k, BEFORE_KEYS.get(k)) for k in now}
+    recorded = {k: record.get(k, ADDED_KEYS.get(k)) for k in now}
     return {k: (recorded[k], now[k]) for k in now if recorded[k] != now[k]}
 
 
