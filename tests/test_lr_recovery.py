@@ -228,7 +228,8 @@ def test_the_committed_study_report_from_its_results_file(tmp_path):
         for v, runs in s["runs"].items():
             expected = (v != "lr_finder_narrow" and (v not in CONTROLLER_VARIANTS or name in CONTROLLER_STARTS)
                         and (v != "hdet" or name in EARLIER_STARTS)
-                        and (v != "hdet_range_test" or range_test_verdict() == "passed"))
+                        and (v != "hdet_range_test" or range_test_verdict() == "passed")
+                        and v != "hdet_range_test_revised")  # fitted on the benchmark: planned where a setting names it
             assert all(run["planned"] == expected for run in runs), (name, v)
     planned = sum(run["planned"] for s in committed["starts"].values() for v in s["runs"].values() for run in v)
     done = sum(bool(run["planned"] and run["outcome"]) for s in committed["starts"].values() for v in s["runs"].values()
