@@ -204,8 +204,10 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
     cells = plain_cells(out.results)
     an = plateau_analysis(cells)
     plateau = plateau_json(cells, an) if an else None
+    best_known = False  # whether a setting's own best cell is known (its neighbourhood complete)
     if starts_at_best:
         best = _best_cell_when_complete(out.results, grid_seeds, anchor_key)
+        best_known = best is not None
         if best is None:
             starts = []  # the setting's own best cell is not known yet: no start can be placed
         elif best != anchor:  # the grid moved on in this invocation: the starts follow it
@@ -250,7 +252,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
     out_json: Dict[str, Any] = {
         "anchor": {"embedding": anchor[0], "dense": anchor[1], "from": (
             "this setting's best cell, where the neighbourhood rule ended (the starts are factors of it)"
-            if starts_at_best and anchor != lattice_start else
+            if best_known else
             "the benchmark's best cell, where the neighbourhood rule started; the setting's own best cell is not "
             "known yet (no start placed)" if starts_at_best else
             "docs/results/lr_recovery/lr_recovery.json (the earlier study's best cell; the starts are factors of it)")},

@@ -542,6 +542,15 @@ def test_a_setting_places_no_start_until_its_neighbourhood_is_complete_then_star
     assert result["starts"]["all_low"]["factors"] == [0.1, 0.1]
     plain_low = result["starts"]["all_low"]["runs"]["plain_rollback"][0]["run"]
     assert plain_low == "grid/e4_d4/seed0"  # a decade below (6, 6) on both axes: lattice cell (4, 4)
+    assert result["anchor"]["from"].startswith("this setting's best cell")
+    # The neighbourhood complete with the best cell where the walk started (it did not move): known all the same.
+    out3 = str(tmp_path / "study3")
+    _plant(out3, *lines(bowl))
+    stayed = study(StudyFiles.open(out3, train=False), (0, 1, 2), [], report_only=True, anchor=anchor,
+                   starts_at_best=True, grid_seeds=seeds, starts=["best", "all_low"])
+    assert (stayed["anchor"]["embedding"], stayed["anchor"]["dense"]) == anchor and set(stayed["starts"]) == {
+        "best", "all_low"}
+    assert stayed["anchor"]["from"].startswith("this setting's best cell")
 
 
 def test_each_setting_composes_under_the_schema_and_differs_from_the_benchmark_where_it_says():
