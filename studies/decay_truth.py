@@ -65,7 +65,7 @@ def anchor_of(setting: Optional[str]) -> Tuple[float, float]:
         return recovery_anchor(ANCHOR_FILE)
     path = SETTINGS[setting].path("lr_recovery.json")
     anchor = (read_json(path) or {}).get("anchor") or {}
-    if not str(anchor.get("from", "")).startswith("this setting's best cell"):
+    if anchor.get("setting_best_cell") is not True:
         raise StudyMismatch(f"{path}: the setting's own best cell is not known yet (run its truth first: python -m "
                             f"studies.lr_recovery --setting {setting} --grid-seeds 0 1 --starts best --variants "
                             "plain_rollback)")

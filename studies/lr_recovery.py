@@ -250,7 +250,7 @@ def study(out: StudyFiles, seeds: Sequence[int], extra: Sequence[str], starts: O
     n_planned = sum(r["planned"] for s in results.values() for v in s["runs"].values() for r in v)
     missing = sum(r["status"] in ("not run yet", "crashed") for s in results.values() for v in s["runs"].values() for r in v)
     out_json: Dict[str, Any] = {
-        "anchor": {"embedding": anchor[0], "dense": anchor[1], "from": (
+        "anchor": {"embedding": anchor[0], "dense": anchor[1], "setting_best_cell": best_known, "from": (
             "this setting's best cell, where the neighbourhood rule ended (the starts are factors of it)"
             if best_known else
             "the benchmark's best cell, where the neighbourhood rule started; the setting's own best cell is not "

@@ -154,7 +154,8 @@ def test_the_best_cell_is_the_benchmark_s_anchor_or_a_setting_s_own_once_known(t
     from studies.settings import SETTINGS
 
     (tmp_path / "lr_recovery.json").write_text(json.dumps(
-        {"anchor": {"embedding": 60.0, "dense": 0.003, "from": "the benchmark's best cell, where the neighbourhood "
+        {"anchor": {"embedding": 60.0, "dense": 0.003, "setting_best_cell": False,
+                    "from": "the benchmark's best cell, where the neighbourhood "
                     "rule started"}}))
     monkeypatch.setattr(type(SETTINGS["model_shape"]), "path", lambda self, *parts: str(tmp_path.joinpath(*parts)))
     with pytest.raises(StudyMismatch, match="not known yet"):

@@ -528,7 +528,7 @@ def test_a_setting_places_no_start_until_its_neighbourhood_is_complete_then_star
                     starts=["best", "all_low"])
     assert partial["starts"] == {} and "not complete" in partial["partial"]
     assert (partial["anchor"]["embedding"], partial["anchor"]["dense"]) == anchor
-    assert "not known yet" in partial["anchor"]["from"]
+    assert "not known yet" in partial["anchor"]["from"] and partial["anchor"]["setting_best_cell"] is False
     # The best cell's neighbourhood completed (every neighbour worse): the starts are factors of (6, 6).
     done = {**moved, **{(6 + di, 6 + dj): [0.80 + 0.002 * s for s in seeds] for di in (-1, 0, 1) for dj in (-1, 0, 1)
                         if (6 + di, 6 + dj) not in moved}}
@@ -542,7 +542,7 @@ def test_a_setting_places_no_start_until_its_neighbourhood_is_complete_then_star
     assert result["starts"]["all_low"]["factors"] == [0.1, 0.1]
     plain_low = result["starts"]["all_low"]["runs"]["plain_rollback"][0]["run"]
     assert plain_low == "grid/e4_d4/seed0"  # a decade below (6, 6) on both axes: lattice cell (4, 4)
-    assert result["anchor"]["from"].startswith("this setting's best cell")
+    assert result["anchor"]["from"].startswith("this setting's best cell") and result["anchor"]["setting_best_cell"]
     # The neighbourhood complete with the best cell where the walk started (it did not move): known all the same.
     out3 = str(tmp_path / "study3")
     _plant(out3, *lines(bowl))
@@ -550,7 +550,7 @@ def test_a_setting_places_no_start_until_its_neighbourhood_is_complete_then_star
                    starts_at_best=True, grid_seeds=seeds, starts=["best", "all_low"])
     assert (stayed["anchor"]["embedding"], stayed["anchor"]["dense"]) == anchor and set(stayed["starts"]) == {
         "best", "all_low"}
-    assert stayed["anchor"]["from"].startswith("this setting's best cell")
+    assert stayed["anchor"]["from"].startswith("this setting's best cell") and stayed["anchor"]["setting_best_cell"]
 
 
 def test_each_setting_composes_under_the_schema_and_differs_from_the_benchmark_where_it_says():
