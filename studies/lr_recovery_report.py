@@ -204,7 +204,9 @@ def _range_test_targets_table(result: Dict[str, Any]) -> List[str]:
              f"{_ratio(c['steps_ratio_max'])}; {wall}); "
              "(d) against the widened LR finder at every start: NE no worse (no more failed seeds, the paired "
              "interval of range test - finder including 0 or below it) at a lower cost: "
-             f"**{_mark(t['vs_lr_finder']['met'])}**. Pending: not every run it reads is in.", "",
+             f"**{_mark(t['vs_lr_finder']['met'])}**."
+             + (" Pending: not every run it reads is in yet." if None in (
+                 t["misset"]["met"], t["best"]["met"], c["met"], t["vs_lr_finder"]["met"]) else ""), "",
              "| start | (a) misset: gap closed, 95% CI, failed | (c) steps ratio | (d) range test - LR finder [95% CI], "
              "steps ratio range test / finder |", "|---|---|---|---|"]
     for name in result["starts"]:
