@@ -14,7 +14,10 @@ RESULTS = os.path.join(REPO, "docs", "results", "lr_recovery")  # the study's co
 
 def _study(out, data_cache, *extra):
     env = {**os.environ, "RECSYS_HDET_DATA": data_cache, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "studies.lr_recovery", "data=tiny", "trainer.nproc=2", "trainer.sharding_group_size=1",
+    # data.batch_size=64: a 120-step pass, so that the range test's 100-step sweep fits in it (a shorter pass is
+    # refused at launch)
+    cmd = [sys.executable, "-m", "studies.lr_recovery", "data=tiny", "data.batch_size=64", "trainer.nproc=2",
+           "trainer.sharding_group_size=1",
            "--out", str(out), "--docs", str(out), "--anchor", "0.06", "0.003", "--max-rounds", "1",
            "--starts", "best", "all_low", "--seeds", "0", *extra]
     return run_command(cmd, env=env, timeout=2400)
